@@ -1,0 +1,48 @@
+"""The hooks through which an algorithm plugs into the one training loop (esync.train).
+
+The loop owns batches, forward/backward, timing, logging, evaluation and stopping; an
+algorithm only says how many local iterations a round has, what a local update is, and
+what happens at a round's end (push/pull, aggregation). Like Flower's `Strategy`: the
+runtime calls the algorithm; the algorithm never drives the runtime.
+"""
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+import torch
+from torch import nn
+
+Phases = Dict[str, float]
+
+
+class Algorithm:
+    """Base class; the defaults are those of one device training alone."""
+
+    #: short name, as in the log and the printed lines
+    name = "algorithm"
+
+    def setup(self, model: nn.Module, device: torch.device) -> None:
+        """Called once before the first round, with the model on its device."""
+
+    def begin_round(self, round_: int) -> Tuple[int, Phases]:
+        """Number of local iterations of round `round_` (from 1), and timed phases
+        spent deciding it (for example asking a state server for a budget)."""
+        return 1, {}
+
+    def local_update(self, model: nn.Module) -> None:
+        """Apply this local iteration's gradients (already in `.grad`)."""
+
+    def end_round(self, round_: int, model: nn.Module) -> Phases:
+        """Everything after the round's local iterations; returns its timed phases."""
+        return {}
+
+    def evaluates(self, round_: int) -> bool:
+        """Whether this process measures test accuracy after round `round_`."""
+        return False
+
+    def traffic(self) -> Tuple[int, int]:
+        """Bytes sent and received over the network so far (cumulative)."""
+        return 0, 0
+
+    def finish(self) -> None:
+        """Called once after the last round, also when training stops on an error."""

@@ -1,0 +1,161 @@
+"""The run's settings: one dataclass, parsed from the command line by argparse-dataclass.
+
+Every flag of the original ESync is kept with its short form (`-l`, `-ll`, `-gl`, `-b`,
+`-dd`, `-g`, `-c`, `-n`, `-ld`, `-e`, `-m`, `-dcasgd`, `-s`, `-ip`, `-port`), so that its
+users' commands still work; defaults come from the top-level `config.py`.
+"""
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Annotated, Optional, Sequence
+
+from argparse_dataclass import ArgumentParser
+
+import config
+from esync.models import NETWORKS
+
+MODES = ("local", "sync", "async", "esync")
+DATASETS = ("digits", "fashion-mnist", "mnist")
+SHUFFLES = ("corgipile", "once", "none")
+
+# A bool that takes a value (`-c 1`, `-s True`), as the original's flags did. The
+# annotation keeps argparse-dataclass from turning it into a value-less switch.
+Switch = Annotated[bool, "takes a value: 1/0, true/false, yes/no"]
+
+
+def _switch(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected 1/0, true/false or yes/no, got {text!r}")
+
+
+def _number(kind, name: str, low=None, high=None, low_open=False):
+    """An argparse type converting to `kind` and checking low <= value <= high."""
+
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {name}, got {text!r}") from None
+        if not math.isfinite(value) or (low is not None and (value < low or (low_open and value == low))) \
+                or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {name}, got {text!r}")
+        return value
+
+    convert.__name__ = name
+    return convert
+
+
+_positive_int = _number(int, "a positive integer", low=1)
+_non_negative_int = _number(int, "an integer >= 0", low=0)
+_positive_float = _number(float, "a positive number", low=0.0, low_open=True)
+_non_negative_float = _number(float, "a number >= 0", low=0.0)
+_fraction = _number(float, "a number in (0, 1]", low=0.0, high=1.0, low_open=True)
+_momentum = _number(float, "a number in [0, 1)", low=0.0, high=0.999999)
+_slowdown = _number(float, "a number >= 1", low=1.0)
+_port = _number(int, "a port number in 1..65535", low=1, high=65535)
+
+
+def _opt(flags: Sequence[str], default, help: str, **metadata):
+    shown = "none" if default is None else default
+    metadata.update(args=list(flags), help=f"{help} (default: {shown})")
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class Options:
+    """Settings of one process of a run (worker, server, scheduler or standalone)."""
+
+    learning_rate: float = _opt(["-l", "--learning-rate"], config.LEARNING_RATE,
+                                "SGD learning rate of local, sync and async modes",
+                                type=_positive_float)
+    local_lr: float = _opt(["-ll", "--local-lr"], config.LEARNING_RATE_LOCAL,
+                           "local SGD learning rate of esync", type=_positive_float)
+    global_lr: float = _opt(["-gl", "--global-lr"], config.LEARNING_RATE_GLOBAL,
+                            "esync's scale of the averaged model delta", type=_positive_float)
+    momentum: float = _opt(["--momentum"], config.MOMENTUM, "SGD momentum in [0, 1)",
+                           type=_momentum)
+    weight_decay: float = _opt(["--weight-decay"], config.WEIGHT_DECAY, "SGD weight decay",
+                               type=_non_negative_float)
+    batch_size: int = _opt(["-b", "--batch-size"], config.BATCH_SIZE,
+                           "samples per local iteration on each device", type=_positive_int)
+    data_dir: str = _opt(["-dd", "--data-dir"], config.DATA_DIR,
+                         "folder holding fashion-mnist/ and mnist/ with the IDX files")
+    gpu: Optional[int] = _opt(["-g", "--gpu"], config.DEFAULT_GPU_ID,
+                              "train on cuda:N; without it the CPU is used",
+                              type=_non_negative_int)
+    cpu: Switch = _opt(["-c", "--cpu"], config.USE_CPU,
+                       "1: use the CPU even if -g is given", type=_switch)
+    network: str = _opt(["-n", "--network"], config.NETWORK, "network to train",
+                        choices=sorted(NETWORKS))
+    log_dir: str = _opt(["-ld", "--log-dir"], config.LOG_DIR,
+                        "where LOG_DIR/<host>/<device>/iter-<n>.json are written")
+    eval_duration: int = _opt(["-e", "--eval-duration"], config.EVAL_DURATION,
+                              "evaluate test accuracy every N rounds (local mode: a round "
+                              "is N iterations and is evaluated)", type=_positive_int)
+    mode: str = _opt(["-m", "--mode"], config.MODE, "training algorithm", choices=MODES)
+    use_dcasgd: Switch = _opt(["-dcasgd", "--use-dcasgd"], config.DCASGD,
+                              "1: delay-compensated ASGD (with -m async)", type=_switch)
+    dcasgd_lamda: float = _opt(["--dcasgd-lamda"], config.DCASGD_LAMDA,
+                               "DC-ASGD's variance-control factor", type=_non_negative_float)
+    split_by_class: Switch = _opt(["-s", "--split-by-class"], config.SPLIT_BY_CLASS,
+                                  "1: non-IID partitions, each worker sees few classes",
+                                  type=_switch)
+    state_server_ip: str = _opt(["-ip", "--state-server-ip"], config.STATE_SERVER_IP,
+                                "address of the ESync state server")
+    state_server_port: int = _opt(["-port", "--state-server-port"], config.STATE_SERVER_PORT,
+                                  "port of the ESync state server", type=_port)
+    dataset: str = _opt(["--dataset"], config.DATASET, "data set", choices=DATASETS)
+    epochs: Optional[float] = _opt(["--epochs"], config.EPOCHS,
+                                   "stop after this many passes over the partition",
+                                   type=_positive_float)
+    max_rounds: Optional[int] = _opt(["--max-rounds"], config.MAX_ROUNDS,
+                                     "stop after this many rounds", type=_positive_int)
+    time_limit: Optional[float] = _opt(["--time-limit"], config.TIME_LIMIT,
+                                       "stop after this many seconds of training",
+                                       type=_positive_float)
+    target_accuracy: Optional[float] = _opt(["--target-accuracy"], config.TARGET_ACCURACY,
+                                            "stop once test accuracy reaches this",
+                                            type=_fraction)
+    shuffle: str = _opt(["--shuffle"], config.SHUFFLE, "order of samples in each epoch",
+                        choices=SHUFFLES)
+    block_size: int = _opt(["--block-size"], config.BLOCK_SIZE,
+                           "contiguous samples per CorgiPile block", type=_positive_int)
+    buffer_ratio: float = _opt(["--buffer-ratio"], config.BUFFER_RATIO,
+                               "share of the partition in CorgiPile's shuffle buffer",
+                               type=_fraction)
+    seed: int = _opt(["--seed"], config.SEED, "seed of model init, partitions and shuffles",
+                     type=_non_negative_int)
+    device_name: str = _opt(["--device-name"], "",
+                            "label of the log folder (empty: cpu or gpu<N>)")
+    slowdown: float = _opt(["--slowdown"], config.SLOWDOWN,
+                           "act as a device F times slower: wait (F-1)*t after each "
+                           "local iteration of t seconds", type=_slowdown)
+    num_threads: int = _opt(["--num-threads"], config.NUM_THREADS,
+                            "torch intra-op threads (0: torch's default)",
+                            type=_non_negative_int)
+
+
+class _OneLineParser(ArgumentParser):
+    """argparse prints usage plus an error; we print one line naming the flag."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(prog: str = "esync") -> ArgumentParser:
+    return _OneLineParser(
+        Options, prog=prog,
+        description="Train a network with ESync, SSGD, ASGD, DC-ASGD or standalone. "
+                    "The role (scheduler, server, worker) comes from DMLC_ROLE; without "
+                    "it only -m local runs.")
+
+
+def parse_options(argv: Optional[Sequence[str]] = None, prog: str = "esync") -> Options:
+    """Parse the command line; exit with status 2 and one line on a bad value."""
+    return build_parser(prog).parse_args(list(sys.argv[1:] if argv is None else argv))

@@ -1,0 +1,96 @@
+"""Per-device iteration logs: LOG_DIR/<host>/<device>/iter-<n>.json, one file per round.
+
+The format (documented in README.md, read by logs_tools/summary.py) extends the
+original ESync's `iter-<n>.txt`:
+
+    {"num_iters": n,                          # the round (global iteration), from 1
+     "time": {"0": {"get_batch": s, "forward and backward": s, "local update": s, ...},
+              "1": {...}, ...},               # local iteration -> phase -> seconds
+     "num_samples": k,                        # samples trained on in this round
+     "total_time": s,                         # seconds since training started
+     "loss": x,                               # mean training loss of the round
+     "bytes_sent": b, "bytes_received": b,    # real network bytes of the round
+     "accuracy": a}                           # only in rounds that evaluated
+
+One process owns a folder at a time: it holds an exclusive lock on `.lock` in it for
+its lifetime, and a second process given the same host and device label stops with a
+clear error instead of overwriting the first one's files. A new run in a folder that
+no running process holds replaces the `iter-*.json` files left there, as the original
+emptied its log folder.
+"""
+from __future__ import annotations
+
+import fcntl
+import glob
+import json
+import os
+import time
+from typing import Mapping, Optional
+
+from esync.errors import UserError
+
+Phases = Mapping[str, float]
+
+
+class Recorder:
+    def __init__(self, log_dir: str, host: str, device: str):
+        self.path = os.path.join(log_dir, host, device)
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            self._lock = open(os.path.join(self.path, ".lock"), "a+")
+        except OSError as e:
+            raise UserError(f"-ld/--log-dir: cannot create {self.path}: {e.strerror}") from None
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.seek(0)
+            owner = self._lock.read().strip() or "unknown"
+            self._lock.close()
+            raise UserError(f"log folder {self.path} is in use by another running process "
+                            f"(pid {owner}); give each process on a host its own "
+                            f"--device-name") from None
+        self._lock.truncate(0)
+        self._lock.write(str(os.getpid()))
+        self._lock.flush()
+        for old in glob.glob(os.path.join(self.path, "iter-*.json")):
+            os.remove(old)
+        self.start = time.time()
+
+    def restart_clock(self) -> None:
+        """Count `total_time` from now (the start of training, after set-up)."""
+        self.start = time.time()
+
+    def write_round(self, round_: int, times: Mapping[int, Phases], num_samples: int,
+                    loss: float, bytes_sent: int = 0, bytes_received: int = 0,
+                    accuracy: Optional[float] = None, **extra) -> str:
+        """Write iter-<round>.json atomically (readers never see half a file)."""
+        record = {
+            "num_iters": round_,
+            "time": {str(i): {k: round(v, 6) for k, v in phases.items()}
+                     for i, phases in times.items()},
+            "num_samples": num_samples,
+            "total_time": round(time.time() - self.start, 6),
+            "loss": loss,
+            "bytes_sent": bytes_sent,
+            "bytes_received": bytes_received,
+            **extra,
+        }
+        if accuracy is not None:
+            record["accuracy"] = accuracy
+        final = os.path.join(self.path, f"iter-{round_}.json")
+        partial = final + ".partial"
+        with open(partial, "w") as f:
+            json.dump(record, f)
+        os.replace(partial, final)
+        return final
+
+    def close(self) -> None:
+        if not self._lock.closed:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
+
+    def __enter__(self) -> "Recorder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
