@@ -8,7 +8,7 @@ original ESync's `iter-<n>.txt`:
               "1": {...}, ...},               # local iteration -> phase -> seconds
      "num_samples": k,                        # samples trained on in this round
      "total_time": s,                         # seconds since training started
-     "loss": x,                               # mean training loss of the round
+     "loss": x,                               # mean training loss of the round (null: NaN/inf)
      "bytes_sent": b, "bytes_received": b,    # real network bytes of the round
      "accuracy": a}                           # only in rounds that evaluated
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import fcntl
 import glob
 import json
+import math
 import os
 import time
 from typing import Mapping, Optional
@@ -70,7 +71,7 @@ class Recorder:
                      for i, phases in times.items()},
             "num_samples": num_samples,
             "total_time": round(time.time() - self.start, 6),
-            "loss": loss,
+            "loss": loss if math.isfinite(loss) else None,  # JSON has no NaN
             "bytes_sent": bytes_sent,
             "bytes_received": bytes_received,
             **extra,

@@ -43,7 +43,7 @@ class Dataset:
 
 def _make(name: str, train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray,
           test_y: np.ndarray) -> Dataset:
-    as_images = lambda a: torch.from_numpy(np.ascontiguousarray(a, np.uint8)).unsqueeze(1)
+    as_images = lambda a: torch.from_numpy(np.array(a, np.uint8)).unsqueeze(1)
     as_labels = lambda a: torch.from_numpy(np.asarray(a, np.int64))
     pixels = train_x.astype(np.float64) / 255.0
     return Dataset(name, as_images(train_x), as_labels(train_y), as_images(test_x),

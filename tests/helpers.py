@@ -1,0 +1,65 @@
+"""Shared by the tests: a hand-rolled IDX writer and a runner for real `main.py` processes."""
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+import subprocess
+import sys
+from typing import Optional, Sequence
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAIN = os.path.join(REPO, "main.py")
+IDX_NAMES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+
+
+def idx_bytes(array: np.ndarray, magic: Optional[bytes] = None) -> bytes:
+    """The IDX encoding of a uint8 array, written here independently of esync's reader."""
+    array = np.asarray(array, dtype=np.uint8)
+    head = magic if magic is not None else bytes([0, 0, 0x08, array.ndim])
+    return head + b"".join(struct.pack(">I", d) for d in array.shape) + array.tobytes()
+
+
+def write_idx(path: str, array: np.ndarray, gz: bool = True, **kw) -> str:
+    data = idx_bytes(array, **kw)
+    if gz:
+        path += ".gz"
+        data = gzip.compress(data)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def make_idx_dataset(root: str, name: str = "fashion-mnist", n_train: int = 300,
+                     n_test: int = 100, gz: bool = True, seed: int = 0) -> str:
+    """A small learnable IDX data set under root/name: class k is a bright bar at row 2k+4."""
+    rng = np.random.default_rng(seed)
+    folder = os.path.join(root, name)
+    os.makedirs(folder, exist_ok=True)
+    for part, n in (("train", n_train), ("test", n_test)):
+        labels = rng.integers(0, 10, n).astype(np.uint8)
+        images = rng.integers(0, 60, (n, 28, 28)).astype(np.uint8)
+        for i, k in enumerate(labels):
+            images[i, 2 * k + 4:2 * k + 6, 4:24] = 250
+        write_idx(os.path.join(folder, IDX_NAMES[f"{part}_images"]), images, gz)
+        write_idx(os.path.join(folder, IDX_NAMES[f"{part}_labels"]), labels, gz)
+    return folder
+
+
+def run_main(args: Sequence[str], timeout: float = 240, env: Optional[dict] = None,
+             cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+    """Run `python main.py ARGS` as a new process (one torch thread) and wait for it."""
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    for var in ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
+                "DMLC_NUM_WORKER"):
+        full_env.pop(var, None)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, MAIN, *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=cwd or REPO)

@@ -1,0 +1,83 @@
+"""The command line: every flag documented, every bad value one clear line and exit 2."""
+import re
+
+import pytest
+import torch
+
+from esync.options import Options, build_parser, parse_options
+from tests.helpers import run_main
+
+
+def _flags():
+    parser = build_parser()
+    return [a.option_strings for a in parser._actions if a.dest != "help"]
+
+
+def test_original_flags_kept():
+    opts = parse_options(["-l", "0.1", "-ll", "0.2", "-gl", "0.5", "-b", "32", "-dd", "/d",
+                          "-c", "True", "-n", "resnet18-v1", "-ld", "/l", "-e", "5",
+                          "-m", "esync", "-dcasgd", "1", "-s", "1", "-ip", "10.1.1.34",
+                          "-port", "10010", "-g", "1"])
+    assert opts == Options(learning_rate=0.1, local_lr=0.2, global_lr=0.5, batch_size=32,
+                           data_dir="/d", cpu=True, network="resnet18-v1", log_dir="/l",
+                           eval_duration=5, mode="esync", use_dcasgd=True, split_by_class=True,
+                           state_server_ip="10.1.1.34", state_server_port=10010, gpu=1)
+
+
+def test_new_flags_parse():
+    opts = parse_options(["--dataset", "mnist", "--epochs", "2.5", "--max-rounds", "9",
+                          "--time-limit", "60", "--target-accuracy", "0.8", "--shuffle",
+                          "once", "--seed", "4", "--device-name", "gpu-fast",
+                          "--slowdown", "4", "--block-size", "8", "--buffer-ratio", "0.5"])
+    assert (opts.dataset, opts.epochs, opts.max_rounds, opts.time_limit) == ("mnist", 2.5, 9, 60)
+    assert (opts.target_accuracy, opts.shuffle, opts.seed) == (0.8, "once", 4)
+    assert (opts.device_name, opts.slowdown, opts.block_size, opts.buffer_ratio) == \
+        ("gpu-fast", 4.0, 8, 0.5)
+
+
+def test_help_documents_every_flag():
+    result = run_main(["--help"])
+    assert result.returncode == 0
+    for flags in _flags():
+        for flag in flags:
+            assert re.search(rf"(^|\s){re.escape(flag)}[\s,]", result.stdout), flag
+    # and each has a description with its default
+    assert result.stdout.count("(default:") == len(_flags())
+
+
+BAD = [
+    (["-n", "vgg99"], "argument -n/--network: invalid choice: 'vgg99'"),
+    (["-b", "-3"], "argument -b/--batch-size: expected a positive integer, got '-3'"),
+    (["-b", "0"], "argument -b/--batch-size: expected a positive integer"),
+    (["-l", "nan"], "argument -l/--learning-rate: expected a positive number"),
+    (["-m", "fast"], "argument -m/--mode: invalid choice"),
+    (["-c", "maybe"], "argument -c/--cpu: expected 1/0, true/false or yes/no"),
+    (["--slowdown", "0.5"], "argument --slowdown: expected a number >= 1"),
+    (["--target-accuracy", "1.5"], "argument --target-accuracy: expected a number in (0, 1]"),
+    (["-port", "70000"], "argument -port/--state-server-port: expected a port number"),
+    (["--dataset", "fashion-mnist", "-dd", "/nonexistent"],
+     "-dd/--data-dir: no folder /nonexistent/fashion-mnist"),
+    (["-m", "sync"], "-m/--mode sync runs in a cluster: set DMLC_ROLE"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_value_is_one_line_exit_2(args, message, tmp_path):
+    result = run_main([*args, "--max-rounds", "1", "-ld", str(tmp_path)])
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert message in lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_gpu_asked_where_there_is_none(tmp_path):
+    result = run_main(["-g", "0", "--max-rounds", "1", "-ld", str(tmp_path)])
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("main.py: error: -g/--gpu 0: this machine has no CUDA "
+                                     "device; leave out -g (or pass -c 1) to train on the CPU")
+    # -c 1 overrides -g, as in the original
+    ok = run_main(["-g", "0", "-c", "1", "--max-rounds", "1", "-ld", str(tmp_path)])
+    assert ok.returncode == 0, ok.stderr
