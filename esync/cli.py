@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Optional, Sequence
 
@@ -34,6 +35,7 @@ def _run(argv: Optional[Sequence[str]], prog: str) -> int:
 
 def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
     prog = prog or os.path.basename(sys.argv[0]) or "esync"
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `esync | head` ends quietly
     try:
         return _run(argv, prog)
     except UserError as e:

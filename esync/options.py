@@ -62,7 +62,7 @@ _port = _number(int, "a port number in 1..65535", low=1, high=65535)
 
 
 def _opt(flags: Sequence[str], default, help: str, **metadata):
-    shown = "none" if default is None else default
+    shown = {None: "none", "": "empty"}.get(default, default)
     metadata.update(args=list(flags), help=f"{help} (default: {shown})")
     return field(default=default, metadata=metadata)
 
@@ -132,7 +132,7 @@ class Options:
     seed: int = _opt(["--seed"], config.SEED, "seed of model init, partitions and shuffles",
                      type=_non_negative_int)
     device_name: str = _opt(["--device-name"], "",
-                            "label of the log folder (empty: cpu or gpu<N>)")
+                            "label of the log folder; empty: cpu or gpu<N>")
     slowdown: float = _opt(["--slowdown"], config.SLOWDOWN,
                            "act as a device F times slower: wait (F-1)*t after each "
                            "local iteration of t seconds", type=_slowdown)

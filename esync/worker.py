@@ -53,9 +53,13 @@ def run_worker(opts: Options, algorithm: Algorithm, rank: int = 0,
                        block_size=opts.block_size, buffer_ratio=opts.buffer_ratio)
     batches = BatchStream(dataset, order, opts.batch_size, device)
     model = build_network(opts.network).to(device)
+    stop = stop_criteria(opts)
     with Recorder(opts.log_dir, socket.gethostname(), device_label(opts, device)) as recorder:
         print(f"[{algorithm.name}] training {opts.network} on {opts.dataset} "
               f"({len(indices)} samples, rank {rank} of {num_workers}) on {device}; "
               f"logs in {recorder.path}", flush=True)
-        return train(model, algorithm, batches, dataset, recorder, stop_criteria(opts),
+        if not any(vars(stop).values()):
+            print(f"[{algorithm.name}] no stop criterion given (--epochs, --max-rounds, "
+                  f"--time-limit, --target-accuracy): training until interrupted", flush=True)
+        return train(model, algorithm, batches, dataset, recorder, stop,
                      device, opts.slowdown, log=lambda line: print(line, flush=True))

@@ -81,3 +81,18 @@ def test_gpu_asked_where_there_is_none(tmp_path):
     # -c 1 overrides -g, as in the original
     ok = run_main(["-g", "0", "-c", "1", "--max-rounds", "1", "-ld", str(tmp_path)])
     assert ok.returncode == 0, ok.stderr
+
+
+def test_readme_documents_every_flag_with_its_default():
+    from dataclasses import fields
+
+    from tests.helpers import REPO
+
+    readme = open(f"{REPO}/README.md").read()
+    parser_flags = {a.dest: a.option_strings for a in build_parser()._actions}
+    for f in fields(Options):
+        cell = ", ".join(f"`{flag}`" for flag in parser_flags[f.name])
+        match = re.search(rf"^\| {re.escape(cell)} \| ([^|]*) \|", readme, re.M)
+        assert match, f"README's flag table lacks {cell}"
+        shown = {None: "none", "": "empty"}.get(f.default, str(f.default))
+        assert match.group(1).strip().strip("`") == shown, f"README's default of {cell}"
