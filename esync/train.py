@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +35,7 @@ class StopCriteria:
                 and accuracy >= self.target_accuracy:
             return f"reached target accuracy {self.target_accuracy}"
         if self.epochs_reached(epochs_done):
-            return f"finished {self.epochs:g} epochs"
+            return f"finished {self.epochs:g} epoch{'' if self.epochs == 1 else 's'}"
         if self.max_rounds is not None and rounds >= self.max_rounds:
             return f"finished {self.max_rounds} rounds"
         if self.time_limit is not None and elapsed >= self.time_limit:
@@ -73,6 +73,30 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _local_iteration(model: nn.Module, algorithm: Algorithm, batches: BatchStream,
+                     device: torch.device, slowdown: float) -> Tuple[Dict[str, float], float, int]:
+    """One batch, forward and backward, the algorithm's update, and the simulated wait.
+
+    Returns the timed phases, the batch's loss and its number of samples.
+    """
+    t0 = time.perf_counter()
+    images, labels = batches.next()
+    t1 = time.perf_counter()
+    model.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(images), labels)
+    loss.backward()
+    _sync(device)
+    t2 = time.perf_counter()
+    algorithm.local_update(model)
+    _sync(device)
+    t3 = time.perf_counter()
+    phases = {"get_batch": t1 - t0, "forward and backward": t2 - t1, "local update": t3 - t2}
+    if slowdown > 1.0:
+        phases["slowdown"] = (slowdown - 1.0) * (t3 - t0)
+        time.sleep(phases["slowdown"])
+    return phases, loss.item(), len(labels)
+
+
 def train(model: nn.Module, algorithm: Algorithm, batches: BatchStream, dataset: Dataset,
           recorder: Recorder, stop: StopCriteria, device: torch.device, slowdown: float = 1.0,
           log: Callable[[str], None] = print) -> TrainResult:
@@ -93,29 +117,16 @@ def train(model: nn.Module, algorithm: Algorithm, batches: BatchStream, dataset:
         while True:
             round_ += 1
             budget, first_phases = algorithm.begin_round(round_)
+            if budget < 1:
+                raise ValueError(f"{algorithm.name} gave round {round_} {budget} local iterations")
             times: Dict[int, Dict[str, float]] = {}
             loss_sum, samples, sent0, received0 = 0.0, 0, *algorithm.traffic()
             for i in range(budget):
-                phases = times[i] = dict(first_phases) if i == 0 else {}
-                t0 = time.perf_counter()
-                images, labels = batches.next()
-                t1 = time.perf_counter()
-                model.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(model(images), labels)
-                loss.backward()
-                _sync(device)
-                t2 = time.perf_counter()
-                algorithm.local_update(model)
-                _sync(device)
-                t3 = time.perf_counter()
-                phases.update({"get_batch": t1 - t0, "forward and backward": t2 - t1,
-                               "local update": t3 - t2})
-                if slowdown > 1.0:
-                    wait = (slowdown - 1.0) * (t3 - t0)
-                    time.sleep(wait)
-                    phases["slowdown"] = wait
-                loss_sum += loss.item()
-                samples += len(labels)
+                phases, loss, count = _local_iteration(model, algorithm, batches, device,
+                                                       slowdown)
+                times[i] = {**first_phases, **phases} if i == 0 else phases
+                loss_sum += loss
+                samples += count
                 iterations += 1
                 if stop.epochs_reached(batches.epochs_done):
                     break
