@@ -8,29 +8,89 @@ from typing import Optional, Sequence
 
 from esync.errors import UserError
 
-CLUSTER_VARS = ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
-                "DMLC_NUM_WORKER")
-
 
 def _run(argv: Optional[Sequence[str]], prog: str) -> int:
     from esync.options import parse_options  # imports torch: after the cheap checks
-    from esync.worker import run_worker, select_device
+    from esync.worker import select_device
 
     opts = parse_options(argv, prog)
-    select_device(opts)  # a GPU asked for where there is none is a bad flag: fail now
-    role = os.environ.get("DMLC_ROLE")
-    if role is None:
+    if "DMLC_ROLE" not in os.environ:
         if opts.mode != "local":
-            missing = ", ".join(v for v in CLUSTER_VARS if v not in os.environ)
+            from esync.transport.cluster import REQUIRED
+
+            missing = ", ".join(v for v in REQUIRED if v not in os.environ)
             raise UserError(f"-m/--mode {opts.mode} runs in a cluster: set {missing} "
                             f"(or use -m local)")
-        from esync.algorithms import LocalSGD
+        select_device(opts)  # a GPU asked for where there is none is a bad flag: fail now
+        return _run_local(opts)
+    from esync.transport.cluster import ClusterEnv
 
-        result = run_worker(opts, LocalSGD(opts.learning_rate, opts.momentum,
-                                           opts.weight_decay, opts.eval_duration))
-        return 1 if result.diverged else 0
-    raise UserError(f"DMLC_ROLE={role}: the cluster roles (scheduler, server, worker) are "
-                    f"not part of this version yet; unset DMLC_ROLE and use -m local")
+    env = ClusterEnv.from_environ()
+    if env.role == "scheduler":
+        from esync.transport.scheduler import Scheduler
+
+        return Scheduler(env, log=_log).run()
+    if env.role == "worker":
+        select_device(opts)
+        if opts.mode == "local":
+            raise UserError("-m/--mode local trains alone: unset DMLC_ROLE, or pick a "
+                            "distributed mode (sync, async, esync)")
+        if opts.mode == "esync":
+            raise UserError("-m/--mode esync needs the ESync state server, which is not part "
+                            "of this version yet; use sync or async")
+    return _run_node(opts, env)
+
+
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+def _run_local(opts) -> int:
+    from esync.algorithms import LocalSGD
+    from esync.worker import run_worker
+
+    result = run_worker(opts, LocalSGD(opts.learning_rate, opts.momentum, opts.weight_decay,
+                                       opts.eval_duration))
+    return 1 if result.diverged else 0
+
+
+def _run_node(opts, env) -> int:
+    """A server or worker: join the job, do the role's work, leave cleanly or fail loudly."""
+    from esync.transport.node import JobAborted, Node
+
+    node = Node(env, env.role, log=_log)
+    try:
+        if env.role == "server":
+            from esync.server import run_server
+
+            return run_server(node, log=_log)
+        return _run_cluster_worker(opts, node)
+    except JobAborted as e:
+        print(f"esync: error: job aborted: {e}", file=sys.stderr, flush=True)
+        return 1
+    except UserError as e:
+        node.fail(str(e))
+        raise
+    except BaseException as e:
+        node.fail(f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        node.close()
+
+
+def _run_cluster_worker(opts, node) -> int:
+    from esync.algorithms.pushpull import GradientPushPull
+    from esync.rules import RuleConfig
+    from esync.worker import run_worker
+
+    rule_name = "dcasgd" if opts.mode == "async" and opts.use_dcasgd else opts.mode
+    assignment = node.register(mode=rule_name, network=opts.network)
+    rule = RuleConfig(rule_name, assignment["num_workers"], opts.learning_rate, opts.momentum,
+                      opts.weight_decay, opts.dcasgd_lamda if rule_name == "dcasgd" else 0.0)
+    algorithm = GradientPushPull(rule, node, assignment, opts.eval_duration)
+    result = run_worker(opts, algorithm, assignment["rank"], assignment["num_workers"])
+    node.finish()
+    return 1 if result.diverged else 0
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:

@@ -148,7 +148,8 @@ def train(model: nn.Module, algorithm: Algorithm, batches: BatchStream, dataset:
             if diverged:
                 reason = "stopped: the training loss is not finite (learning rate too high?)"
                 break
-            reason = stop.reason(round_, batches.epochs_done, elapsed, accuracy_now)
+            reason = algorithm.agree_stop(
+                stop.reason(round_, batches.epochs_done, elapsed, accuracy_now))
             if reason:
                 break
     finally:

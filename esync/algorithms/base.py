@@ -7,7 +7,7 @@ runtime calls the algorithm; the algorithm never drives the runtime.
 """
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -39,6 +39,11 @@ class Algorithm:
     def evaluates(self, round_: int) -> bool:
         """Whether this process measures test accuracy after round `round_`."""
         return False
+
+    def agree_stop(self, reason: Optional[str]) -> Optional[str]:
+        """Given this process's own stop decision after a round (None: go on), the
+        decision that holds; distributed algorithms agree on it with the others."""
+        return reason
 
     def traffic(self) -> Tuple[int, int]:
         """Bytes sent and received over the network so far (cumulative)."""

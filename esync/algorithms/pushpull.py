@@ -1,0 +1,80 @@
+"""SSGD, ASGD and DC-ASGD on the worker: push each iteration's gradient, pull the weights.
+
+On the worker the three are the same algorithm; they differ in the server's rule
+(esync.rules): SSGD's server answers once all workers pushed the round, ASGD's at once,
+DC-ASGD's at once with delay compensation. A round is one local iteration.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import nn
+
+from esync.algorithms.base import Algorithm, Phases
+from esync.flat import FlatModel
+from esync.kvstore import KVStore
+from esync.rules import RuleConfig
+from esync.transport.node import Node
+
+
+class GradientPushPull(Algorithm):
+    def __init__(self, rule: RuleConfig, node: Node, assignment: Dict[str, Any],
+                 eval_duration: int):
+        self.name = rule.name
+        self.rule, self.node = rule, node
+        self.rank = assignment["rank"]
+        self.servers = assignment["servers"]
+        self.eval_duration = eval_duration
+        self.collective = rule.name == "sync"  # every worker waits for every other
+        self.flat: Optional[FlatModel] = None
+        self.kv: Optional[KVStore] = None
+        self._announced: Optional[str] = None
+
+    def setup(self, model: nn.Module, device: torch.device) -> None:
+        self.flat = FlatModel(model, device)
+        self.kv = KVStore(self.node, self.servers, self.rank, self.flat.params.numel(),
+                          self.flat.buffers.numel())
+        params, buffers = self.flat.host_state()
+        if self.rank == 0:
+            self.kv.init(self.rule.to_header(), params, buffers)
+        else:
+            self.kv.pull(params, buffers)
+            self.flat.load_host_state()
+        self.node.barrier("workers")  # start the clocks together
+
+    def begin_round(self, round_: int) -> Tuple[int, Phases]:
+        return 1, {}
+
+    def end_round(self, round_: int, model: nn.Module) -> Phases:
+        start = time.perf_counter()
+        grads = self.flat.gather_grads()
+        _, buffers = self.flat.host_state()
+        self.kv.push_pull(round_, grads, buffers, self.flat.host("params"),
+                          self.flat.host("buffers"), stop=self._announced)
+        self.flat.load_host_state()
+        return {"global aggregate": time.perf_counter() - start}
+
+    def evaluates(self, round_: int) -> bool:
+        return self.rank == 0 and round_ % self.eval_duration == 0
+
+    def agree_stop(self, reason: Optional[str]) -> Optional[str]:
+        if self.kv.stop_reason is not None:
+            return self.kv.stop_reason if self.rank == 0 else \
+                f"worker 0 ended the job: {self.kv.stop_reason}"
+        if reason is None:
+            return None
+        if self.rank == 0:
+            # tell everyone through the servers with the next push, then stop with them
+            self._announced = self._announced or reason
+            return None
+        # SSGD: worker 0 decides for all (a worker leaving alone would stall the round)
+        return None if self.collective else reason
+
+    def traffic(self) -> Tuple[int, int]:
+        return (self.kv.bytes_sent, self.kv.bytes_received) if self.kv else (0, 0)
+
+    def finish(self) -> None:
+        if self.kv is not None:
+            self.kv.close()

@@ -1,0 +1,142 @@
+"""The wire format: one msgpack header frame, then raw float32 tensor frames.
+
+    [header, chunk, chunk, ...]        header = msgpack map, e.g.
+    {"type": "push", "sender": "w1", "shard": 0, "round": 7, "dtype": "float32",
+     "lengths": [2795000, 4200], "frames": [3, 1]}
+
+A payload is a list of *sections* (for example a shard of the parameter vector and a
+shard of the buffer vector); `lengths` gives each section's number of elements and
+`frames` how many frames carry it. Sections are cut into frames of at most CHUNK_BYTES,
+because ZeroMQ moves frames of a few MiB faster per byte than one huge frame. Tensor
+bytes never pass through msgpack and are sent and received without copies: a frame is
+sent from a memoryview of the array and read back as a numpy view of the frame.
+
+Nothing here is pickled, and `decode` checks everything a peer could get wrong; a bad
+message raises `MessageError`, which servers answer or log, never die of.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
+
+import msgpack
+import numpy as np
+
+CHUNK_BYTES = 4 << 20
+MAX_HEADER_BYTES = 64 << 10
+DTYPE = "float32"
+_ITEM = 4
+
+
+class MessageError(ValueError):
+    """A message that does not follow the wire format; the text says what is wrong."""
+
+
+@dataclass
+class Message:
+    header: Dict[str, Any]
+    frames: List[Any] = field(default_factory=list)  # zmq.Frame, bytes or memoryview
+    header_bytes: int = 0
+
+    @property
+    def type(self) -> str:
+        return self.header["type"]
+
+    def sections(self) -> List[List[Tuple[int, np.ndarray]]]:
+        """Per section, its frames as (element offset, float32 view) pairs."""
+        out, i = [], 0
+        for count in self.header.get("frames", []):
+            chunks, offset = [], 0
+            for frame in self.frames[i:i + count]:
+                view = np.frombuffer(_buffer(frame), dtype=np.float32)
+                chunks.append((offset, view))
+                offset += len(view)
+            out.append(chunks)
+            i += count
+        return out
+
+    def nbytes(self) -> int:
+        """Bytes of the whole message as it crossed the network (header and frames)."""
+        return self.header_bytes + sum(len(_buffer(f)) for f in self.frames)
+
+
+def _buffer(frame) -> memoryview:
+    buf = getattr(frame, "buffer", frame)  # zmq.Frame -> memoryview, else bytes-like
+    return buf if isinstance(buf, memoryview) else memoryview(buf)
+
+
+def _chunks(array: np.ndarray) -> Iterator[memoryview]:
+    flat = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+    step = CHUNK_BYTES // _ITEM
+    for start in range(0, len(flat), step):
+        yield memoryview(flat[start:start + step])
+
+
+def encode(header: Dict[str, Any], sections: Sequence[np.ndarray] = ()) -> List[Any]:
+    """The frames of a message: header (with lengths and frame counts filled in), chunks."""
+    header = dict(header)
+    frames: List[Any] = []
+    if sections:
+        counts = []
+        for section in sections:
+            chunks = list(_chunks(section))
+            counts.append(len(chunks))
+            frames.extend(chunks)
+        header.update(dtype=DTYPE, lengths=[int(np.size(s)) for s in sections], frames=counts)
+    return [msgpack.packb(header, use_bin_type=True), *frames]
+
+
+def _field(header: Dict[str, Any], name: str, kind, required: bool = True):
+    value = header.get(name)
+    if value is None:
+        if required:
+            raise MessageError(f"header lacks field {name!r}")
+        return None
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise MessageError(f"header field {name!r} has type {type(value).__name__}")
+    return value
+
+
+def decode(frames: Sequence[Any], types: Sequence[str]) -> Message:
+    """Parse and check a received message (identity frames already removed)."""
+    if not frames:
+        raise MessageError("empty message")
+    raw = _buffer(frames[0])
+    if len(raw) > MAX_HEADER_BYTES:
+        raise MessageError(f"header of {len(raw)} bytes (at most {MAX_HEADER_BYTES})")
+    try:
+        header = msgpack.unpackb(raw, raw=False, max_bin_len=0, max_ext_len=0)
+    except Exception as e:  # msgpack raises several unrelated types on garbage
+        raise MessageError(f"header is not valid msgpack ({type(e).__name__})") from None
+    if not isinstance(header, dict):
+        raise MessageError(f"header is a {type(header).__name__}, expected a map")
+    kind = _field(header, "type", str)
+    if kind not in types:
+        raise MessageError(f"unknown message type {kind!r}")
+    _field(header, "sender", (str, int))
+    payload = list(frames[1:])
+    counts = _field(header, "frames", list, required=bool(payload))
+    if counts is None:
+        return Message(header, payload, len(raw))
+    lengths = _field(header, "lengths", list)
+    if _field(header, "dtype", str) != DTYPE:
+        raise MessageError(f"dtype {header['dtype']!r}, only {DTYPE!r} is accepted")
+    if len(lengths) != len(counts) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in lengths + counts):
+        raise MessageError("header fields 'lengths' and 'frames' must be lists of "
+                           "non-negative integers of equal size")
+    if sum(counts) != len(payload):
+        raise MessageError(f"header announces {sum(counts)} data frames, "
+                           f"message has {len(payload)}")
+    i = 0
+    for n, (length, count) in enumerate(zip(lengths, counts)):
+        sizes = [len(_buffer(f)) for f in payload[i:i + count]]
+        if any(size % _ITEM for size in sizes):
+            raise MessageError(f"section {n} has a frame whose size is not a multiple of "
+                               f"{_ITEM} bytes")
+        got = sum(sizes)
+        if got != length * _ITEM:
+            raise MessageError(f"section {n} announces {length} float32 values "
+                               f"({length * _ITEM} bytes), its frames hold {got} bytes")
+        i += count
+    return Message(header, payload, len(raw))

@@ -1,0 +1,162 @@
+"""A server's or worker's membership of the job (ps-lite's postoffice, node side).
+
+Two DEALER sockets talk to the scheduler: the control socket, used by the main thread
+for requests (register, barrier, finished, abort), and the heartbeat socket, owned by a
+background thread that sends a heartbeat every PS_HEARTBEAT_INTERVAL seconds and takes
+the scheduler's notices (abort, shutdown). If the scheduler says the job is aborted, or
+stops answering heartbeats for PS_HEARTBEAT_TIMEOUT seconds, the node is *aborted*:
+every wait in this process (`Node.wait`) raises `JobAborted` with the reason, and a
+watchdog ends the process if it has not ended by itself shortly after.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, Optional, Sequence
+
+import zmq
+
+from esync.transport.cluster import ClusterEnv
+from esync.transport.message import Message, MessageError, decode, encode
+
+POLL_MS = 100
+NOTICES = ("ack", "abort", "shutdown")
+REPLIES = ("assign", "barrier_done", "ack", "error")
+
+
+class JobAborted(Exception):
+    """The job cannot go on (a node died, the scheduler is gone); the text says why."""
+
+
+class Node:
+    def __init__(self, env: ClusterEnv, role: str, log: Callable[[str], None] = print):
+        self.env = env
+        self.role = role
+        self.log = log
+        self.uid = f"{role}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.context = zmq.Context()
+        self.rank: Optional[int] = None
+        self._aborted: Optional[str] = None
+        self._shutdown = threading.Event()
+        self._closing = threading.Event()
+        self._control = self._connect("ctl")
+        self._heartbeats = threading.Thread(target=self._heartbeat_loop, name="heartbeat",
+                                            daemon=True)
+        self._heartbeats.start()
+
+    # --- state seen by the main thread ------------------------------------------------
+    @property
+    def name(self) -> str:
+        return f"{self.role} {self.rank if self.rank is not None else '?'}"
+
+    @property
+    def shutdown_requested(self) -> bool:
+        return self._shutdown.is_set()
+
+    def check(self) -> None:
+        if self._aborted is not None:
+            raise JobAborted(self._aborted)
+
+    def wait(self, sock: zmq.Socket, types: Sequence[str]) -> Message:
+        """The next message on `sock` (blocking), unless the job is aborted meanwhile."""
+        while not sock.poll(POLL_MS):
+            self.check()
+        return decode(sock.recv_multipart(copy=False), types)
+
+    # --- requests to the scheduler ----------------------------------------------------
+    def _request(self, header: Dict[str, Any]) -> Message:
+        self._verbose(f"-> scheduler {header}")
+        self._control.send_multipart(encode({"sender": self.uid, **header}))
+        reply = self.wait(self._control, REPLIES)
+        self._verbose(f"<- scheduler {reply.header}")
+        if reply.type == "error":
+            raise JobAborted(f"the scheduler refused {header['type']}: {reply.header.get('error')}")
+        return reply
+
+    def register(self, **info) -> Dict[str, Any]:
+        """Join the job; returns the assignment once every node has joined:
+        {"rank", "num_workers", "num_servers", "servers": [address of server 0, ...]}."""
+        reply = self._request({"type": "register", "role": self.role, "pid": os.getpid(),
+                               "hostname": socket.gethostname(), **info})
+        self.rank = reply.header["rank"]
+        return reply.header
+
+    def barrier(self, group: str = "workers") -> None:
+        self._request({"type": "barrier", "group": group})
+
+    def finish(self) -> None:
+        """A worker is done; when all are, the scheduler shuts the servers down."""
+        self._request({"type": "finished"})
+
+    def fail(self, reason: str) -> None:
+        """Tell the scheduler this node cannot go on, so it ends the job for everyone."""
+        try:
+            self._control.send_multipart(encode({"sender": self.uid, "type": "abort",
+                                                 "reason": f"{self.name} failed: {reason}"}))
+        except zmq.ZMQError:
+            pass
+
+    # --- heartbeats and notices -------------------------------------------------------
+    def _connect(self, channel: str) -> zmq.Socket:
+        sock = self.context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, f"{self.uid}/{channel}".encode())
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.connect(self.env.scheduler_address)
+        return sock
+
+    def _heartbeat_loop(self) -> None:
+        sock = self._connect("hb")
+        interval, timeout = self.env.heartbeat_interval, self.env.heartbeat_timeout
+        last_answer = next_beat = time.monotonic()
+        try:
+            while not self._closing.is_set():
+                now = time.monotonic()
+                if now >= next_beat:
+                    sock.send_multipart(encode({"type": "heartbeat", "sender": self.uid}))
+                    next_beat = now + interval
+                if sock.poll(int(min(interval, POLL_MS / 1000) * 1000)):
+                    try:
+                        notice = decode(sock.recv_multipart(copy=False), NOTICES)
+                    except MessageError as e:
+                        self.log(f"[{self.name}] dropped a bad notice from the scheduler: {e}")
+                        continue
+                    last_answer = time.monotonic()
+                    if notice.type == "abort":
+                        self._abort(str(notice.header.get("reason", "aborted by the scheduler")))
+                    elif notice.type == "shutdown":
+                        self._verbose("<- scheduler shutdown")
+                        self._shutdown.set()
+                if time.monotonic() - last_answer > timeout and self._aborted is None \
+                        and not self._shutdown.is_set():
+                    self._abort(f"lost the scheduler at {self.env.scheduler_address}: no answer "
+                                f"to heartbeats for {timeout:g} s")
+        finally:
+            sock.close(linger=0)
+
+    def _abort(self, reason: str) -> None:
+        if self._aborted is not None:
+            return
+        self._aborted = reason
+        grace = max(5.0, 2 * self.env.heartbeat_timeout)
+
+        def watchdog():
+            if not self._closing.wait(grace):
+                print(f"esync: error: job aborted: {reason} ({self.name} did not end within "
+                      f"{grace:g} s, exiting)", file=sys.stderr, flush=True)
+                os._exit(1)
+
+        threading.Thread(target=watchdog, name="abort-watchdog", daemon=True).start()
+
+    def _verbose(self, text: str) -> None:
+        if self.env.verbose:
+            self.log(f"[ps {self.name}] {text}")
+
+    def close(self) -> None:
+        self._closing.set()
+        self._heartbeats.join(timeout=5)
+        self._control.close(linger=1000)
+        self.context.term()

@@ -1,0 +1,190 @@
+"""The scheduler: registration, ranks, the servers' address book, barriers, heartbeats,
+and the end of the job (ps-lite's scheduler node)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import zmq
+
+from esync.errors import UserError
+from esync.transport.cluster import ClusterEnv, resolve
+from esync.transport.message import MessageError, decode, encode
+
+POLL_MS = 100
+REQUESTS = ("register", "heartbeat", "barrier", "finished", "abort")
+
+
+@dataclass
+class Member:
+    uid: str
+    role: str
+    hostname: str
+    pid: int
+    address: Optional[str]
+    info: Dict
+    rank: Optional[int] = None
+    finished: bool = False
+
+    def describe(self) -> str:
+        rank = "?" if self.rank is None else self.rank
+        return f"{self.role} {rank} (pid {self.pid} on {self.hostname})"
+
+
+@dataclass
+class Scheduler:
+    env: ClusterEnv
+    log: Callable[[str], None] = print
+    members: Dict[str, Member] = field(default_factory=dict)
+    last_seen: Dict[str, float] = field(default_factory=dict)
+    barriers: Dict[str, List[str]] = field(default_factory=dict)
+    assigned: bool = False
+
+    def run(self) -> int:
+        """Serve the job until it ends: 0 when every worker finished, 1 when aborted."""
+        context = zmq.Context()
+        self.sock = context.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.LINGER, 2000)
+        address = f"tcp://{resolve(self.env.root_uri, 'DMLC_PS_ROOT_URI')}:{self.env.root_port}"
+        try:
+            self.sock.bind(address)
+        except zmq.ZMQError as e:
+            self.sock.close(linger=0)
+            context.term()
+            raise UserError(f"DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT: cannot listen on "
+                            f"{address}: {e}") from None
+        self.log(f"[scheduler] listening on {address} for {self.env.num_servers} server(s) "
+                 f"and {self.env.num_workers} worker(s)")
+        try:
+            code = self._serve()
+        finally:
+            self.sock.close()
+            context.term()
+        return code
+
+    def _serve(self) -> Optional[int]:
+        while True:
+            if self.sock.poll(POLL_MS):
+                identity, *frames = self.sock.recv_multipart(copy=False)
+                code = self._handle(identity.bytes, frames)
+                if code is not None:
+                    return code
+            dead = self._dead_member()
+            if dead is not None:
+                return self._abort(f"{dead.describe()} sent no heartbeat for "
+                                   f"{self.env.heartbeat_timeout:g} s", exclude=dead.uid)
+
+    # --- messages ---------------------------------------------------------------------
+    def _handle(self, identity: bytes, frames) -> Optional[int]:
+        try:
+            msg = decode(frames, REQUESTS)
+        except MessageError as e:
+            self.log(f"[scheduler] dropped a malformed message from {identity!r}: {e}")
+            return None
+        uid = str(msg.header["sender"])
+        self.last_seen[uid] = time.monotonic()
+        if msg.type == "heartbeat":
+            self._send(identity, {"type": "ack"})
+            return None
+        if self.env.verbose:
+            self.log(f"[scheduler] <- {uid}: {msg.header}")
+        if msg.type == "register":
+            return self._register(identity, uid, msg.header)
+        if uid not in self.members:
+            self._send(identity, {"type": "error", "error": f"{uid} is not registered"})
+            return None
+        member = self.members[uid]
+        if msg.type == "barrier":
+            return self._barrier(identity, uid, str(msg.header.get("group", "workers")))
+        if msg.type == "finished":
+            member.finished = True
+            self._send(identity, {"type": "ack"})
+            workers = [m for m in self.members.values() if m.role == "worker"]
+            if self.assigned and all(m.finished for m in workers):
+                for server in self.members.values():
+                    if server.role == "server":
+                        self._send(f"{server.uid}/hb".encode(), {"type": "shutdown"})
+                self.log(f"[scheduler] all {len(workers)} workers finished; servers shut down")
+                return 0
+            return None
+        # abort: a node failed and asks to end the job
+        return self._abort(str(msg.header.get("reason", f"{member.describe()} failed")),
+                           exclude=uid)
+
+    def _register(self, identity: bytes, uid: str, header: Dict) -> Optional[int]:
+        role = header.get("role")
+        wanted = {"server": self.env.num_servers, "worker": self.env.num_workers}
+        if role not in wanted:
+            self._send(identity, {"type": "error", "error": f"unknown role {role!r}"})
+            return None
+        count = sum(1 for m in self.members.values() if m.role == role)
+        if self.assigned or count >= wanted[role]:
+            self._send(identity, {"type": "error", "error": f"the job already has its "
+                                  f"{wanted[role]} {role}(s) (DMLC_NUM_{role.upper()})"})
+            return None
+        port = header.get("port")
+        address = f"tcp://{header.get('host')}:{port}" if port else None
+        member = Member(uid, role, str(header.get("hostname", "?")), int(header.get("pid", 0)),
+                        address, {k: header.get(k) for k in ("mode", "network")})
+        workers = [m for m in self.members.values() if m.role == "worker"]
+        if role == "worker" and workers and member.info != workers[0].info:
+            self.members[uid] = member
+            return self._abort(f"workers disagree: {workers[0].describe()} runs "
+                               f"{workers[0].info} but {member.describe()} runs {member.info}")
+        self.members[uid] = member
+        self.barriers.setdefault("register", []).append(uid)
+        self.log(f"[scheduler] {role} registered: pid {member.pid} on {member.hostname}"
+                 + (f", serving at {address}" if address else ""))
+        if all(sum(1 for m in self.members.values() if m.role == r) == n
+               for r, n in wanted.items()):
+            self._assign()
+        return None
+
+    def _assign(self) -> None:
+        for role in ("server", "worker"):
+            for rank, m in enumerate(m for m in self.members.values() if m.role == role):
+                m.rank = rank
+        servers = [m.address for m in self.members.values() if m.role == "server"]
+        for uid in self.barriers.pop("register"):
+            m = self.members[uid]
+            self._send(f"{uid}/ctl".encode(), {
+                "type": "assign", "rank": m.rank, "servers": servers,
+                "num_servers": self.env.num_servers, "num_workers": self.env.num_workers})
+        self.assigned = True
+        self.log(f"[scheduler] all {len(self.members)} nodes registered; ranks assigned")
+
+    def _barrier(self, identity: bytes, uid: str, group: str) -> None:
+        members = [m.uid for m in self.members.values()
+                   if group == "all" or m.role == group.rstrip("s")]
+        if uid not in members:
+            self._send(identity, {"type": "error", "error": f"not a member of group {group!r}"})
+            return None
+        waiting = self.barriers.setdefault(f"barrier:{group}", [])
+        waiting.append(uid)
+        if set(members) <= set(waiting):
+            for waiter in self.barriers.pop(f"barrier:{group}"):
+                self._send(f"{waiter}/ctl".encode(), {"type": "barrier_done", "group": group})
+        return None
+
+    # --- failure ----------------------------------------------------------------------
+    def _dead_member(self) -> Optional[Member]:
+        now = time.monotonic()
+        for m in self.members.values():
+            if not m.finished and now - self.last_seen.get(m.uid, now) > self.env.heartbeat_timeout:
+                return m
+        return None
+
+    def _abort(self, reason: str, exclude: Optional[str] = None) -> int:
+        self.log(f"[scheduler] error: aborting the job: {reason}")
+        for m in self.members.values():
+            if m.uid != exclude and not m.finished:
+                self._send(f"{m.uid}/hb".encode(), {"type": "abort", "reason": reason})
+        return 1
+
+    def _send(self, identity: bytes, header: Dict) -> None:
+        try:
+            self.sock.send_multipart([identity, *encode({"sender": "scheduler", **header})])
+        except zmq.ZMQError:  # the peer is gone (ROUTER_MANDATORY): nothing to tell it
+            pass
