@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import zmq
 
-from esync.transport.message import Message, encode
+from esync.transport.message import Message, encode, frame_bytes
 from esync.transport.node import JobAborted, Node
 
 ANSWERS = ("weights", "ack", "error")
@@ -53,7 +53,7 @@ class KVStore:
                 sections = (params[p0:p1], buffers[b0:b1])
             frames = encode({"sender": self.rank, "shard": s, **header}, sections)
             sock.send_multipart(frames, copy=False)
-            self.bytes_sent += sum(len(memoryview(f)) for f in frames)
+            self.bytes_sent += sum(frame_bytes(f) for f in frames)
         answers = []
         for s, sock in enumerate(self.sockets):
             answer = self.node.wait(sock, ANSWERS)

@@ -96,3 +96,27 @@ def test_readme_documents_every_flag_with_its_default():
         assert match, f"README's flag table lacks {cell}"
         shown = {None: "none", "": "empty"}.get(f.default, str(f.default))
         assert match.group(1).strip().strip("`") == shown, f"README's default of {cell}"
+
+
+CLUSTER = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9", "DMLC_NUM_SERVER": "1",
+           "DMLC_NUM_WORKER": "1"}
+BAD_ENV = [
+    ({"DMLC_ROLE": "worker"}, ["-m", "sync"], "the cluster roles need DMLC_PS_ROOT_URI, "
+     "DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER to be set"),
+    ({**CLUSTER, "DMLC_ROLE": "boss"}, [], "DMLC_ROLE='boss': expected one of scheduler, server, worker"),
+    ({**CLUSTER, "DMLC_ROLE": "worker", "DMLC_NUM_WORKER": "two"}, ["-m", "sync"],
+     "DMLC_NUM_WORKER='two': expected a number >= 1"),
+    ({**CLUSTER, "DMLC_ROLE": "worker", "PS_HEARTBEAT_TIMEOUT": "0.5"}, ["-m", "sync"],
+     "PS_HEARTBEAT_TIMEOUT=0.5 must be longer than PS_HEARTBEAT_INTERVAL=1"),
+    ({**CLUSTER, "DMLC_ROLE": "worker"}, ["-m", "local"], "-m/--mode local trains alone"),
+    ({**CLUSTER, "DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_URI": "no.such.host.invalid"}, [],
+     "DMLC_PS_ROOT_URI='no.such.host.invalid': cannot resolve"),
+]
+
+
+@pytest.mark.parametrize("env,args,message", BAD_ENV, ids=[m[:30] for _, _, m in BAD_ENV])
+def test_bad_cluster_variables_are_one_line_exit_2(env, args, message):
+    result = run_main(args, env=env, timeout=60)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"main.py: error: {message}"), lines

@@ -57,12 +57,17 @@ class Message:
 
     def nbytes(self) -> int:
         """Bytes of the whole message as it crossed the network (header and frames)."""
-        return self.header_bytes + sum(len(_buffer(f)) for f in self.frames)
+        return self.header_bytes + sum(frame_bytes(f) for f in self.frames)
 
 
 def _buffer(frame) -> memoryview:
     buf = getattr(frame, "buffer", frame)  # zmq.Frame -> memoryview, else bytes-like
     return buf if isinstance(buf, memoryview) else memoryview(buf)
+
+
+def frame_bytes(frame) -> int:
+    """Size in bytes of a frame (a typed memoryview's len() counts items, not bytes)."""
+    return _buffer(frame).nbytes
 
 
 def _chunks(array: np.ndarray) -> Iterator[memoryview]:
@@ -101,7 +106,7 @@ def decode(frames: Sequence[Any], types: Sequence[str]) -> Message:
     """Parse and check a received message (identity frames already removed)."""
     if not frames:
         raise MessageError("empty message")
-    raw = _buffer(frames[0])
+    raw = _buffer(frames[0]).cast("B")
     if len(raw) > MAX_HEADER_BYTES:
         raise MessageError(f"header of {len(raw)} bytes (at most {MAX_HEADER_BYTES})")
     try:
@@ -130,7 +135,7 @@ def decode(frames: Sequence[Any], types: Sequence[str]) -> Message:
                            f"message has {len(payload)}")
     i = 0
     for n, (length, count) in enumerate(zip(lengths, counts)):
-        sizes = [len(_buffer(f)) for f in payload[i:i + count]]
+        sizes = [frame_bytes(f) for f in payload[i:i + count]]
         if any(size % _ITEM for size in sizes):
             raise MessageError(f"section {n} has a frame whose size is not a multiple of "
                                f"{_ITEM} bytes")

@@ -1,0 +1,40 @@
+"""Scheduler, servers and workers as separate processes train lenet on digits (issue 3)."""
+import re
+
+import pytest
+
+from tests.cluster import Cluster
+
+MODES = {"sync": ["-m", "sync"], "async": ["-m", "async"],
+         "dcasgd": ["-m", "async", "-dcasgd", "1"]}
+LENET_VALUES = 62158 + 452  # weights + BatchNorm running statistics
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_two_workers_reach_90_percent(tmp_path, mode, servers):
+    with Cluster(tmp_path, num_servers=servers, num_workers=2) as job:
+        job.start_all([*MODES[mode], "-n", "lenet", "--epochs", "5", "-e", "5"])
+        codes = job.wait()
+        assert codes == {name: 0 for name in job.procs}, \
+            {n: job.output(n)[-600:] for n, c in codes.items() if c != 0}
+        evaluator = [w for w in range(2) if "test accuracy 0" in job.output(f"worker{w}")]
+        assert len(evaluator) == 1  # rank 0 alone evaluates
+        rounds = job.rounds(evaluator[0])
+        accuracy = [r["accuracy"] for r in rounds if "accuracy" in r]
+        assert accuracy[-1] >= 0.90, accuracy
+        assert "finished 5 epochs" in job.output(f"worker{evaluator[0]}")
+        assert "all 2 workers finished; servers shut down" in job.output("scheduler")
+        # shards balanced by bytes: each server holds its share of weights and buffers
+        shards = [tuple(map(int, re.search(r"shard of (\d+) weights and (\d+) buffer",
+                                           job.output(f"server{s}")).groups()))
+                  for s in range(servers)]
+        assert sum(w + b for w, b in shards) == LENET_VALUES
+        assert max(w for w, _ in shards) - min(w for w, _ in shards) <= 1
+        assert f"rule {mode}" in job.output("server0")
+        for w in range(2):
+            for record in job.rounds(w)[1:]:
+                assert "global aggregate" in record["time"]["0"]
+                # one push and one answer of the whole model per round, headers on top
+                for key in ("bytes_sent", "bytes_received"):
+                    assert 4 * LENET_VALUES < record[key] < 4 * LENET_VALUES + 300 * servers

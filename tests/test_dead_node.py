@@ -1,0 +1,56 @@
+"""A node killed with SIGKILL ends the job with a message naming it, instead of a hang."""
+import glob
+import os
+import signal
+import time
+
+import pytest
+
+from tests.cluster import Cluster
+
+TIMEOUT = 3.0  # PS_HEARTBEAT_TIMEOUT of these jobs
+
+
+def _start_training(tmp_path):
+    job = Cluster(tmp_path, num_servers=1, num_workers=2, heartbeat_timeout=TIMEOUT)
+    job.start_all(["-m", "sync", "-n", "lenet", "--time-limit", "120", "-e", "20"])
+    deadline = time.monotonic() + 60
+    while len(glob.glob(os.path.join(job.log_dir, "*", "w*", "iter-*.json"))) < 10:
+        assert time.monotonic() < deadline, "training did not start"
+        assert all(p.poll() is None for p in job.procs.values()), "a process ended early"
+        time.sleep(0.2)
+    return job
+
+
+def _wait_for_the_rest(job, victim):
+    killed_at = time.monotonic()
+    job.procs[victim].send_signal(signal.SIGKILL)
+    codes = job.wait(TIMEOUT + 15)
+    took = time.monotonic() - killed_at
+    return codes, took
+
+
+@pytest.mark.parametrize("victim", ["worker1", "server0"])
+def test_killed_node_is_named_and_everyone_exits(tmp_path, victim):
+    with _start_training(tmp_path) as job:
+        pid = job.procs[victim].pid
+        codes, took = _wait_for_the_rest(job, victim)
+        survivors = [n for n in job.procs if n != victim]
+        assert all(codes[n] == 1 for n in survivors), codes
+        assert took < TIMEOUT + 10
+        named = f"{victim.rstrip('0123456789')} "  # "worker 1 (pid ...)" / "server 0 (...)"
+        assert f"(pid {pid} on " in job.output("scheduler")
+        assert "sent no heartbeat for 3 s" in job.output("scheduler")
+        for name in survivors:
+            if name != "scheduler":
+                out = job.output(name)
+                assert "esync: error: job aborted:" in out and f"(pid {pid} on " in out, out
+                assert named in out
+
+
+def test_killed_scheduler_ends_servers_and_workers(tmp_path):
+    with _start_training(tmp_path) as job:
+        codes, took = _wait_for_the_rest(job, "scheduler")
+        assert all(codes[n] == 1 for n in job.procs if n != "scheduler"), codes
+        for name in ("server0", "worker0", "worker1"):
+            assert "job aborted: lost the scheduler" in job.output(name)

@@ -1,0 +1,89 @@
+"""A live server and scheduler answer or drop malformed messages and keep serving."""
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from esync.kvstore import KVStore
+from esync.transport.cluster import ClusterEnv
+from esync.transport.message import decode, encode
+from esync.transport.node import Node
+from tests.cluster import Cluster
+
+WEIGHTS = np.linspace(-1, 1, 1000).astype(np.float32)
+BUFFERS = np.arange(6, dtype=np.float32)
+
+
+def _push(round_=1, lengths=(1000, 6), dtype="float32", shard=0, sender=0, payload=None):
+    header = {"type": "push", "sender": sender, "shard": shard, "round": round_,
+              "dtype": dtype, "lengths": list(lengths), "frames": [1, 1]}
+    data = payload or [np.ones(lengths[0], np.float32).tobytes(),
+                       np.ones(lengths[1], np.float32).tobytes()]
+    return [msgpack.packb(header), *data]
+
+
+BEFORE_INIT = [
+    ([b"\x92\xc1"], "not valid msgpack"),
+    ([msgpack.packb({"type": "delete", "sender": 0})], "unknown message type 'delete'"),
+    ([msgpack.packb({"type": "pull", "sender": 0, "shard": 5})], "shard 5 does not exist"),
+    ([msgpack.packb({"type": "pull", "sender": 7, "shard": 0})], "sender 7 is not a worker"),
+    (_push(), "push before init"),
+]
+AFTER_INIT = [
+    (_push(lengths=(999, 6), payload=[b"\0" * 3996, b"\0" * 24]), "push must carry 2 sections"),
+    (_push(dtype="float64"), "only 'float32' is accepted"),
+    (_push(round_=5), "push for round 5, but the current round is 1"),
+    (_push(payload=[b"\0" * 4000, b"\0" * 20]), "its frames hold 20 bytes"),
+    ([msgpack.packb({"type": "init", "sender": 0, "shard": 0})], "already initialised"),
+    ([msgpack.packb({"type": "push", "sender": 0, "shard": 0})], "lacks an integer 'round'"),
+]
+
+
+def _ask(sock, frames):
+    sock.send_multipart(frames)
+    assert sock.poll(5000), "the server did not answer"
+    return decode(sock.recv_multipart(), ("error", "weights", "ack"))
+
+
+def test_server_and_scheduler_survive_malformed_messages(tmp_path):
+    with Cluster(tmp_path, num_servers=1, num_workers=1) as job:
+        job.start("scheduler", "scheduler")
+        job.start("server0", "server")
+        env = {k: v for k, v in job.env.items() if k.startswith(("DMLC_", "PS_"))}
+        node = Node(ClusterEnv.from_environ({**env, "DMLC_ROLE": "worker"}), "worker",
+                    log=lambda line: None)
+        try:
+            # garbage to the scheduler first: it must drop it and go on
+            junk = node.context.socket(zmq.DEALER)
+            junk.connect(node.env.scheduler_address)
+            junk.send_multipart([b"\xff\xfe not msgpack"])
+            junk.send_multipart([msgpack.packb({"type": "register", "sender": "x", "role": "king"})])
+            assignment = node.register(mode="sync", network="test")
+            raw = node.context.socket(zmq.DEALER)
+            raw.connect(assignment["servers"][0])
+            for frames, problem in BEFORE_INIT:
+                answer = _ask(raw, frames)
+                assert answer.type == "error" and problem in answer.header["error"]
+
+            kv = KVStore(node, assignment["servers"], 0, len(WEIGHTS), len(BUFFERS))
+            kv.init({"name": "sync", "num_workers": 1, "lr": 0.5}, WEIGHTS, BUFFERS)
+            for frames, problem in AFTER_INIT:
+                answer = _ask(raw, frames)
+                assert answer.type == "error" and problem in answer.header["error"], answer.header
+            params, buffers = np.zeros_like(WEIGHTS), np.zeros_like(BUFFERS)
+            kv.pull(params, buffers)
+            np.testing.assert_array_equal(params, WEIGHTS)  # nothing bad was applied
+            np.testing.assert_array_equal(buffers, BUFFERS)
+            kv.push_pull(1, np.ones_like(WEIGHTS), BUFFERS * 2, params, buffers)
+            np.testing.assert_allclose(params, WEIGHTS - 0.5)  # and good pushes still work
+            np.testing.assert_array_equal(buffers, BUFFERS * 2)
+            kv.close()
+            junk.close()
+            raw.close()
+            node.finish()
+        finally:
+            node.close()
+        codes = job.wait(30)
+        assert codes == {"scheduler": 0, "server0": 0}, job.output("server0")
+        assert "rejected a message" in job.output("server0")
+        assert "dropped a malformed message" in job.output("scheduler")
