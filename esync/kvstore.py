@@ -1,8 +1,10 @@
 """The worker's side of the parameter servers: push and pull of the flat vectors.
 
 The weight vector and the buffer vector are each cut into one contiguous shard per
-server, balanced by bytes; a push or pull is one message per server, sent to all
-servers before any answer is awaited, so the shards move in parallel.
+server, balanced by bytes. A push streams each shard to its server as chunk messages of
+CHUNK_VALUES floats (to every server before awaiting any answer, so shards move in
+parallel); each answer chunk is received straight into the worker's vector
+(`recv_into`), with no copy in between.
 """
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import zmq
 
-from esync.transport.message import Message, encode, frame_bytes
-from esync.transport.node import JobAborted, Node
+from esync.transport.message import (CHUNK_VALUES, MessageError, check_payload,
+                                     decode_header, encode, frame_bytes)
+from esync.transport.node import POLL_MS, JobAborted, Node
 
 ANSWERS = ("weights", "ack", "error")
 
@@ -27,73 +30,117 @@ class KVStore:
     def __init__(self, node: Node, servers: Sequence[str], rank: int, num_params: int,
                  num_buffers: int):
         self.node, self.rank = node, rank
-        self.param_shards = shard_bounds(num_params, len(servers))
-        self.buffer_shards = shard_bounds(num_buffers, len(servers))
+        self.shards = list(zip(shard_bounds(num_params, len(servers)),
+                               shard_bounds(num_buffers, len(servers))))
         self.sockets = []
         for address in servers:
             sock = node.context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 1000)
             sock.connect(address)
             self.sockets.append(sock)
+        self.poller = zmq.Poller()
+        for sock in self.sockets:
+            self.poller.register(sock, zmq.POLLIN)
         self.bytes_sent = 0
         self.bytes_received = 0
         self.stop_reason: Optional[str] = None
 
-    def _shards(self, params: np.ndarray, buffers: np.ndarray):
-        for s, ((p0, p1), (b0, b1)) in enumerate(zip(self.param_shards, self.buffer_shards)):
-            yield s, params[p0:p1], buffers[b0:b1]
+    # --- sending ------------------------------------------------------------------------
+    def _send(self, sock: zmq.Socket, header: Dict, sections=()) -> None:
+        frames = encode({"sender": self.rank, **header}, sections)
+        sock.send_multipart(frames, copy=False)
+        self.bytes_sent += sum(frame_bytes(f) for f in frames)
 
-    def _exchange(self, header: Dict, params: Optional[np.ndarray],
-                  buffers: Optional[np.ndarray]) -> List[Message]:
-        """Send one message to every server (with its shards, if given); await every answer."""
-        for s, sock in enumerate(self.sockets):
-            sections = ()
-            if params is not None:
-                (p0, p1), (b0, b1) = self.param_shards[s], self.buffer_shards[s]
-                sections = (params[p0:p1], buffers[b0:b1])
-            frames = encode({"sender": self.rank, "shard": s, **header}, sections)
-            sock.send_multipart(frames, copy=False)
-            self.bytes_sent += sum(frame_bytes(f) for f in frames)
-        answers = []
-        for s, sock in enumerate(self.sockets):
-            answer = self.node.wait(sock, ANSWERS)
-            self.bytes_received += answer.nbytes()
-            if answer.type == "error":
-                raise JobAborted(f"server {s} refused {header['type']}: {answer.header['error']}")
-            answers.append(answer)
-        return answers
+    def _slices(self, server: int, params: np.ndarray, buffers: np.ndarray):
+        (p0, p1), (b0, b1) = self.shards[server]
+        return params[p0:p1], buffers[b0:b1]
 
-    def _store(self, answers: List[Message], params: np.ndarray, buffers: np.ndarray) -> None:
-        for s, answer in enumerate(answers):
-            (p0, p1), (b0, b1) = self.param_shards[s], self.buffer_shards[s]
-            weights, stats = answer.sections()
-            if answer.header["lengths"] != [p1 - p0, b1 - b0]:
-                raise JobAborted(f"server {s} answered {answer.header['lengths']} values, "
-                                 f"expected {[p1 - p0, b1 - b0]}")
-            for offset, chunk in weights:
-                params[p0 + offset:p0 + offset + len(chunk)] = chunk
-            for offset, chunk in stats:
-                buffers[b0 + offset:b0 + offset + len(chunk)] = chunk
-            if "stop" in answer.header:
-                self.stop_reason = str(answer.header["stop"])
+    # --- receiving ----------------------------------------------------------------------
+    def _receive_one(self, server: int, targets: Tuple[np.ndarray, np.ndarray]) -> Dict:
+        """One answer from `server`; a `weights` chunk lands in its place in `targets`."""
+        sock = self.sockets[server]
+        raw = sock.recv(copy=False)
+        self.bytes_received += frame_bytes(raw)
+        try:
+            header = decode_header(raw, ANSWERS)
+            if header["type"] == "error":
+                raise JobAborted(f"server {server} refused a request: {header.get('error')}")
+            if header["type"] != "weights":
+                check_payload(header, [])
+                return header
+            section, offset = header.get("section"), header.get("offset")
+            length = (header.get("lengths") or [None])[0]
+            if section not in (0, 1) or not isinstance(offset, int) or not isinstance(length, int) \
+                    or offset < 0 or offset + length > len(targets[section]) \
+                    or not sock.getsockopt(zmq.RCVMORE):
+                raise MessageError(f"answer chunk {section}/{offset}/{length} does not fit "
+                                   f"the shard")
+            view = memoryview(targets[section][offset:offset + length]).cast("B")
+            got = sock.recv_into(view)
+            self.bytes_received += got
+            check_payload(header, [got])
+            if sock.getsockopt(zmq.RCVMORE):
+                raise MessageError("answer chunk has extra frames")
+        except MessageError as e:
+            raise JobAborted(f"server {server} sent a malformed answer: {e}") from None
+        if "stop" in header:
+            self.stop_reason = str(header["stop"])
+        return header
 
+    def _receive(self, expected: List[int], params=None, buffers=None) -> None:
+        """Receive until each server has sent `expected[s]` values (or one header-only
+        answer where expected is 0)."""
+        remaining = list(expected)
+        pending = {s for s in range(len(self.sockets))}
+        while pending:
+            ready = dict(self.poller.poll(POLL_MS))
+            if not ready:
+                self.node.check()
+                continue
+            for s in list(pending):
+                if self.sockets[s] not in ready:
+                    continue
+                targets = self._slices(s, params, buffers) if params is not None else ((), ())
+                header = self._receive_one(s, targets)
+                if header["type"] == "weights":
+                    remaining[s] -= header["lengths"][0]
+                if remaining[s] <= 0:
+                    pending.discard(s)
+
+    def _values(self, server: int) -> int:
+        (p0, p1), (b0, b1) = self.shards[server]
+        return p1 - p0 + b1 - b0
+
+    # --- the operations -----------------------------------------------------------------
     def init(self, rule: Dict, params: np.ndarray, buffers: np.ndarray) -> None:
         """Worker 0: give each server its shard's initial values and the rule."""
-        self._exchange({"type": "init", "rule": rule}, params, buffers)
+        for s, sock in enumerate(self.sockets):
+            self._send(sock, {"type": "init", "shard": s, "rule": rule},
+                       self._slices(s, params, buffers))
+        self._receive([0] * len(self.sockets))
 
     def pull(self, params: np.ndarray, buffers: np.ndarray, round_: int = 0) -> None:
         """Write the servers' current weights and buffers into `params` and `buffers`."""
-        self._store(self._exchange({"type": "pull", "round": round_}, None, None),
-                    params, buffers)
+        for s, sock in enumerate(self.sockets):
+            self._send(sock, {"type": "pull", "shard": s, "round": round_})
+        self._receive([self._values(s) for s in range(len(self.sockets))], params, buffers)
 
     def push_pull(self, round_: int, grads: np.ndarray, buffers: np.ndarray,
                   params_out: np.ndarray, buffers_out: np.ndarray,
                   stop: Optional[str] = None) -> None:
-        """Push this round's gradient (or delta) and buffers; store the answered weights."""
+        """Push this round's gradient (or delta) and buffers; receive the new weights and
+        buffers into `params_out` and `buffers_out` (which may be `buffers` itself)."""
         header = {"type": "push", "round": round_}
         if stop is not None:
             header["stop"] = stop
-        self._store(self._exchange(header, grads, buffers), params_out, buffers_out)
+        for s, sock in enumerate(self.sockets):
+            for section, values in enumerate(self._slices(s, grads, buffers)):
+                for offset in range(0, len(values), CHUNK_VALUES):
+                    self._send(sock, {**header, "shard": s, "section": section,
+                                      "offset": offset},
+                               [values[offset:offset + CHUNK_VALUES]])
+        self._receive([self._values(s) for s in range(len(self.sockets))], params_out,
+                      buffers_out)
 
     def close(self) -> None:
         for sock in self.sockets:

@@ -1,22 +1,40 @@
-"""Aggregation rules: what a server does with the vectors workers push to its shard.
+"""Aggregation rules: what a server does with the chunks workers push to its shard.
 
-A rule owns the shard's weights and buffers. The server hands it each push chunk by
-chunk (`add`), asks whether the round is complete (`ready`), then lets it finish the
-round (`complete`) before every waiting worker is answered with the current weights.
+A shard has two sections: 0, the weights, and 1, the buffers (BatchNorm statistics).
+Pushes arrive chunk by chunk (`add`); a rule says when a chunk is *complete*, that is,
+ready to be answered with the current values of that chunk, so that the server can
+answer chunk i while chunk i+1 is still on the wire.
 
-- `sync` (SSGD): wait for all N gradients, average, one SGD step; average the buffers.
-- `async` (ASGD): apply each gradient as it comes; buffers move 1/N of the way towards
-  each worker's (so they track the workers' mean without waiting for anyone).
-- `dcasgd` (DC-ASGD, Zheng et al. 2017): as async, with the delay compensation
-  g + lamda * g * g * (w - w_backup[worker]), w_backup[worker] being the weights that
-  worker last received.
+- `sync` (SSGD): a chunk is complete once all N workers pushed it for the round; then
+  the averaged gradient takes one SGD step and the buffers become the workers' mean.
+- `async` (ASGD): each gradient chunk takes an SGD step as it comes, and is complete at
+  once; buffers move 1/N of the way towards each worker's (tracking the workers' mean
+  without waiting for anyone).
+- `dcasgd` (DC-ASGD, Zheng et al. 2017): as async, with the gradient compensated for
+  delay: g + lamda * g * g * (w - w_backup[worker]), w_backup[worker] being the weights
+  that worker last received.
+
+The arithmetic runs in place on torch views of the numpy vectors (fused multiply-adds,
+no temporaries), one chunk of a few MiB at a time, so it stays in cache.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Set, Tuple
 
 import numpy as np
+import torch
+
+WEIGHTS, BUFFERS = 0, 1
+
+# Frames received without a copy are read-only; torch warns when it views them, though
+# the rules only ever read pushed values.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+def _t(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(array)
 
 
 @dataclass(frozen=True)
@@ -37,14 +55,14 @@ class RuleConfig:
         if name not in RULES:
             raise ValueError(f"unknown rule {name!r} (expected one of {', '.join(RULES)})")
         numbers = {}
-        for key, low in (("lr", 0.0), ("momentum", 0.0), ("weight_decay", 0.0), ("lamda", 0.0)):
+        for key in ("lr", "momentum", "weight_decay", "lamda"):
             value = header.get(key, 0.0)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or \
-                    not np.isfinite(value) or value < low:
-                raise ValueError(f"rule field {key!r} must be a finite number >= {low}")
+                    not np.isfinite(value) or value < 0:
+                raise ValueError(f"rule field {key!r} must be a finite number >= 0")
             numbers[key] = float(value)
         workers = header.get("num_workers")
-        if not isinstance(workers, int) or workers < 1:
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise ValueError("rule field 'num_workers' must be a positive integer")
         return cls(name, workers, **numbers)
 
@@ -53,58 +71,54 @@ class RuleConfig:
 
 
 class SGDStep:
-    """SGD with momentum and weight decay, applied chunk by chunk (torch's convention:
-    v = momentum * v + g + wd * w;  w -= lr * v)."""
+    """SGD with momentum and weight decay on a slice of the weights (torch's convention:
+    v = momentum * v + g + wd * w;  w -= lr * v), for gradients that arrive multiplied
+    by 1/`grad_scale` (SSGD hands in the sum of N gradients: scale 1/N). The velocity is
+    kept divided by the scale, so that each step is two fused passes over the slice."""
 
-    def __init__(self, weights: np.ndarray, config: RuleConfig):
-        self.w = weights
+    def __init__(self, weights: np.ndarray, config: RuleConfig, grad_scale: float = 1.0):
+        self.w = _t(weights)
         self.config = config
-        self.velocity = np.zeros_like(weights) if config.momentum else None
+        self.scale = grad_scale
+        self.velocity = torch.zeros_like(self.w) if config.momentum else None
 
-    def apply(self, offset: int, grad: np.ndarray) -> None:
+    def apply(self, offset: int, grad: torch.Tensor) -> None:
         c, sl = self.config, slice(offset, offset + len(grad))
-        step = grad + c.weight_decay * self.w[sl] if c.weight_decay else grad
+        w = self.w[sl]
+        if c.weight_decay:  # scale * (g + (wd / scale) * w) = scale * g + wd * w
+            grad = torch.add(grad, w, alpha=c.weight_decay / self.scale)
         if self.velocity is not None:
-            v = self.velocity[sl]
-            v *= c.momentum
-            v += step
-            step = v
-        self.w[sl] -= c.lr * step
+            u = self.velocity[sl]
+            torch.add(grad, u, alpha=c.momentum, out=u)  # u = g + momentum * u
+            grad = u
+        w.add_(grad, alpha=-c.lr * self.scale)
+
+
+Key = Tuple[int, int]  # (section, offset)
 
 
 class Rule:
     """Base of the rules; `weights` and `buffers` are this server's shard, updated in place."""
 
-    #: whether the weights may change before ZeroMQ has sent an answer holding them, so
-    #: that answers must carry a snapshot. Asynchronous rules change them at the next
-    #: push; SSGD only once every worker has received this round's answer and pushed again.
+    #: whether a chunk may change before ZeroMQ has sent an answer holding it, so that
+    #: answers must carry a copy. Asynchronous rules change it at the next push; SSGD
+    #: only once every worker has received this round's answer and pushed again.
     snapshot_replies = True
 
     def __init__(self, weights: np.ndarray, buffers: np.ndarray, config: RuleConfig):
         self.weights, self.buffers, self.config = weights, buffers, config
         self.sgd = SGDStep(weights, config)
 
-    def check(self, worker: int, round_: int) -> Optional[str]:
-        """Why a push from `worker` for `round_` cannot be taken now (None: it can)."""
+    def check(self, worker: int, round_: int, key: Key) -> Optional[str]:
+        """Why this chunk of a push cannot be taken now (None: it can)."""
         return None
 
-    def add(self, worker: int, offset: int, grad: np.ndarray) -> None:
+    def add(self, worker: int, key: Key, values: np.ndarray) -> bool:
+        """Take a pushed chunk; True when the chunk is complete and can be answered."""
         raise NotImplementedError
 
-    def add_buffers(self, worker: int, offset: int, values: np.ndarray) -> None:
-        raise NotImplementedError
-
-    def pushed(self, worker: int) -> None:
-        """All chunks of this worker's push have been added."""
-
-    def ready(self) -> bool:
-        return True
-
-    def complete(self) -> None:
-        """Finish the round once `ready()`."""
-
-    def sent(self, worker: int) -> None:
-        """The current weights were just sent to `worker`."""
+    def sent(self, worker: int, key: Key, length: int) -> None:
+        """This chunk's current values were just sent to `worker`."""
 
 
 class SyncRule(Rule):
@@ -112,62 +126,76 @@ class SyncRule(Rule):
 
     def __init__(self, weights, buffers, config):
         super().__init__(weights, buffers, config)
+        self.sgd = SGDStep(weights, config, grad_scale=1.0 / config.num_workers)
         self.round = 1
-        self.grad_sum = np.zeros_like(weights)
-        self.buffer_sum = np.zeros_like(buffers)
-        self.arrived: set = set()
+        self.sums = (np.empty_like(weights), np.empty_like(buffers))
+        # pushed chunks held (as views of their frames) until the last worker's arrives
+        self.held: Dict[Key, Dict[int, np.ndarray]] = {}
+        self.completed = 0  # values of this round already aggregated
 
-    def check(self, worker, round_):
+    def check(self, worker, round_, key):
         if round_ != self.round:
             return f"push for round {round_}, but the current round is {self.round}"
-        if worker in self.arrived:
-            return f"worker {worker} already pushed round {round_}"
+        if worker in self.held.get(key, ()):
+            return f"worker {worker} already pushed chunk {key} of round {round_}"
         return None
 
-    def add(self, worker, offset, grad):
-        self.grad_sum[offset:offset + len(grad)] += grad
+    def add(self, worker, key, values):
+        held = self.held.setdefault(key, {})
+        held[worker] = values
+        if len(held) < self.config.num_workers:
+            return False
+        del self.held[key]
+        section, offset = key
+        total = self._sum(list(held.values()), self.sums[section][offset:offset + len(values)])
+        if section == WEIGHTS:
+            self.sgd.apply(offset, total)
+        else:
+            torch.mul(total, 1.0 / self.config.num_workers,
+                      out=_t(self.buffers[offset:offset + len(values)]))
+        self.completed += len(values)
+        if self.completed == len(self.weights) + len(self.buffers):
+            self.round, self.completed = self.round + 1, 0
+        return True
 
-    def add_buffers(self, worker, offset, values):
-        self.buffer_sum[offset:offset + len(values)] += values
-
-    def pushed(self, worker):
-        self.arrived.add(worker)
-
-    def ready(self):
-        return len(self.arrived) == self.config.num_workers
-
-    def complete(self):
-        n = self.config.num_workers
-        self.grad_sum /= n
-        self.sgd.apply(0, self.grad_sum)
-        np.divide(self.buffer_sum, n, out=self.buffers)
-        self.grad_sum.fill(0)
-        self.buffer_sum.fill(0)
-        self.arrived.clear()
-        self.round += 1
+    @staticmethod
+    def _sum(parts, out: np.ndarray) -> torch.Tensor:
+        if len(parts) == 1:
+            return _t(parts[0])
+        total = torch.add(_t(parts[0]), _t(parts[1]), out=_t(out))
+        for part in parts[2:]:
+            total.add_(_t(part))
+        return total
 
 
 class AsyncRule(Rule):
-    def add(self, worker, offset, grad):
-        self.sgd.apply(offset, grad)
+    def add(self, worker, key, values):
+        section, offset = key
+        if section == WEIGHTS:
+            self.sgd.apply(offset, self._compensate(worker, offset, _t(values)))
+        else:  # b += (pushed - b) / N
+            mine = _t(self.buffers[offset:offset + len(values)])
+            mine.lerp_(_t(values), 1.0 / self.config.num_workers)
+        return True
 
-    def add_buffers(self, worker, offset, values):
-        mine = self.buffers[offset:offset + len(values)]
-        mine += (values - mine) / self.config.num_workers
+    def _compensate(self, worker: int, offset: int, grad: torch.Tensor) -> torch.Tensor:
+        return grad
 
 
 class DCASGDRule(AsyncRule):
     def __init__(self, weights, buffers, config):
         super().__init__(weights, buffers, config)
-        self.backup = [weights.copy() for _ in range(config.num_workers)]
+        self.backup = [torch.from_numpy(weights.copy()) for _ in range(config.num_workers)]
 
-    def add(self, worker, offset, grad):
+    def _compensate(self, worker, offset, grad):
         sl = slice(offset, offset + len(grad))
-        drift = self.weights[sl] - self.backup[worker][sl]
-        self.sgd.apply(offset, grad + self.config.lamda * grad * grad * drift)
+        drift = self.sgd.w[sl] - self.backup[worker][sl]
+        return grad + self.config.lamda * grad * grad * drift
 
-    def sent(self, worker):
-        np.copyto(self.backup[worker], self.weights)
+    def sent(self, worker, key, length):
+        section, offset = key
+        if section == WEIGHTS:
+            self.backup[worker][offset:offset + length].copy_(self.sgd.w[offset:offset + length])
 
 
 RULES = {"sync": SyncRule, "async": AsyncRule, "dcasgd": DCASGDRule}

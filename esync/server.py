@@ -1,13 +1,18 @@
 """A parameter server: owns one shard of the flat weight and buffer vectors.
 
-Workers talk to it over one ROUTER socket with three requests:
-- `init` (worker 0, once): the shard's initial weights and buffers, and the rule
-  (mode, learning rate, momentum, ...), as MXNet's kvstore took its optimizer from
-  the worker. Answered with `ack`.
-- `pull`: answered with the current weights and buffers (held until `init` came).
-- `push`: a gradient and buffers for a round, answered with the weights once the rule
-  has completed the round (SSGD: when all workers pushed; ASGD: at once). A push may
-  carry `stop` (worker 0's decision to end the job), which every later answer repeats.
+Workers talk to it over one ROUTER socket:
+- `init` (worker 0, once; one message): the shard's initial weights and buffers and
+  the rule (mode, learning rate, momentum, ...), as MXNet's kvstore took its optimizer
+  from the worker. Answered with `ack`.
+- `pull` (header only): answered with the current weights and buffers as a stream of
+  `weights` chunk messages (held until `init` came).
+- `push`: one message per chunk of a round's gradient (section 0) or buffers
+  (section 1), each `[header, values]` with the chunk's `section` and `offset`. Chunks
+  are cut at multiples of CHUNK_VALUES within each section, the same on every worker.
+  Each chunk is answered with its new values as soon as the rule has completed it
+  (SSGD: when all workers pushed it; ASGD: at once), so computing and answering one
+  chunk overlaps with receiving the next. A push may carry `stop` (worker 0's decision
+  to end the job), which every later answer repeats.
 Anything malformed is answered with `error` (and logged); the server goes on serving.
 """
 from __future__ import annotations
@@ -17,8 +22,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 import zmq
 
-from esync.rules import Rule, RuleConfig, make_rule
-from esync.transport.message import Message, MessageError, decode, encode
+from esync.rules import Key, Rule, RuleConfig, make_rule
+from esync.transport.message import CHUNK_VALUES, Message, MessageError, decode, encode
 
 REQUESTS = ("init", "pull", "push")
 
@@ -27,12 +32,11 @@ class ShardServer:
     def __init__(self, rank: int, num_workers: int, sock: zmq.Socket,
                  log: Callable[[str], None] = print):
         self.rank, self.num_workers, self.sock, self.log = rank, num_workers, sock, log
-        self.weights: Optional[np.ndarray] = None
-        self.buffers: Optional[np.ndarray] = None
+        self.sections: Tuple[np.ndarray, ...] = ()
         self.rule: Optional[Rule] = None
         self.stop_reason: Optional[str] = None
         self.early_pulls: List[Tuple[bytes, int]] = []
-        self.waiting: List[Tuple[bytes, int, int]] = []  # (identity, worker, round)
+        self.waiting: Dict[Key, List[Tuple[bytes, int, int]]] = {}  # (identity, worker, round)
 
     # --- dispatch ---------------------------------------------------------------------
     def handle(self, frames: List[zmq.Frame]) -> None:
@@ -59,8 +63,8 @@ class ShardServer:
     def _on_init(self, identity: bytes, worker: int, msg: Message) -> None:
         if self.rule is not None:
             raise MessageError(f"shard {self.rank} is already initialised")
-        sections = msg.sections()
-        if len(sections) != 2:
+        chunks = msg.sections()
+        if len(chunks) != 2:
             raise MessageError("init must carry 2 sections (weights, buffers)")
         try:
             config = RuleConfig.from_header(msg.header.get("rule"))
@@ -69,53 +73,57 @@ class ShardServer:
         if config.num_workers != self.num_workers:
             raise MessageError(f"rule is for {config.num_workers} workers, the job has "
                                f"{self.num_workers}")
-        self.weights, self.buffers = (self._gather(s, n) for s, n in
-                                      zip(sections, msg.header["lengths"]))
-        self.rule = make_rule(self.weights, self.buffers, config)
-        self.log(f"[server {self.rank}] shard of {len(self.weights)} weights and "
-                 f"{len(self.buffers)} buffer values, rule {config.name}")
+        self.sections = tuple(self._gather(c, n) for c, n in zip(chunks, msg.header["lengths"]))
+        self.rule = make_rule(*self.sections, config)
+        self.log(f"[server {self.rank}] shard of {len(self.sections[0])} weights and "
+                 f"{len(self.sections[1])} buffer values, rule {config.name}")
         self._send(identity, {"type": "ack"})
         for waiter, pulling in self.early_pulls:
-            self._reply_weights(waiter, pulling, 0)
+            self._answer_all(waiter, pulling, 0)
         self.early_pulls.clear()
 
     def _on_pull(self, identity: bytes, worker: int, msg: Message) -> None:
         if self.rule is None:
             self.early_pulls.append((identity, worker))
         else:
-            self._reply_weights(identity, worker, msg.header.get("round", 0))
+            self._answer_all(identity, worker, msg.header.get("round", 0))
 
     def _on_push(self, identity: bytes, worker: int, msg: Message) -> None:
         if self.rule is None:
             raise MessageError("push before init")
-        round_ = msg.header.get("round")
+        header = msg.header
+        round_, key, values = header.get("round"), self._chunk_key(msg), msg.sections()[0][0][1]
         if not isinstance(round_, int):
             raise MessageError("push lacks an integer 'round'")
-        sections = msg.sections()
-        expected = [len(self.weights), len(self.buffers)]
-        if len(sections) != 2 or msg.header["lengths"] != expected:
-            raise MessageError(f"push must carry 2 sections of {expected} float32 values, "
-                               f"got {msg.header.get('lengths')}")
-        problem = self.rule.check(worker, round_)
+        problem = self.rule.check(worker, round_, key)
         if problem:
             raise MessageError(problem)
-        for offset, chunk in sections[0]:
-            self.rule.add(worker, offset, chunk)
-        for offset, chunk in sections[1]:
-            self.rule.add_buffers(worker, offset, chunk)
-        self.rule.pushed(worker)
-        stop = msg.header.get("stop")
-        if isinstance(stop, str) and self.stop_reason is None:
-            self.stop_reason = stop
-            self.log(f"[server {self.rank}] worker {worker} ends the job: {stop}")
-        self.waiting.append((identity, worker, round_))
-        if self.rule.ready():
-            self.rule.complete()
-            for waiter, pusher, pushed_round in self.waiting:
-                self._reply_weights(waiter, pusher, pushed_round)
-            self.waiting.clear()
+        if isinstance(header.get("stop"), str) and self.stop_reason is None:
+            self.stop_reason = header["stop"]
+            self.log(f"[server {self.rank}] worker {worker} ends the job: {self.stop_reason}")
+        waiting = self.waiting.setdefault(key, [])
+        waiting.append((identity, worker, round_))
+        if self.rule.add(worker, key, values):
+            for waiter, pusher, pushed_round in self.waiting.pop(key):
+                self._answer(waiter, pusher, pushed_round, key, len(values))
 
-    # --- helpers ----------------------------------------------------------------------
+    def _chunk_key(self, msg: Message) -> Key:
+        """(section, offset) of a pushed chunk, checked against the shard's chunk layout."""
+        section, offset = msg.header.get("section"), msg.header.get("offset")
+        lengths = msg.header.get("lengths")
+        if section not in (0, 1) or not isinstance(offset, int) or lengths is None \
+                or len(lengths) != 1 or msg.header.get("frames") != [1]:
+            raise MessageError("push must carry one chunk, with 'section' 0 or 1 and an "
+                               "integer 'offset'")
+        size = len(self.sections[section])
+        expected = min(CHUNK_VALUES, size - offset)
+        if offset < 0 or offset % CHUNK_VALUES or offset >= size or lengths[0] != expected:
+            raise MessageError(f"chunk of {lengths[0]} values at offset {offset} of section "
+                               f"{section} does not fit the shard's {size} values in chunks "
+                               f"of {CHUNK_VALUES}")
+        return section, offset
+
+    # --- answers ----------------------------------------------------------------------
     @staticmethod
     def _gather(chunks, length: int) -> np.ndarray:
         out = np.empty(length, dtype=np.float32)
@@ -123,20 +131,26 @@ class ShardServer:
             out[offset:offset + len(chunk)] = chunk
         return out
 
-    def _reply_weights(self, identity: bytes, worker: int, round_: int) -> None:
-        header: Dict = {"type": "weights", "shard": self.rank, "round": round_}
+    def _answer_all(self, identity: bytes, worker: int, round_: int) -> None:
+        for section, values in enumerate(self.sections):
+            for offset in range(0, len(values), CHUNK_VALUES):
+                length = min(CHUNK_VALUES, len(values) - offset)
+                self._answer(identity, worker, round_, (section, offset), length)
+
+    def _answer(self, identity: bytes, worker: int, round_: int, key: Key, length: int) -> None:
+        section, offset = key
+        header: Dict = {"type": "weights", "shard": self.rank, "round": round_,
+                        "section": section, "offset": offset}
         if self.stop_reason is not None:
             header["stop"] = self.stop_reason
-        weights, buffers = self.weights, self.buffers
-        if self.rule.snapshot_replies:
-            weights, buffers = weights.copy(), buffers.copy()
-        self._send(identity, header, [weights, buffers])
-        self.rule.sent(worker)
+        values = self.sections[section][offset:offset + length]
+        self._send(identity, header, [values.copy() if self.rule.snapshot_replies else values])
+        self.rule.sent(worker, key, length)
 
     def _send(self, identity: bytes, header: Dict, sections=()) -> None:
+        frames = encode({"sender": f"server{self.rank}", **header}, sections)
         try:
-            self.sock.send_multipart([identity, *encode({"sender": f"server{self.rank}", **header},
-                                                        sections)], copy=False)
+            self.sock.send_multipart([identity, *frames], copy=False)
         except zmq.ZMQError:  # the peer is gone (ROUTER_MANDATORY)
             pass
 

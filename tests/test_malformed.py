@@ -14,12 +14,12 @@ WEIGHTS = np.linspace(-1, 1, 1000).astype(np.float32)
 BUFFERS = np.arange(6, dtype=np.float32)
 
 
-def _push(round_=1, lengths=(1000, 6), dtype="float32", shard=0, sender=0, payload=None):
+def _push(round_=1, section=0, offset=0, length=1000, dtype="float32", shard=0, sender=0,
+          payload=None, **extra):
     header = {"type": "push", "sender": sender, "shard": shard, "round": round_,
-              "dtype": dtype, "lengths": list(lengths), "frames": [1, 1]}
-    data = payload or [np.ones(lengths[0], np.float32).tobytes(),
-                       np.ones(lengths[1], np.float32).tobytes()]
-    return [msgpack.packb(header), *data]
+              "section": section, "offset": offset, "dtype": dtype, "lengths": [length],
+              "frames": [1], **extra}
+    return [msgpack.packb(header), payload if payload is not None else b"\1\0\0\0" * length]
 
 
 BEFORE_INIT = [
@@ -30,12 +30,15 @@ BEFORE_INIT = [
     (_push(), "push before init"),
 ]
 AFTER_INIT = [
-    (_push(lengths=(999, 6), payload=[b"\0" * 3996, b"\0" * 24]), "push must carry 2 sections"),
+    (_push(length=999), "chunk of 999 values at offset 0 of section 0 does not fit"),
+    (_push(section=1, offset=4, length=2), "does not fit the shard's 6 values"),
+    (_push(section=2, length=6), "with 'section' 0 or 1"),
     (_push(dtype="float64"), "only 'float32' is accepted"),
     (_push(round_=5), "push for round 5, but the current round is 1"),
-    (_push(payload=[b"\0" * 4000, b"\0" * 20]), "its frames hold 20 bytes"),
+    (_push(payload=b"\0" * 3996), "its frames hold 3996 bytes"),
     ([msgpack.packb({"type": "init", "sender": 0, "shard": 0})], "already initialised"),
-    ([msgpack.packb({"type": "push", "sender": 0, "shard": 0})], "lacks an integer 'round'"),
+    (_push(round_=None), "lacks an integer 'round'"),
+    ([msgpack.packb({"type": "push", "sender": 0, "shard": 0, "round": 1})], "one chunk"),
 ]
 
 

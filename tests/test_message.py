@@ -14,7 +14,7 @@ def _header(**kw):
 
 
 def test_round_trip_cuts_sections_into_chunks(monkeypatch):
-    monkeypatch.setattr(message, "CHUNK_BYTES", 40)  # 10 floats per frame
+    monkeypatch.setattr(message, "CHUNK_VALUES", 10)  # 10 floats per frame
     a, b = np.arange(25, dtype=np.float32), np.arange(3, dtype=np.float32) + 100
     frames = encode({"type": "push", "sender": 3, "shard": 0, "round": 9}, [a, b])
     assert len(frames) == 1 + 3 + 1

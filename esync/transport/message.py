@@ -23,6 +23,7 @@ import msgpack
 import numpy as np
 
 CHUNK_BYTES = 4 << 20
+CHUNK_VALUES = CHUNK_BYTES // 4
 MAX_HEADER_BYTES = 64 << 10
 DTYPE = "float32"
 _ITEM = 4
@@ -72,7 +73,7 @@ def frame_bytes(frame) -> int:
 
 def _chunks(array: np.ndarray) -> Iterator[memoryview]:
     flat = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
-    step = CHUNK_BYTES // _ITEM
+    step = CHUNK_VALUES
     for start in range(0, len(flat), step):
         yield memoryview(flat[start:start + step])
 
@@ -102,11 +103,9 @@ def _field(header: Dict[str, Any], name: str, kind, required: bool = True):
     return value
 
 
-def decode(frames: Sequence[Any], types: Sequence[str]) -> Message:
-    """Parse and check a received message (identity frames already removed)."""
-    if not frames:
-        raise MessageError("empty message")
-    raw = _buffer(frames[0]).cast("B")
+def decode_header(raw, types: Sequence[str]) -> Dict[str, Any]:
+    """Parse and check a header frame: a msgpack map with a known `type` and a `sender`."""
+    raw = _buffer(raw).cast("B")
     if len(raw) > MAX_HEADER_BYTES:
         raise MessageError(f"header of {len(raw)} bytes (at most {MAX_HEADER_BYTES})")
     try:
@@ -119,10 +118,14 @@ def decode(frames: Sequence[Any], types: Sequence[str]) -> Message:
     if kind not in types:
         raise MessageError(f"unknown message type {kind!r}")
     _field(header, "sender", (str, int))
-    payload = list(frames[1:])
-    counts = _field(header, "frames", list, required=bool(payload))
+    return header
+
+
+def check_payload(header: Dict[str, Any], sizes: Sequence[int]) -> None:
+    """Check that data frames of `sizes` bytes match what the header announces."""
+    counts = _field(header, "frames", list, required=bool(sizes))
     if counts is None:
-        return Message(header, payload, len(raw))
+        return
     lengths = _field(header, "lengths", list)
     if _field(header, "dtype", str) != DTYPE:
         raise MessageError(f"dtype {header['dtype']!r}, only {DTYPE!r} is accepted")
@@ -130,18 +133,26 @@ def decode(frames: Sequence[Any], types: Sequence[str]) -> Message:
             isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in lengths + counts):
         raise MessageError("header fields 'lengths' and 'frames' must be lists of "
                            "non-negative integers of equal size")
-    if sum(counts) != len(payload):
+    if sum(counts) != len(sizes):
         raise MessageError(f"header announces {sum(counts)} data frames, "
-                           f"message has {len(payload)}")
+                           f"message has {len(sizes)}")
     i = 0
     for n, (length, count) in enumerate(zip(lengths, counts)):
-        sizes = [frame_bytes(f) for f in payload[i:i + count]]
-        if any(size % _ITEM for size in sizes):
+        part = sizes[i:i + count]
+        if any(size % _ITEM for size in part):
             raise MessageError(f"section {n} has a frame whose size is not a multiple of "
                                f"{_ITEM} bytes")
-        got = sum(sizes)
-        if got != length * _ITEM:
+        if sum(part) != length * _ITEM:
             raise MessageError(f"section {n} announces {length} float32 values "
-                               f"({length * _ITEM} bytes), its frames hold {got} bytes")
+                               f"({length * _ITEM} bytes), its frames hold {sum(part)} bytes")
         i += count
-    return Message(header, payload, len(raw))
+
+
+def decode(frames: Sequence[Any], types: Sequence[str]) -> Message:
+    """Parse and check a received message (identity frames already removed)."""
+    if not frames:
+        raise MessageError("empty message")
+    header = decode_header(frames[0], types)
+    payload = list(frames[1:])
+    check_payload(header, [frame_bytes(f) for f in payload])
+    return Message(header, payload, frame_bytes(frames[0]))

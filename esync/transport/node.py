@@ -156,7 +156,8 @@ class Node:
             self.log(f"[ps {self.name}] {text}")
 
     def close(self) -> None:
+        """Stop heartbeats and close every socket of this node's context (also those a
+        caller left open), giving unsent messages up to a second: never hangs."""
         self._closing.set()
         self._heartbeats.join(timeout=5)
-        self._control.close(linger=1000)
-        self.context.term()
+        self.context.destroy(linger=1000)
