@@ -17,8 +17,10 @@
 (c) ASGD push+pull latency per iteration for small models (LeNet's 62,610 values and
     1,000 values), one worker and one server.
 
-Each worker process times its own rounds; a configuration's figure is the mean over
-workers of their median round. Every process runs with one torch/OMP thread.
+Each worker process times its own rounds; a run's figure is the mean over workers of
+their median round, and a configuration is run --repeats times (framework and baselines
+interleaved) and shown as the median of its runs. Every process runs with one torch/OMP
+thread.
 """
 from __future__ import annotations
 
@@ -215,6 +217,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--servers", default="1,2")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs of each configuration, interleaved; the median is shown")
     args = parser.parse_args()
     values = int(args.mb * 1e6 / 4)
     print(f"(a)/(b) one synchronous round of a {args.mb} MB model, median of {args.rounds} "
@@ -223,9 +227,11 @@ def main() -> None:
           f"{'stream ms':>9} {'ratio':>6}")
     for w in map(int, args.workers.split(",")):
         for s in map(int, args.servers.split(",")):
-            ours = framework_round(values, w, s, args.rounds)
-            echo = bare_round(values, w, s, args.rounds, streamed=False)
-            stream = bare_round(values, w, s, args.rounds, streamed=True)
+            runs = [(framework_round(values, w, s, args.rounds),
+                     bare_round(values, w, s, args.rounds, streamed=False),
+                     bare_round(values, w, s, args.rounds, streamed=True))
+                    for _ in range(args.repeats)]
+            ours, echo, stream = (statistics.median(column) for column in zip(*runs))
             print(f"{w:>7} {s:>7} {ours * 1e3:>9.1f} {echo * 1e3:>8.1f} {ours / echo:>6.2f} "
                   f"{stream * 1e3:>9.1f} {ours / stream:>6.2f}", flush=True)
     print("(c) ASGD push+pull latency per iteration, 1 worker, 1 server")

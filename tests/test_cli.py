@@ -120,3 +120,12 @@ def test_bad_cluster_variables_are_one_line_exit_2(env, args, message):
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"main.py: error: {message}"), lines
+
+
+def test_interface_address():
+    from esync.errors import UserError
+    from esync.transport.cluster import interface_address
+
+    assert interface_address("lo") == "127.0.0.1"
+    with pytest.raises(UserError, match="DMLC_INTERFACE='nosuch0': no such network interface"):
+        interface_address("nosuch0")

@@ -38,3 +38,25 @@ def test_two_workers_reach_90_percent(tmp_path, mode, servers):
                 # one push and one answer of the whole model per round, headers on top
                 for key in ("bytes_sent", "bytes_received"):
                     assert 4 * LENET_VALUES < record[key] < 4 * LENET_VALUES + 300 * servers
+
+
+def test_nodes_started_in_any_order_with_verbose_logs_and_interface(tmp_path):
+    """Workers first, then the server, the scheduler last (after more than the heartbeat
+    timeout); PS_VERBOSE=1 logs control messages; DMLC_INTERFACE picks the address."""
+    import time
+
+    with Cluster(tmp_path, num_servers=1, num_workers=2, heartbeat_timeout=1.5,
+                 env={"PS_VERBOSE": "1", "DMLC_INTERFACE": "lo"}) as job:
+        for w in range(2):
+            job.start(f"worker{w}", "worker", ["-m", "sync", "--max-rounds", "3",
+                                               "--device-name", f"w{w}", "-ld", job.log_dir])
+        job.start("server0", "server")
+        time.sleep(3)
+        assert all(p.poll() is None for p in job.procs.values()), "a node gave up waiting"
+        job.start("scheduler", "scheduler")
+        codes = job.wait()
+        assert codes == {name: 0 for name in job.procs}, job.output("scheduler")
+        assert "serving at tcp://127.0.0.1:" in job.output("scheduler")
+        assert "[scheduler] <- " in job.output("scheduler")  # verbose: control messages
+        assert "[ps worker " in job.output("worker0") + job.output("worker1")
+        assert "finished 3 rounds" in job.output("worker0") + job.output("worker1")

@@ -3,8 +3,9 @@
 Two DEALER sockets talk to the scheduler: the control socket, used by the main thread
 for requests (register, barrier, finished, abort), and the heartbeat socket, owned by a
 background thread that sends a heartbeat every PS_HEARTBEAT_INTERVAL seconds and takes
-the scheduler's notices (abort, shutdown). If the scheduler says the job is aborted, or
-stops answering heartbeats for PS_HEARTBEAT_TIMEOUT seconds, the node is *aborted*:
+the scheduler's notices (abort, shutdown). A node waits for a scheduler that has not
+started yet, however long; if the scheduler says the job is aborted, or stops answering
+heartbeats for PS_HEARTBEAT_TIMEOUT seconds once it has answered, the node is *aborted*:
 every wait in this process (`Node.wait`) raises `JobAborted` with the reason, and a
 watchdog ends the process if it has not ended by itself shortly after.
 """
@@ -111,7 +112,9 @@ class Node:
     def _heartbeat_loop(self) -> None:
         sock = self._connect("hb")
         interval, timeout = self.env.heartbeat_interval, self.env.heartbeat_timeout
-        last_answer = next_beat = time.monotonic()
+        # Until the scheduler first answers, wait for it however long it takes to start
+        # (nodes may be started in any order); after that, silence means it is gone.
+        last_answer, next_beat = None, time.monotonic()
         try:
             while not self._closing.is_set():
                 now = time.monotonic()
@@ -130,8 +133,8 @@ class Node:
                     elif notice.type == "shutdown":
                         self._verbose("<- scheduler shutdown")
                         self._shutdown.set()
-                if time.monotonic() - last_answer > timeout and self._aborted is None \
-                        and not self._shutdown.is_set():
+                if last_answer is not None and time.monotonic() - last_answer > timeout \
+                        and self._aborted is None and not self._shutdown.is_set():
                     self._abort(f"lost the scheduler at {self.env.scheduler_address}: no answer "
                                 f"to heartbeats for {timeout:g} s")
         finally:
