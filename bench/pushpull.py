@@ -48,6 +48,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _timed(procs, out, workers: int) -> float:
+    """Run the processes; the mean over workers of their median round. None outlives it."""
+    for p in procs:
+        p.start()
+    try:
+        medians = [statistics.median(out.get(timeout=600)) for _ in range(workers)]
+    finally:
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+    return statistics.mean(medians)
+
+
 # --- (a) the framework ------------------------------------------------------------------
 def _env(port: int, servers: int, workers: int, role: str) -> dict:
     return {"DMLC_ROLE": role, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
@@ -109,16 +123,7 @@ def framework_round(values: int, workers: int, servers: int, rounds: int,
     procs = [ctx.Process(target=_framework_node,
                          args=(_env(port, servers, workers, role), values, rounds, rule, out))
              for role in roles]
-    for p in procs:
-        p.start()
-    try:
-        medians = [statistics.median(out.get(timeout=600)) for _ in range(workers)]
-    finally:
-        for p in procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
-    return statistics.mean(medians)
+    return _timed(procs, out, workers)
 
 
 # --- (b) bare ZeroMQ ----------------------------------------------------------------------
@@ -199,16 +204,7 @@ def bare_round(values: int, workers: int, servers: int, rounds: int,
              for p, n in zip(ports, chunks)]
     procs += [ctx.Process(target=_bare_worker, args=(ports, values, rounds, out, streamed))
               for _ in range(workers)]
-    for p in procs:
-        p.start()
-    try:
-        medians = [statistics.median(out.get(timeout=600)) for _ in range(workers)]
-    finally:
-        for p in procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
-    return statistics.mean(medians)
+    return _timed(procs, out, workers)
 
 
 def main() -> None:
