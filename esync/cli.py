@@ -58,7 +58,9 @@ def _run_node(opts, env) -> int:
     """A server or worker: join the job, do the role's work, leave cleanly or fail loudly."""
     from esync.transport.node import JobAborted, Node
 
+    global _joined
     node = Node(env, env.role, log=_log)
+    _joined = True
     try:
         if env.role == "server":
             from esync.server import run_server
@@ -93,6 +95,24 @@ def _run_cluster_worker(opts, node) -> int:
     return 1 if result.diverged else 0
 
 
+def _tell_scheduler(reason: str) -> None:
+    """A server or worker that stops on bad input before joining the job tells the
+    scheduler, which ends the job rather than wait for it (nodes that joined tell it
+    themselves, through Node.fail)."""
+    if os.environ.get("DMLC_ROLE") not in ("server", "worker") or _joined:
+        return
+    from esync.transport.cluster import ClusterEnv
+    from esync.transport.node import report_failed_start
+
+    try:
+        report_failed_start(ClusterEnv.from_environ(), reason)
+    except UserError:  # the cluster variables themselves are wrong: nobody to tell
+        pass
+
+
+_joined = False
+
+
 def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
     prog = prog or os.path.basename(sys.argv[0]) or "esync"
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `esync | head` ends quietly
@@ -100,6 +120,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
         return _run(argv, prog)
     except UserError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
+        _tell_scheduler(str(e))
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

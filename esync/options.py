@@ -14,6 +14,7 @@ from typing import Annotated, Optional, Sequence
 from argparse_dataclass import ArgumentParser
 
 import config
+from esync.errors import UserError
 from esync.models import NETWORKS
 
 MODES = ("local", "sync", "async", "esync")
@@ -142,10 +143,11 @@ class Options:
 
 
 class _OneLineParser(ArgumentParser):
-    """argparse prints usage plus an error; we print one line naming the flag."""
+    """argparse prints usage plus an error and exits; we raise the one line naming the
+    flag as a UserError, which esync.cli prints (and reports to the scheduler)."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        raise UserError(message)
 
 
 def build_parser(prog: str = "esync") -> ArgumentParser:
@@ -157,5 +159,5 @@ def build_parser(prog: str = "esync") -> ArgumentParser:
 
 
 def parse_options(argv: Optional[Sequence[str]] = None, prog: str = "esync") -> Options:
-    """Parse the command line; exit with status 2 and one line on a bad value."""
+    """Parse the command line; a bad value raises UserError naming the flag."""
     return build_parser(prog).parse_args(list(sys.argv[1:] if argv is None else argv))

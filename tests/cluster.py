@@ -31,6 +31,7 @@ class Cluster:
                         DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(free_port()),
                         DMLC_NUM_SERVER=str(num_servers), DMLC_NUM_WORKER=str(num_workers),
                         PS_HEARTBEAT_INTERVAL="0.5", PS_HEARTBEAT_TIMEOUT=str(heartbeat_timeout),
+                        PYTHONFAULTHANDLER="1",
                         **(env or {}))
         self.num_servers, self.num_workers = num_servers, num_workers
         self.procs: Dict[str, subprocess.Popen] = {}
@@ -73,9 +74,15 @@ class Cluster:
                 for n in range(1, count + 1)]
 
     def close(self) -> None:
+        """Kill what is left; a process still running first dumps its threads' stacks into
+        its output (SIGABRT with PYTHONFAULTHANDLER), to show where it was stuck."""
         for proc in self.procs.values():
             if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
+                proc.send_signal(signal.SIGABRT)
+                try:
+                    proc.wait(2)
+                except subprocess.TimeoutExpired:
+                    proc.send_signal(signal.SIGKILL)
             proc.wait()
 
     def __enter__(self) -> "Cluster":

@@ -24,7 +24,8 @@ def test_two_workers_reach_90_percent(tmp_path, mode, servers):
         accuracy = [r["accuracy"] for r in rounds if "accuracy" in r]
         assert accuracy[-1] >= 0.90, accuracy
         assert "finished 5 epochs" in job.output(f"worker{evaluator[0]}")
-        assert "all 2 workers finished; servers shut down" in job.output("scheduler")
+        assert "all 2 workers finished; shutting the servers down" in job.output("scheduler")
+        assert "nodes are done" in job.output("scheduler")  # every server confirmed
         # shards balanced by bytes: each server holds its share of weights and buffers
         shards = [tuple(map(int, re.search(r"shard of (\d+) weights and (\d+) buffer",
                                            job.output(f"server{s}")).groups()))

@@ -54,3 +54,33 @@ def test_killed_scheduler_ends_servers_and_workers(tmp_path):
         assert all(codes[n] == 1 for n in job.procs if n != "scheduler"), codes
         for name in ("server0", "worker0", "worker1"):
             assert "job aborted: lost the scheduler" in job.output(name)
+
+
+def test_worker_with_a_bad_flag_ends_the_job(tmp_path):
+    """A worker that cannot even start tells the scheduler, instead of being waited for."""
+    with Cluster(tmp_path, num_servers=1, num_workers=2, heartbeat_timeout=TIMEOUT) as job:
+        job.start("scheduler", "scheduler")
+        job.start("server0", "server")
+        job.start("worker0", "worker", ["-m", "sync", "--device-name", "w0", "-ld", job.log_dir])
+        time.sleep(2)  # the others are up and registered when the bad one starts
+        job.start("worker1", "worker", ["-m", "sync", "-n", "vgg99"])
+        codes = job.wait(30)
+        assert codes == {"scheduler": 1, "server0": 1, "worker0": 1, "worker1": 2}, codes
+        for name in ("server0", "worker0"):
+            assert "could not start: argument -n/--network: invalid choice: 'vgg99'" \
+                in job.output(name)
+
+
+def test_worker_failing_after_joining_ends_the_job(tmp_path):
+    """Two workers given the same log folder: the second fails, and says so to all."""
+    with Cluster(tmp_path, num_servers=1, num_workers=2, heartbeat_timeout=TIMEOUT) as job:
+        job.start("scheduler", "scheduler")
+        job.start("server0", "server")
+        for w in range(2):
+            job.start(f"worker{w}", "worker", ["-m", "async", "--max-rounds", "100000",
+                                               "--device-name", "same", "-ld", job.log_dir])
+        codes = job.wait(60)
+        assert sorted(codes.values()) == [1, 1, 1, 2], codes
+        loser = next(n for n, c in codes.items() if c == 2)
+        assert "is in use by another running process" in job.output(loser)
+        assert "failed: log folder" in job.output("scheduler")

@@ -56,12 +56,15 @@ def test_server_and_scheduler_survive_malformed_messages(tmp_path):
         node = Node(ClusterEnv.from_environ({**env, "DMLC_ROLE": "worker"}), "worker",
                     log=lambda line: None)
         try:
-            # garbage to the scheduler first: it must drop it and go on
+            assignment = node.register(mode="sync", network="test")
+            # garbage to the scheduler: it must drop it and go on (node.finish below)
             junk = node.context.socket(zmq.DEALER)
+            junk.setsockopt(zmq.LINGER, 1000)
             junk.connect(node.env.scheduler_address)
             junk.send_multipart([b"\xff\xfe not msgpack"])
             junk.send_multipart([msgpack.packb({"type": "register", "sender": "x", "role": "king"})])
-            assignment = node.register(mode="sync", network="test")
+            assert junk.poll(5000), "the scheduler did not answer the bad registration"
+            assert "unknown role 'king'" in decode(junk.recv_multipart(), ("error",)).header["error"]
             raw = node.context.socket(zmq.DEALER)
             raw.connect(assignment["servers"][0])
             for frames, problem in BEFORE_INIT:

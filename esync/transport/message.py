@@ -1,13 +1,14 @@
 """The wire format: one msgpack header frame, then raw float32 tensor frames.
 
-    [header, chunk, chunk, ...]        header = msgpack map, e.g.
-    {"type": "push", "sender": "w1", "shard": 0, "round": 7, "dtype": "float32",
-     "lengths": [2795000, 4200], "frames": [3, 1]}
+    [header, frame, frame, ...]        header = msgpack map, e.g.
+    {"type": "push", "sender": 1, "shard": 0, "round": 7, "section": 0,
+     "offset": 2097152, "dtype": "float32", "lengths": [1048576], "frames": [1]}
 
 A payload is a list of *sections* (for example a shard of the parameter vector and a
 shard of the buffer vector); `lengths` gives each section's number of elements and
 `frames` how many frames carry it. Sections are cut into frames of at most CHUNK_BYTES,
-because ZeroMQ moves frames of a few MiB faster per byte than one huge frame. Tensor
+because ZeroMQ moves frames of a few MiB faster per byte than one huge frame (the
+runtime's pushes go further and send one message per chunk, see esync.server). Tensor
 bytes never pass through msgpack and are sent and received without copies: a frame is
 sent from a memoryview of the array and read back as a numpy view of the frame.
 

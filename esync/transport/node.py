@@ -25,8 +25,24 @@ from esync.transport.cluster import ClusterEnv
 from esync.transport.message import Message, MessageError, decode, encode
 
 POLL_MS = 100
+RECONNECT_S = 2.0
 NOTICES = ("ack", "abort", "shutdown")
 REPLIES = ("assign", "barrier_done", "ack", "error")
+
+
+def report_failed_start(env: ClusterEnv, reason: str) -> None:
+    """A node that fails before it could join (a bad flag) tells the scheduler, so that
+    the job ends instead of waiting for it; best effort, at most a second."""
+    context = zmq.Context()
+    try:
+        sock = context.socket(zmq.DEALER)
+        sock.connect(env.scheduler_address)
+        who = f"{env.role} (pid {os.getpid()} on {socket.gethostname()})"
+        sock.send_multipart(encode({"type": "abort", "sender": f"{env.role}-{os.getpid()}",
+                                    "reason": f"{who} could not start: {reason}"}))
+        sock.close(linger=1000)
+    finally:
+        context.term()
 
 
 class JobAborted(Exception):
@@ -40,6 +56,9 @@ class Node:
         self.log = log
         self.uid = f"{role}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.context = zmq.Context()
+        # sockets that set no LINGER of their own get 0, so that closing the context can
+        # never wait for ever on messages a forgotten socket still holds
+        self.context.set(zmq.BLOCKY, 0)
         self.rank: Optional[int] = None
         self._aborted: Optional[str] = None
         self._shutdown = threading.Event()
@@ -115,9 +134,15 @@ class Node:
         # Until the scheduler first answers, wait for it however long it takes to start
         # (nodes may be started in any order); after that, silence means it is gone.
         last_answer, next_beat = None, time.monotonic()
+        connected_at = next_beat
         try:
             while not self._closing.is_set():
                 now = time.monotonic()
+                if last_answer is None and now - connected_at > RECONNECT_S:
+                    # no answer yet: start a fresh connection rather than trust one that
+                    # may never complete (seen rarely when nodes start before the scheduler)
+                    sock.close(linger=0)
+                    sock, connected_at = self._connect("hb"), now
                 if now >= next_beat:
                     sock.send_multipart(encode({"type": "heartbeat", "sender": self.uid}))
                     next_beat = now + interval
@@ -132,6 +157,7 @@ class Node:
                         self._abort(str(notice.header.get("reason", "aborted by the scheduler")))
                     elif notice.type == "shutdown":
                         self._verbose("<- scheduler shutdown")
+                        sock.send_multipart(encode({"type": "bye", "sender": self.uid}))
                         self._shutdown.set()
                 if last_answer is not None and time.monotonic() - last_answer > timeout \
                         and self._aborted is None and not self._shutdown.is_set():

@@ -13,7 +13,7 @@ from esync.transport.cluster import ClusterEnv, resolve
 from esync.transport.message import MessageError, decode, encode
 
 POLL_MS = 100
-REQUESTS = ("register", "heartbeat", "barrier", "finished", "abort")
+REQUESTS = ("register", "heartbeat", "barrier", "finished", "abort", "bye")
 
 
 @dataclass
@@ -40,12 +40,14 @@ class Scheduler:
     last_seen: Dict[str, float] = field(default_factory=dict)
     barriers: Dict[str, List[str]] = field(default_factory=dict)
     assigned: bool = False
+    closing_since: Optional[float] = None  # when every worker had finished
 
     def run(self) -> int:
         """Serve the job until it ends: 0 when every worker finished, 1 when aborted."""
         context = zmq.Context()
         self.sock = context.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a node's fresh connection takes over
         self.sock.setsockopt(zmq.LINGER, 2000)
         address = f"tcp://{resolve(self.env.root_uri, 'DMLC_PS_ROOT_URI')}:{self.env.root_port}"
         try:
@@ -65,12 +67,28 @@ class Scheduler:
         return code
 
     def _serve(self) -> Optional[int]:
+        last_notice = 0.0
         while True:
             if self.sock.poll(POLL_MS):
                 identity, *frames = self.sock.recv_multipart(copy=False)
                 code = self._handle(identity.bytes, frames)
                 if code is not None:
                     return code
+            if self.closing_since is not None:
+                now = time.monotonic()
+                left = [m for m in self.members.values() if m.role == "server" and not m.finished]
+                if not left:
+                    self.log(f"[scheduler] all {len(self.members)} nodes are done")
+                    return 0
+                if now - self.closing_since > self.env.heartbeat_timeout:
+                    self.log(f"[scheduler] {', '.join(m.describe() for m in left)} did not "
+                             f"confirm the shutdown; leaving anyway")
+                    return 0
+                if now - last_notice >= self.env.heartbeat_interval:
+                    for server in left:  # again, until each one confirms
+                        self._send(f"{server.uid}/hb".encode(), {"type": "shutdown"})
+                    last_notice = now
+                continue
             dead = self._dead_member()
             if dead is not None:
                 return self._abort(f"{dead.describe()} sent no heartbeat for "
@@ -92,6 +110,8 @@ class Scheduler:
             self.log(f"[scheduler] <- {uid}: {msg.header}")
         if msg.type == "register":
             return self._register(identity, uid, msg.header)
+        if msg.type == "abort" and uid not in self.members:  # failed before it could join
+            return self._abort(str(msg.header.get("reason", f"{uid} failed")))
         if uid not in self.members:
             self._send(identity, {"type": "error", "error": f"{uid} is not registered"})
             return None
@@ -103,11 +123,12 @@ class Scheduler:
             self._send(identity, {"type": "ack"})
             workers = [m for m in self.members.values() if m.role == "worker"]
             if self.assigned and all(m.finished for m in workers):
-                for server in self.members.values():
-                    if server.role == "server":
-                        self._send(f"{server.uid}/hb".encode(), {"type": "shutdown"})
-                self.log(f"[scheduler] all {len(workers)} workers finished; servers shut down")
-                return 0
+                self.closing_since = time.monotonic()
+                self.log(f"[scheduler] all {len(workers)} workers finished; shutting the "
+                         f"servers down")
+            return None
+        if msg.type == "bye":  # a server confirms the shutdown
+            member.finished = True
             return None
         # abort: a node failed and asks to end the job
         return self._abort(str(msg.header.get("reason", f"{member.describe()} failed")),
@@ -156,8 +177,8 @@ class Scheduler:
         self.log(f"[scheduler] all {len(self.members)} nodes registered; ranks assigned")
 
     def _barrier(self, identity: bytes, uid: str, group: str) -> None:
-        members = [m.uid for m in self.members.values()
-                   if group == "all" or m.role == group.rstrip("s")]
+        role = {"workers": "worker", "servers": "server"}.get(group)
+        members = [m.uid for m in self.members.values() if group == "all" or m.role == role]
         if uid not in members:
             self._send(identity, {"type": "error", "error": f"not a member of group {group!r}"})
             return None
