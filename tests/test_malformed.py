@@ -1,12 +1,11 @@
 """A live server and scheduler answer or drop malformed messages and keep serving."""
 import msgpack
 import numpy as np
-import pytest
 import zmq
 
 from esync.kvstore import KVStore
 from esync.transport.cluster import ClusterEnv
-from esync.transport.message import decode, encode
+from esync.transport.message import decode
 from esync.transport.node import Node
 from tests.cluster import Cluster
 
