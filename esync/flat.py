@@ -60,13 +60,14 @@ class FlatModel:
                 self.grads[start:start + n].zero_()
             else:
                 self.grads[start:start + n].copy_(p.grad.reshape(-1))
-        return self._to_host("grads")
+        return self.to_host("grads")
 
     def host_state(self) -> Tuple[np.ndarray, np.ndarray]:
         """Current weights and buffers as host vectors."""
-        return self._to_host("params"), self._to_host("buffers")
+        return self.to_host("params"), self.to_host("buffers")
 
-    def _to_host(self, name: str) -> np.ndarray:
+    def to_host(self, name: str) -> np.ndarray:
+        """`params`, `buffers` or `grads` copied to the host (no copy on a CPU device)."""
         if self.device.type != "cpu":
             self._host[name].copy_(getattr(self, name))
         return self.host(name)

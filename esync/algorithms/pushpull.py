@@ -50,7 +50,7 @@ class GradientPushPull(Algorithm):
     def end_round(self, round_: int, model: nn.Module) -> Phases:
         start = time.perf_counter()
         grads = self.flat.gather_grads()
-        _, buffers = self.flat.host_state()
+        buffers = self.flat.to_host("buffers")
         self.kv.push_pull(round_, grads, buffers, self.flat.host("params"),
                           self.flat.host("buffers"), stop=self._announced)
         self.flat.load_host_state()
