@@ -1,9 +1,9 @@
 """The worker's side of the parameter servers: push and pull of the flat vectors.
 
 The weight vector and the buffer vector are each cut into one contiguous shard per
-server, balanced by bytes. A push streams each shard to its server as chunk messages of
-CHUNK_VALUES floats (to every server before awaiting any answer, so shards move in
-parallel); each answer chunk is received straight into the worker's vector
+server, balanced by bytes. A push streams each shard to its server as one message per
+chunk (esync.transport.message.chunk_spans), to every server before awaiting any
+answer, so shards move in parallel; each answer chunk is received straight into the worker's vector
 (`recv_into`), with no copy in between.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import zmq
 
-from esync.transport.message import (CHUNK_VALUES, MessageError, check_payload,
+from esync.transport.message import (MessageError, check_payload, chunk_spans,
                                      decode_header, encode, frame_bytes)
 from esync.transport.node import POLL_MS, JobAborted, Node
 
@@ -135,10 +135,9 @@ class KVStore:
             header["stop"] = stop
         for s, sock in enumerate(self.sockets):
             for section, values in enumerate(self._slices(s, grads, buffers)):
-                for offset in range(0, len(values), CHUNK_VALUES):
+                for offset, length in chunk_spans(len(values)):
                     self._send(sock, {**header, "shard": s, "section": section,
-                                      "offset": offset},
-                               [values[offset:offset + CHUNK_VALUES]])
+                                      "offset": offset}, [values[offset:offset + length]])
         self._receive([self._values(s) for s in range(len(self.sockets))], params_out,
                       buffers_out)
 

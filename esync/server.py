@@ -23,7 +23,8 @@ import numpy as np
 import zmq
 
 from esync.rules import Key, Rule, RuleConfig, make_rule
-from esync.transport.message import CHUNK_VALUES, Message, MessageError, decode, encode
+from esync.transport.message import (CHUNK_VALUES, Message, MessageError, chunk_spans,
+                                     decode, encode)
 
 REQUESTS = ("init", "pull", "push")
 
@@ -133,8 +134,7 @@ class ShardServer:
 
     def _answer_all(self, identity: bytes, worker: int, round_: int) -> None:
         for section, values in enumerate(self.sections):
-            for offset in range(0, len(values), CHUNK_VALUES):
-                length = min(CHUNK_VALUES, len(values) - offset)
+            for offset, length in chunk_spans(len(values)):
                 self._answer(identity, worker, round_, (section, offset), length)
 
     def _answer(self, identity: bytes, worker: int, round_: int, key: Key, length: int) -> None:

@@ -72,11 +72,17 @@ def frame_bytes(frame) -> int:
     return _buffer(frame).nbytes
 
 
+def chunk_spans(length: int) -> Iterator[Tuple[int, int]]:
+    """(offset, length) of each chunk of a section of `length` values: the one layout that
+    workers and servers cut sections into."""
+    for offset in range(0, length, CHUNK_VALUES):
+        yield offset, min(CHUNK_VALUES, length - offset)
+
+
 def _chunks(array: np.ndarray) -> Iterator[memoryview]:
     flat = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
-    step = CHUNK_VALUES
-    for start in range(0, len(flat), step):
-        yield memoryview(flat[start:start + step])
+    for offset, length in chunk_spans(len(flat)):
+        yield memoryview(flat[offset:offset + length])
 
 
 def encode(header: Dict[str, Any], sections: Sequence[np.ndarray] = ()) -> List[Any]:
