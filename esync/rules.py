@@ -105,9 +105,14 @@ class Rule:
     #: only once every worker has received this round's answer and pushed again.
     snapshot_replies = True
 
+    def grad_scale(self, config: RuleConfig) -> float:
+        """The factor that turns a pushed gradient into the one to apply (SSGD: 1/N, as
+        it hands in the sum of N gradients)."""
+        return 1.0
+
     def __init__(self, weights: np.ndarray, buffers: np.ndarray, config: RuleConfig):
         self.weights, self.buffers, self.config = weights, buffers, config
-        self.sgd = SGDStep(weights, config)
+        self.sgd = SGDStep(weights, config, self.grad_scale(config))
 
     def check(self, worker: int, round_: int, key: Key) -> Optional[str]:
         """Why this chunk of a push cannot be taken now (None: it can)."""
@@ -124,9 +129,11 @@ class Rule:
 class SyncRule(Rule):
     snapshot_replies = False
 
+    def grad_scale(self, config):
+        return 1.0 / config.num_workers
+
     def __init__(self, weights, buffers, config):
         super().__init__(weights, buffers, config)
-        self.sgd = SGDStep(weights, config, grad_scale=1.0 / config.num_workers)
         self.round = 1
         self.sums = (np.empty_like(weights), np.empty_like(buffers))
         # pushed chunks held (as views of their frames) until the last worker's arrives
