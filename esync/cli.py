@@ -11,26 +11,45 @@ from esync.errors import UserError
 
 def _run(argv: Optional[Sequence[str]], prog: str) -> int:
     from esync.options import parse_options  # imports torch: after the cheap checks
-    from esync.worker import select_device
 
-    opts = parse_options(argv, prog)
     if "DMLC_ROLE" not in os.environ:
+        opts = parse_options(argv, prog)
         if opts.mode != "local":
             from esync.transport.cluster import REQUIRED
 
             missing = ", ".join(v for v in REQUIRED if v not in os.environ)
             raise UserError(f"-m/--mode {opts.mode} runs in a cluster: set {missing} "
                             f"(or use -m local)")
+        from esync.worker import select_device
+
         select_device(opts)  # a GPU asked for where there is none is a bad flag: fail now
         return _run_local(opts)
     from esync.transport.cluster import ClusterEnv
 
-    env = ClusterEnv.from_environ()
+    env = ClusterEnv.from_environ()  # wrong cluster variables: there is nobody to tell
     if env.role == "scheduler":
+        parse_options(argv, prog)
         from esync.transport.scheduler import Scheduler
 
         return Scheduler(env, log=_log).run()
-    if env.role == "worker":
+    try:
+        opts = _node_options(argv, prog, env.role)
+    except UserError as e:
+        # bad input before joining: tell the scheduler, which ends the job rather than
+        # wait for this node (nodes that joined tell it themselves, through Node.fail)
+        from esync.transport.node import report_failed_start
+
+        report_failed_start(env, str(e))
+        raise
+    return _run_node(opts, env)
+
+
+def _node_options(argv: Optional[Sequence[str]], prog: str, role: str):
+    from esync.options import parse_options
+    from esync.worker import select_device
+
+    opts = parse_options(argv, prog)
+    if role == "worker":
         select_device(opts)
         if opts.mode == "local":
             raise UserError("-m/--mode local trains alone: unset DMLC_ROLE, or pick a "
@@ -38,7 +57,7 @@ def _run(argv: Optional[Sequence[str]], prog: str) -> int:
         if opts.mode == "esync":
             raise UserError("-m/--mode esync needs the ESync state server, which is not part "
                             "of this version yet; use sync or async")
-    return _run_node(opts, env)
+    return opts
 
 
 def _log(line: str) -> None:
@@ -58,9 +77,7 @@ def _run_node(opts, env) -> int:
     """A server or worker: join the job, do the role's work, leave cleanly or fail loudly."""
     from esync.transport.node import JobAborted, Node
 
-    global _joined
     node = Node(env, env.role, log=_log)
-    _joined = True
     try:
         if env.role == "server":
             from esync.server import run_server
@@ -95,24 +112,6 @@ def _run_cluster_worker(opts, node) -> int:
     return 1 if result.diverged else 0
 
 
-def _tell_scheduler(reason: str) -> None:
-    """A server or worker that stops on bad input before joining the job tells the
-    scheduler, which ends the job rather than wait for it (nodes that joined tell it
-    themselves, through Node.fail)."""
-    if os.environ.get("DMLC_ROLE") not in ("server", "worker") or _joined:
-        return
-    from esync.transport.cluster import ClusterEnv
-    from esync.transport.node import report_failed_start
-
-    try:
-        report_failed_start(ClusterEnv.from_environ(), reason)
-    except UserError:  # the cluster variables themselves are wrong: nobody to tell
-        pass
-
-
-_joined = False
-
-
 def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
     prog = prog or os.path.basename(sys.argv[0]) or "esync"
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `esync | head` ends quietly
@@ -120,7 +119,6 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
         return _run(argv, prog)
     except UserError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
-        _tell_scheduler(str(e))
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
