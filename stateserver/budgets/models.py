@@ -1,0 +1,43 @@
+"""The state server's whole state: jobs and, per job, one row per worker (device).
+
+Everything lives in the database and changes inside transactions, so several server
+processes behind one port see one state, and a restart of the server loses nothing.
+"""
+from django.db import models
+
+
+class Job(models.Model):
+    """One training job, initialised by its worker 0 with the number of workers."""
+
+    name = models.CharField(max_length=64, unique=True)
+    num_workers = models.PositiveIntegerField()
+    max_local_steps = models.PositiveIntegerField()
+    round = models.PositiveIntegerField(default=0)  # the latest round any worker asked for
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["created_at", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Device(models.Model):
+    """A worker of a job: what it last reported and the budget it was given."""
+
+    job = models.ForeignKey(Job, related_name="devices", on_delete=models.CASCADE)
+    rank = models.PositiveIntegerField()
+    round = models.PositiveIntegerField(default=0)  # the last round it asked a budget for
+    last_time = models.FloatField(null=True)  # seconds per local iteration, as reported
+    smoothed_time = models.FloatField(null=True)  # the moving average the budget uses
+    budget = models.PositiveIntegerField(default=1)
+    reports = models.PositiveIntegerField(default=0)
+    reported_at = models.DateTimeField(null=True)
+
+    class Meta:
+        ordering = ["job", "rank"]
+        constraints = [models.UniqueConstraint(fields=["job", "rank"], name="one_row_per_rank")]
+
+    def __str__(self) -> str:
+        return f"{self.job.name}/{self.rank}"

@@ -1,0 +1,87 @@
+"""Settings of the ESync state server, from environment variables with safe defaults.
+
+- ESYNC_STATE_DB: path of the SQLite database (default: db.sqlite3 next to manage.py).
+- ESYNC_DATABASE: a JSON object used as Django's DATABASES["default"] instead, for any
+  database Django supports, e.g. {"ENGINE": "django.db.backends.postgresql", "NAME": ...}.
+- ESYNC_DEBUG: 1 turns Django's DEBUG on (off by default).
+- ESYNC_ALLOWED_HOSTS: comma-separated host names the server answers to (default "*":
+  workers reach it by whatever address the cluster has, and the API serves no pages,
+  cookies or links that a forged Host header could poison).
+- ESYNC_SECRET_KEY: Django's secret key. Nothing here signs data (no sessions, no
+  logins, no CSRF tokens), so by default each process draws a random one.
+- ESYNC_SMOOTHING: weight of the newest measurement in the moving average of a
+  device's time per local iteration (default 0.3).
+"""
+import json
+import os
+import secrets
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _database() -> dict:
+    raw = os.environ.get("ESYNC_DATABASE")
+    if raw:
+        try:
+            config = json.loads(raw)
+        except ValueError as e:
+            raise ImproperlyConfigured(f"ESYNC_DATABASE is not JSON: {e}") from None
+        if not isinstance(config, dict) or "ENGINE" not in config:
+            raise ImproperlyConfigured("ESYNC_DATABASE must be a JSON object with an ENGINE")
+        return config
+    return {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("ESYNC_STATE_DB") or str(BASE_DIR / "db.sqlite3"),
+        "OPTIONS": {
+            # take the write lock when a transaction starts, so that concurrent reports
+            # from several server processes queue up instead of failing with "locked"
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 30,
+            "init_command": "PRAGMA journal_mode=WAL;",
+        },
+    }
+
+
+def _smoothing() -> float:
+    raw = os.environ.get("ESYNC_SMOOTHING", "0.3")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 1.0:
+        raise ImproperlyConfigured(f"ESYNC_SMOOTHING must be a number in (0, 1], got {raw!r}")
+    return value
+
+
+DEBUG = _flag("ESYNC_DEBUG")
+SECRET_KEY = os.environ.get("ESYNC_SECRET_KEY") or secrets.token_urlsafe(50)
+ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ESYNC_ALLOWED_HOSTS", "*").split(",")
+                 if h.strip()]
+
+INSTALLED_APPS = ["budgets"]
+MIDDLEWARE = ["django.middleware.security.SecurityMiddleware"]
+ROOT_URLCONF = "stateserver.urls"
+WSGI_APPLICATION = "stateserver.wsgi.application"
+APPEND_SLASH = False  # a POST redirected to the slashed URL would lose its body
+
+DATABASES = {"default": _database()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+USE_TZ = True
+TIME_ZONE = "UTC"
+
+BUDGET_SMOOTHING = _smoothing()
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"budgets": {"handlers": ["console"], "level": "INFO"}},
+}

@@ -1,0 +1,179 @@
+"""The state server's budget API through Django's test client (issue 4): every endpoint,
+the budget rule, and bad requests (HTTP 400 with a JSON error, nothing changed)."""
+import json
+
+import pytest
+
+pytestmark = pytest.mark.django_db
+
+
+def post(client, url, body):
+    data = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    return client.post(url, data=data, content_type="application/json")
+
+
+def report(client, rank, round_, seconds, job="job1"):
+    return post(client, f"/jobs/{job}/budget/",
+                {"rank": rank, "round": round_, "time_per_iteration": seconds})
+
+
+@pytest.fixture
+def job(client):
+    response = post(client, "/jobs/job1/", {"workers": 4, "max_local_steps": 8})
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def state(client, job="job1"):
+    response = client.get(f"/jobs/{job}/")
+    assert response.status_code == 200
+    return response.json()
+
+
+def stored(client, job="job1"):
+    """The job's state without what changes with the clock alone."""
+    body = state(client, job)
+    for device in body["devices"]:
+        del device["seconds_since_report"]
+    return body
+
+
+def test_init_creates_one_device_per_rank(client, job):
+    assert job["workers"] == 4 and job["max_local_steps"] == 8 and job["round"] == 0
+    assert [d["rank"] for d in job["devices"]] == [0, 1, 2, 3]
+    assert all(d["budget"] == 1 and d["reported_at"] is None for d in job["devices"])
+    # initialising again with the same settings changes nothing (worker 0 restarted)
+    again = post(client, "/jobs/job1/", {"workers": 4, "max_local_steps": 8})
+    assert again.status_code == 200 and again.json()["created_at"] == job["created_at"]
+
+
+def test_round_one_gives_everyone_one(client, job):
+    for rank in range(4):
+        assert report(client, rank, 1, None).json()["budget"] == 1
+
+
+def test_budgets_follow_the_slowest_device(client, job):
+    times = {0: 0.01, 1: 0.01, 2: 0.04, 3: 0.04}  # two fast, two four times slower
+    for rank in range(4):
+        report(client, rank, 1, None)
+    for rank, seconds in times.items():  # round 2: reported one by one
+        report(client, rank, 2, seconds)
+    got = {rank: report(client, rank, 3, seconds).json()["budget"]
+           for rank, seconds in times.items()}
+    assert got == {0: 4, 1: 4, 2: 1, 3: 1}
+    status = state(client)
+    assert status["round"] == 3
+    assert [d["budget"] for d in status["devices"]] == [4, 4, 1, 1]
+    assert [d["round"] for d in status["devices"]] == [3, 3, 3, 3]
+    assert all(d["reports"] == 3 and d["reported_at"] for d in status["devices"])
+
+
+def test_until_all_have_measured_the_budget_is_one(client, job):
+    report(client, 0, 2, 0.01)
+    assert report(client, 1, 2, 0.05).json()["budget"] == 1  # ranks 2, 3 not measured
+
+
+def test_budget_is_capped_and_at_least_one(client):
+    post(client, "/jobs/capped/", {"workers": 2, "max_local_steps": 3})
+    report(client, 0, 1, 0.001, job="capped")
+    assert report(client, 1, 1, 1.0, job="capped").json()["budget"] == 1
+    assert report(client, 0, 2, 0.001, job="capped").json()["budget"] == 3
+    post(client, "/jobs/default-cap/", {"workers": 1})
+    assert state(client, "default-cap")["max_local_steps"] == 16
+
+
+def test_one_noisy_round_does_not_swing_the_budget(client, job):
+    for round_ in range(1, 6):  # steady: 4x
+        for rank, seconds in enumerate([0.01, 0.01, 0.04, 0.04]):
+            budget = report(client, rank, round_, seconds).json()["budget"]
+    assert budget == 1
+    # one round where a fast device measures 3x its usual time
+    assert report(client, 0, 6, 0.03).json()["budget"] >= 2
+    device = state(client)["devices"][0]
+    assert device["time_per_iteration"] == 0.03
+    assert 0.01 < device["smoothed_time_per_iteration"] < 0.03
+
+
+def test_asking_again_for_the_same_round_gives_the_same_answer(client, job):
+    for rank, seconds in enumerate([0.01, 0.01, 0.04, 0.04]):
+        report(client, rank, 1, seconds)
+    first = report(client, 0, 2, 0.01).json()
+    retry = report(client, 0, 2, 0.5).json()  # a retry after a lost answer
+    assert retry == first
+    assert state(client)["devices"][0]["reports"] == 2
+
+
+def test_status_lists_every_job(client, job):
+    post(client, "/jobs/other.job_2/", {"workers": 2})
+    report(client, 1, 1, 0.02, job="other.job_2")
+    for url in ("/", "/status/"):
+        body = client.get(url).json()
+        names = [j["job"] for j in body["jobs"]]
+        assert names == ["job1", "other.job_2"]
+        other = body["jobs"][1]
+        assert other["round"] == 1 and other["devices"][1]["time_per_iteration"] == 0.02
+        assert other["devices"][1]["seconds_since_report"] >= 0
+
+
+BAD_REPORTS = [
+    ("not json", "not valid JSON"),
+    ("[1, 2]", "JSON object"),
+    ({"round": 2, "time_per_iteration": 0.1}, "'rank' is missing"),
+    ({"rank": 0, "time_per_iteration": 0.1}, "'round' is missing"),
+    ({"rank": 0, "round": 2}, "'time_per_iteration' is missing"),
+    ({"rank": "0", "round": 2, "time_per_iteration": 0.1}, "'rank' must be an integer"),
+    ({"rank": True, "round": 2, "time_per_iteration": 0.1}, "'rank' must be an integer"),
+    ({"rank": -1, "round": 2, "time_per_iteration": 0.1}, "'rank' must be an integer"),
+    ({"rank": 0, "round": 0, "time_per_iteration": 0.1}, "'round' must be an integer"),
+    ({"rank": 0, "round": 2.5, "time_per_iteration": 0.1}, "'round' must be an integer"),
+    ({"rank": 0, "round": 2, "time_per_iteration": "fast"}, "'time_per_iteration' must be"),
+    ({"rank": 0, "round": 2, "time_per_iteration": -0.1}, "'time_per_iteration' must be"),
+    ({"rank": 0, "round": 2, "time_per_iteration": 0}, "'time_per_iteration' must be"),
+    ('{"rank": 0, "round": 2, "time_per_iteration": NaN}', "'time_per_iteration' must be"),
+    ({"rank": 4, "round": 2, "time_per_iteration": 0.1}, "'rank' 4 is outside job"),
+    ({"rank": 0, "round": 1, "time_per_iteration": 0.1}, "'round' 1 is in the past"),
+]
+
+
+@pytest.mark.parametrize("body, message", BAD_REPORTS)
+def test_bad_reports_get_400_and_change_nothing(client, job, body, message):
+    report(client, 0, 2, 0.02)
+    before = stored(client)
+    response = post(client, "/jobs/job1/budget/", body)
+    assert response.status_code == 400, response.content
+    assert message in response.json()["error"]
+    assert stored(client) == before
+
+
+BAD_INITS = [
+    ({}, "'workers' is missing"),
+    ({"workers": 0}, "'workers' must be an integer"),
+    ({"workers": "4"}, "'workers' must be an integer"),
+    ({"workers": 4, "max_local_steps": 0}, "'max_local_steps' must be an integer"),
+    ({"workers": 2}, "already exists with 4 workers"),
+    ({"workers": 4, "max_local_steps": 9}, "already exists"),
+    ("{", "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("body, message", BAD_INITS)
+def test_bad_inits_get_400_and_change_nothing(client, job, body, message):
+    response = post(client, "/jobs/job1/", body)
+    assert response.status_code == 400, response.content
+    assert message in response.json()["error"]
+    assert state(client) == job
+
+
+def test_bad_job_ids_unknown_jobs_methods_and_urls(client, job):
+    response = post(client, "/jobs/bad%20name/", {"workers": 2})
+    assert response.status_code == 400 and "job id" in response.json()["error"]
+    response = report(client, 0, 1, 0.1, job="nosuch")
+    assert response.status_code == 404 and "no job 'nosuch'" in response.json()["error"]
+    assert client.get("/jobs/nosuch/").status_code == 404
+    response = client.get("/jobs/job1/budget/")
+    assert response.status_code == 405 and response["Allow"] == "POST"
+    assert client.delete("/jobs/job1/").status_code == 405
+    assert client.post("/status/").status_code == 405
+    response = client.get("/no/such/page")
+    assert response.status_code == 404 and "no such endpoint" in response.json()["error"]
+    assert [j["job"] for j in client.get("/").json()["jobs"]] == ["job1"]
