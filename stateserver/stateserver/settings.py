@@ -39,12 +39,13 @@ def _database() -> dict:
     return {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.environ.get("ESYNC_STATE_DB") or str(BASE_DIR / "db.sqlite3"),
+        "CONN_MAX_AGE": 600,  # a worker's kept-alive connection keeps its database session
         "OPTIONS": {
             # take the write lock when a transaction starts, so that concurrent reports
             # from several server processes queue up instead of failing with "locked"
             "transaction_mode": "IMMEDIATE",
             "timeout": 30,
-            "init_command": "PRAGMA journal_mode=WAL;",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         },
     }
 
@@ -66,7 +67,11 @@ ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ESYNC_ALLOWED_HOSTS", "*").s
                  if h.strip()]
 
 INSTALLED_APPS = ["budgets"]
-MIDDLEWARE = ["django.middleware.security.SecurityMiddleware"]
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    # sets Content-Length, without which runserver closes each connection after one answer
+    "django.middleware.common.CommonMiddleware",
+]
 ROOT_URLCONF = "stateserver.urls"
 WSGI_APPLICATION = "stateserver.wsgi.application"
 APPEND_SLASH = False  # a POST redirected to the slashed URL would lose its body

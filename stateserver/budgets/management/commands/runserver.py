@@ -1,14 +1,29 @@
 """`runserver` that first applies the migrations, so that the original's command
-(`python manage.py runserver 0.0.0.0:10010`) works on a fresh clone with no other step.
-Production servers (gunicorn) need `python manage.py migrate` once beforehand."""
+(`python manage.py runserver 0.0.0.0:10010`) works on a fresh clone with no other step,
+and that answers kept-alive connections without Nagle's delay. Production servers
+(gunicorn, which sets TCP_NODELAY itself) need `python manage.py migrate` once."""
 import os
+import socket
 
 from django.core.management import call_command
 from django.core.management.commands.runserver import Command as RunServer
+from django.core.servers.basehttp import WSGIServer
+
+
+class NoDelayWSGIServer(WSGIServer):
+    """Django's development server, with TCP_NODELAY on each connection: it writes an
+    answer's headers and body separately, and on a kept-alive connection Nagle's
+    algorithm would hold the body back until the client's delayed ACK (40 ms)."""
+
+    def get_request(self):
+        conn, address = super().get_request()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn, address
 
 
 class Command(RunServer):
     help = "Apply pending migrations, then start the development server."
+    server_cls = NoDelayWSGIServer
 
     def handle(self, *args, **options):
         if os.environ.get("RUN_MAIN") != "true":  # not again in the autoreloader's child
