@@ -111,6 +111,9 @@ class Options:
                                 "address of the ESync state server")
     state_server_port: int = _opt(["-port", "--state-server-port"], config.STATE_SERVER_PORT,
                                   "port of the ESync state server", type=_port)
+    max_local_steps: int = _opt(["--max-local-steps"], config.MAX_LOCAL_STEPS,
+                                "esync: the most local iterations a device runs in a round",
+                                type=_positive_int)
     dataset: str = _opt(["--dataset"], config.DATASET, "data set", choices=DATASETS)
     epochs: Optional[float] = _opt(["--epochs"], config.EPOCHS,
                                    "stop after this many passes over the partition",
@@ -135,8 +138,8 @@ class Options:
     device_name: str = _opt(["--device-name"], "",
                             "label of the log folder; empty: cpu or gpu<N>")
     slowdown: float = _opt(["--slowdown"], config.SLOWDOWN,
-                           "act as a device F times slower: wait (F-1)*t after each "
-                           "local iteration of t seconds", type=_slowdown)
+                           "act as a device F times slower: after each local iteration "
+                           "wait F-1 times the recent iterations' median time", type=_slowdown)
     num_threads: int = _opt(["--num-threads"], config.NUM_THREADS,
                             "torch intra-op threads (0: torch's default)",
                             type=_non_negative_int)

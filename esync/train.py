@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import math
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Deque, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -73,8 +75,32 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class Slowdown:
+    """Makes this process act as a device `factor` times slower: after a local iteration
+    of t seconds it waits (factor - 1) * m, where m is the median of its last WINDOW
+    iterations' t (this one included). Using m rather than t keeps the device's speed
+    steady: on a machine shared by several simulated devices, t swings with the others'
+    load, and waiting (factor - 1) * t would multiply each swing by `factor`, a noise no
+    real slower device has; the median also ignores the slow first iteration."""
+
+    WINDOW = 15
+
+    def __init__(self, factor: float):
+        self.factor = factor
+        self.recent: Deque[float] = deque(maxlen=self.WINDOW)
+
+    def wait(self, seconds: float) -> Optional[float]:
+        """Wait after an iteration of `seconds`; returns the wait (None with factor 1)."""
+        if self.factor <= 1.0:
+            return None
+        self.recent.append(seconds)
+        waited = (self.factor - 1.0) * statistics.median(self.recent)
+        time.sleep(waited)
+        return waited
+
+
 def _local_iteration(model: nn.Module, algorithm: Algorithm, batches: BatchStream,
-                     device: torch.device, slowdown: float) -> Tuple[Dict[str, float], float, int]:
+                     device: torch.device, slowdown: Slowdown) -> Tuple[Dict[str, float], float, int]:
     """One batch, forward and backward, the algorithm's update, and the simulated wait.
 
     Returns the timed phases, the batch's loss and its number of samples.
@@ -91,9 +117,9 @@ def _local_iteration(model: nn.Module, algorithm: Algorithm, batches: BatchStrea
     _sync(device)
     t3 = time.perf_counter()
     phases = {"get_batch": t1 - t0, "forward and backward": t2 - t1, "local update": t3 - t2}
-    if slowdown > 1.0:
-        phases["slowdown"] = (slowdown - 1.0) * (t3 - t0)
-        time.sleep(phases["slowdown"])
+    waited = slowdown.wait(t3 - t0)
+    if waited is not None:
+        phases["slowdown"] = waited
     return phases, loss.item(), len(labels)
 
 
@@ -105,10 +131,12 @@ def train(model: nn.Module, algorithm: Algorithm, batches: BatchStream, dataset:
     A round: the algorithm names its number of local iterations; each local iteration
     fetches a batch, runs forward and backward, and lets the algorithm update; then the
     algorithm ends the round (aggregation), the process may evaluate, and the round's
-    record is written. With `slowdown` F > 1, each local iteration that took t seconds
-    is followed by a wait of (F-1)*t, logged as the phase `slowdown`.
+    record is written. With `slowdown` F > 1, each local iteration is followed by a
+    wait of (F-1) times the median of the recent iterations' times (Slowdown), logged
+    as the phase `slowdown`.
     """
     model.train()
+    slower = Slowdown(slowdown)
     algorithm.setup(model, device)
     recorder.restart_clock()
     start = time.perf_counter()
@@ -123,12 +151,12 @@ def train(model: nn.Module, algorithm: Algorithm, batches: BatchStream, dataset:
             loss_sum, samples, sent0, received0 = 0.0, 0, *algorithm.traffic()
             for i in range(budget):
                 phases, loss, count = _local_iteration(model, algorithm, batches, device,
-                                                       slowdown)
+                                                       slower)
                 times[i] = {**first_phases, **phases} if i == 0 else phases
                 loss_sum += loss
                 samples += count
                 iterations += 1
-                if stop.epochs_reached(batches.epochs_done):
+                if algorithm.decides_stop and stop.epochs_reached(batches.epochs_done):
                     break
             times[len(times) - 1].update(algorithm.end_round(round_, model))
             accuracy_now = None
@@ -138,7 +166,7 @@ def train(model: nn.Module, algorithm: Algorithm, batches: BatchStream, dataset:
             mean_loss = loss_sum / max(1, len(times))
             recorder.write_round(round_, times, samples, mean_loss, sent - sent0,
                                  received - received0, accuracy_now,
-                                 epoch=round(batches.epochs_done, 6))
+                                 epoch=round(batches.epochs_done, 6), **algorithm.round_record())
             elapsed = time.perf_counter() - start
             if accuracy_now is not None:
                 log(f"[{algorithm.name}] round {round_} iteration {iterations} "
