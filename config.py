@@ -45,3 +45,4 @@ SLOWDOWN = 1.0                 # --slowdown: behave as a device this many times 
 # --- ESync state server --------------------------------------------------------------
 STATE_SERVER_IP = "127.0.0.1"  # -ip
 STATE_SERVER_PORT = 10010      # -port
+MAX_LOCAL_STEPS = 16           # --max-local-steps: the most local iterations of a round

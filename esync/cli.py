@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from typing import Optional, Sequence
 
@@ -55,8 +54,7 @@ def _node_options(argv: Optional[Sequence[str]], prog: str, role: str):
             raise UserError("-m/--mode local trains alone: unset DMLC_ROLE, or pick a "
                             "distributed mode (sync, async, esync)")
         if opts.mode == "esync":
-            raise UserError("-m/--mode esync needs the ESync state server, which is not part "
-                            "of this version yet; use sync or async")
+            _patience()  # a bad value fails before joining
     return opts
 
 
@@ -97,16 +95,47 @@ def _run_node(opts, env) -> int:
         node.close()
 
 
-def _run_cluster_worker(opts, node) -> int:
+def _patience() -> float:
+    """How long a worker retries an unreachable state server (ESYNC_STATE_SERVER_PATIENCE)."""
+    from esync.stateclient import PATIENCE_S
+
+    raw = os.environ.get("ESYNC_STATE_SERVER_PATIENCE", str(PATIENCE_S))
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise UserError(f"ESYNC_STATE_SERVER_PATIENCE must be a number of seconds >= 0, "
+                        f"got {raw!r}")
+    return value
+
+
+def _cluster_algorithm(opts, node, assignment, rule_name: str):
+    if rule_name == "esync":
+        from esync.algorithms.esync import ESync
+        from esync.stateclient import StateClient
+
+        state = StateClient(opts.state_server_ip, opts.state_server_port, assignment["job"],
+                            patience=_patience(), check=node.check, log=_log)
+        if assignment["rank"] == 0:
+            _log(f"[esync] job {assignment['job']}; budgets at {state.url}/jobs/"
+                 f"{assignment['job']}/")
+        return ESync(node, assignment, state, opts.local_lr, opts.momentum, opts.weight_decay,
+                     opts.global_lr, opts.max_local_steps, opts.eval_duration)
     from esync.algorithms.pushpull import GradientPushPull
     from esync.rules import RuleConfig
+
+    rule = RuleConfig(rule_name, assignment["num_workers"], opts.learning_rate, opts.momentum,
+                      opts.weight_decay, opts.dcasgd_lamda if rule_name == "dcasgd" else 0.0)
+    return GradientPushPull(rule, node, assignment, opts.eval_duration)
+
+
+def _run_cluster_worker(opts, node) -> int:
     from esync.worker import run_worker
 
     rule_name = "dcasgd" if opts.mode == "async" and opts.use_dcasgd else opts.mode
     assignment = node.register(mode=rule_name, network=opts.network)
-    rule = RuleConfig(rule_name, assignment["num_workers"], opts.learning_rate, opts.momentum,
-                      opts.weight_decay, opts.dcasgd_lamda if rule_name == "dcasgd" else 0.0)
-    algorithm = GradientPushPull(rule, node, assignment, opts.eval_duration)
+    algorithm = _cluster_algorithm(opts, node, assignment, rule_name)
     result = run_worker(opts, algorithm, assignment["rank"], assignment["num_workers"])
     node.finish()
     return 1 if result.diverged else 0
@@ -114,9 +143,13 @@ def _run_cluster_worker(opts, node) -> int:
 
 def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
     prog = prog or os.path.basename(sys.argv[0]) or "esync"
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `esync | head` ends quietly
+    # SIGPIPE stays ignored (Python's default): a peer that hangs up (the state server
+    # restarting) must be an error to handle, not a signal that kills the process
     try:
         return _run(argv, prog)
+    except BrokenPipeError:  # `esync | head`: the reader left; end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except UserError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2

@@ -10,6 +10,9 @@ answer chunk i while chunk i+1 is still on the wire.
 - `async` (ASGD): each gradient chunk takes an SGD step as it comes, and is complete at
   once; buffers move 1/N of the way towards each worker's (tracking the workers' mean
   without waiting for anyone).
+- `esync` (ESync, Li et al.): as `sync`, but workers push their model delta of the
+  round (after their budget of local SGD steps), and the weights move by the mean delta
+  scaled by the global learning rate `lr` (`-gl`): w <- w + lr * mean(delta).
 - `dcasgd` (DC-ASGD, Zheng et al. 2017): as async, with the gradient compensated for
   delay: g + lamda * g * g * (w - w_backup[worker]), w_backup[worker] being the weights
   that worker last received.
@@ -156,7 +159,7 @@ class SyncRule(Rule):
         section, offset = key
         total = self._sum(list(held.values()), self.sums[section][offset:offset + len(values)])
         if section == WEIGHTS:
-            self.sgd.apply(offset, total)
+            self._update_weights(offset, total)
         else:
             torch.mul(total, 1.0 / self.config.num_workers,
                       out=_t(self.buffers[offset:offset + len(values)]))
@@ -164,6 +167,10 @@ class SyncRule(Rule):
         if self.completed == len(self.weights) + len(self.buffers):
             self.round, self.completed = self.round + 1, 0
         return True
+
+    def _update_weights(self, offset: int, total: torch.Tensor) -> None:
+        """`total` is the sum of the N workers' pushed gradients for this chunk."""
+        self.sgd.apply(offset, total)
 
     @staticmethod
     def _sum(parts, out: np.ndarray) -> torch.Tensor:
@@ -173,6 +180,13 @@ class SyncRule(Rule):
         for part in parts[2:]:
             total.add_(_t(part))
         return total
+
+
+class ESyncRule(SyncRule):
+    def _update_weights(self, offset, total):
+        """`total` is the sum of the N workers' deltas: w += lr * total / N."""
+        w = self.sgd.w[offset:offset + len(total)]
+        w.add_(total, alpha=self.config.lr / self.config.num_workers)
 
 
 class AsyncRule(Rule):
@@ -205,7 +219,7 @@ class DCASGDRule(AsyncRule):
             self.backup[worker][offset:offset + length].copy_(self.sgd.w[offset:offset + length])
 
 
-RULES = {"sync": SyncRule, "async": AsyncRule, "dcasgd": DCASGDRule}
+RULES = {"sync": SyncRule, "esync": ESyncRule, "async": AsyncRule, "dcasgd": DCASGDRule}
 
 
 def make_rule(weights: np.ndarray, buffers: np.ndarray, config: RuleConfig) -> Rule:

@@ -111,3 +111,15 @@ def test_async_buffers_move_towards_each_worker():
 def test_rule_config_from_a_bad_header(header, problem):
     with pytest.raises(ValueError, match=problem):
         RuleConfig.from_header(header)
+
+
+@pytest.mark.parametrize("global_lr", [1.0, 0.5])
+def test_esync_moves_the_weights_by_the_scaled_mean_delta(global_lr):
+    rule, w, b = _rule("esync", [1.0, 2.0], workers=3, buffers=(0.0,), lr=global_lr)
+    deltas = [_f32(0.3, -0.6), _f32(0.0, 0.3), _f32(-0.9, 0.0)]  # mean (-0.2, -0.1)
+    assert [rule.add(k, (WEIGHTS, 0), d) for k, d in enumerate(deltas)] == [False, False, True]
+    np.testing.assert_allclose(w, [1.0 - 0.2 * global_lr, 2.0 - 0.1 * global_lr], rtol=1e-6)
+    for k, value in enumerate((1.0, 2.0, 6.0)):
+        rule.add(k, (BUFFERS, 0), _f32(value))
+    np.testing.assert_allclose(b, [3.0])  # BatchNorm statistics: the workers' mean
+    assert rule.round == 2

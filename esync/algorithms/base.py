@@ -7,7 +7,7 @@ runtime calls the algorithm; the algorithm never drives the runtime.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -39,6 +39,16 @@ class Algorithm:
     def evaluates(self, round_: int) -> bool:
         """Whether this process measures test accuracy after round `round_`."""
         return False
+
+    def round_record(self) -> Dict[str, Any]:
+        """Extra fields for the log record of the round just ended (ESync: its budget)."""
+        return {}
+
+    @property
+    def decides_stop(self) -> bool:
+        """Whether this process's own stop criteria count (with SSGD and ESync only
+        worker 0's do): if not, an epoch limit does not cut its rounds short either."""
+        return True
 
     def agree_stop(self, reason: Optional[str]) -> Optional[str]:
         """Given this process's own stop decision after a round (None: go on), the

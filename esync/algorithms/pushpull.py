@@ -27,7 +27,7 @@ class GradientPushPull(Algorithm):
         self.rank = assignment["rank"]
         self.servers = assignment["servers"]
         self.eval_duration = eval_duration
-        self.collective = rule.name == "sync"  # every worker waits for every other
+        self.collective = rule.name in ("sync", "esync")  # every worker waits for all
         self.flat: Optional[FlatModel] = None
         self.kv: Optional[KVStore] = None
         self._announced: Optional[str] = None
@@ -59,6 +59,10 @@ class GradientPushPull(Algorithm):
     def evaluates(self, round_: int) -> bool:
         return self.rank == 0 and round_ % self.eval_duration == 0
 
+    @property
+    def decides_stop(self) -> bool:
+        return self.rank == 0 or not self.collective
+
     def agree_stop(self, reason: Optional[str]) -> Optional[str]:
         if self.kv.stop_reason is not None:
             return self.kv.stop_reason if self.rank == 0 else \
@@ -69,8 +73,8 @@ class GradientPushPull(Algorithm):
             # tell everyone through the servers with the next push, then stop with them
             self._announced = self._announced or reason
             return None
-        # SSGD: worker 0 decides for all (a worker leaving alone would stall the round)
-        return None if self.collective else reason
+        # SSGD, ESync: worker 0 decides for all (one leaving alone would stall the round)
+        return reason if self.decides_stop else None
 
     def traffic(self) -> Tuple[int, int]:
         return (self.kv.bytes_sent, self.kv.bytes_received) if self.kv else (0, 0)

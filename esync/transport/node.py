@@ -99,7 +99,8 @@ class Node:
 
     def register(self, **info) -> Dict[str, Any]:
         """Join the job; returns the assignment once every node has joined:
-        {"rank", "num_workers", "num_servers", "servers": [address of server 0, ...]}."""
+        {"rank", "num_workers", "num_servers", "servers": [address of server 0, ...],
+        "job": the job id the scheduler drew}."""
         reply = self._request({"type": "register", "role": self.role, "pid": os.getpid(),
                                "hostname": socket.gethostname(), **info})
         self.rank = reply.header["rank"]

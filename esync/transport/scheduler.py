@@ -2,6 +2,7 @@
 and the end of the job (ps-lite's scheduler node)."""
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
@@ -41,6 +42,9 @@ class Scheduler:
     barriers: Dict[str, List[str]] = field(default_factory=dict)
     assigned: bool = False
     closing_since: Optional[float] = None  # when every worker had finished
+    #: names the job where several share a service (the ESync state server)
+    job: str = field(default_factory=lambda: time.strftime("job-%Y%m%d-%H%M%S-")
+                     + secrets.token_hex(3))
 
     def run(self) -> int:
         """Serve the job until it ends: 0 when every worker finished, 1 when aborted."""
@@ -171,10 +175,11 @@ class Scheduler:
         for uid in self.barriers.pop("register"):
             m = self.members[uid]
             self._send(f"{uid}/ctl".encode(), {
-                "type": "assign", "rank": m.rank, "servers": servers,
+                "type": "assign", "rank": m.rank, "servers": servers, "job": self.job,
                 "num_servers": self.env.num_servers, "num_workers": self.env.num_workers})
         self.assigned = True
-        self.log(f"[scheduler] all {len(self.members)} nodes registered; ranks assigned")
+        self.log(f"[scheduler] all {len(self.members)} nodes registered; ranks assigned; "
+                 f"job id {self.job}")
 
     def _barrier(self, identity: bytes, uid: str, group: str) -> None:
         role = {"workers": "worker", "servers": "server"}.get(group)

@@ -1,0 +1,86 @@
+"""ESync (Li et al.) on the worker: a budget of local SGD steps per round, then the
+model delta is averaged synchronously.
+
+For round t the worker reports its measured time per local iteration to the state
+server and gets its budget K: the slowest device runs 1 local iteration, a device k
+times faster about k, so that all reach the aggregation together. (Round t's request is
+sent at the end of round t-1, as soon as the time is measured, and runs while the delta
+is being averaged: the HTTP round trip costs the round nothing. Round 1's is sent at
+its start, with nothing measured: every device gets 1.) It runs K
+local SGD steps (`-ll`), pushes its delta (its weights minus those it started the
+round with) and its BatchNorm statistics; the servers' `esync` rule waits for all N
+workers, sets w <- w + gl * mean(delta) (`-gl`) and averages the statistics; the worker
+receives the new weights and starts round t+1 from them.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import nn
+
+from esync.algorithms.base import Phases
+from esync.algorithms.pushpull import GradientPushPull
+from esync.rules import RuleConfig
+from esync.stateclient import PendingBudget, StateClient
+from esync.transport.node import Node
+
+
+class ESync(GradientPushPull):
+    def __init__(self, node: Node, assignment: Dict[str, Any], state: StateClient,
+                 local_lr: float, momentum: float, weight_decay: float, global_lr: float,
+                 max_local_steps: int, eval_duration: int):
+        rule = RuleConfig("esync", assignment["num_workers"], lr=global_lr)
+        super().__init__(rule, node, assignment, eval_duration)
+        self.state = state
+        self.local = (local_lr, momentum, weight_decay)
+        self.max_local_steps = max_local_steps
+        self.optimizer: Optional[torch.optim.Optimizer] = None
+        self.round_start_weights: Optional[torch.Tensor] = None
+        self.time_per_iteration: Optional[float] = None  # measured in the last round
+        self.budget, self.request_seconds = 1, 0.0
+        self._next: Optional[PendingBudget] = None  # the next round's budget, on its way
+        self._steps, self._computing_since = 0, 0.0
+
+    def setup(self, model: nn.Module, device: torch.device) -> None:
+        if self.rank == 0:  # before the barrier: the job is known when others first ask
+            self.state.init_job(self.rule.num_workers, self.max_local_steps)
+        super().setup(model, device)
+        lr, momentum, weight_decay = self.local
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
+                                         weight_decay=weight_decay)
+        self.round_start_weights = torch.empty_like(self.flat.params)
+
+    def begin_round(self, round_: int) -> Tuple[int, Phases]:
+        start = time.perf_counter()
+        pending = self._next or self.state.budget_later(self.rank, round_, None)
+        self.budget, self._next = pending.result(), None
+        self.request_seconds = pending.seconds
+        self.round_start_weights.copy_(self.flat.params)
+        self._steps, self._computing_since = 0, time.perf_counter()
+        # the time this round waited for its budget (usually none: it came meanwhile)
+        return self.budget, {"state server": self._computing_since - start}
+
+    def local_update(self, model: nn.Module) -> None:
+        self.optimizer.step()
+        self._steps += 1
+
+    def end_round(self, round_: int, model: nn.Module) -> Phases:
+        start = time.perf_counter()
+        self.time_per_iteration = (start - self._computing_since) / max(1, self._steps)
+        self._next = self.state.budget_later(self.rank, round_ + 1, self.time_per_iteration)
+        delta = self.flat.grads  # reused as the delta's buffer: no gradient is pushed
+        torch.sub(self.flat.params, self.round_start_weights, out=delta)
+        self.kv.push_pull(round_, self.flat.to_host("grads"), self.flat.to_host("buffers"),
+                          self.flat.host("params"), self.flat.host("buffers"),
+                          stop=self._announced)
+        self.flat.load_host_state()
+        return {"global update": time.perf_counter() - start}
+
+    def round_record(self) -> Dict[str, Any]:
+        return {"budget": self.budget, "state_server_request": round(self.request_seconds, 6)}
+
+    def finish(self) -> None:
+        super().finish()
+        self.state.close()

@@ -1,0 +1,125 @@
+"""The worker's client of the ESync state server (stateserver/, Django, JSON over HTTP).
+
+One kept-alive HTTP connection per worker. A state server that cannot be reached, or
+answers 5xx, is retried for `patience` seconds (it may be restarting: its state is in
+its database); an answer 4xx means this job's state is not what the worker expects,
+and raises StateServerError with the server's message.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from typing import Any, Callable, Dict, Optional
+
+PATIENCE_S = 60.0
+RETRY_S = 0.5
+
+
+class StateServerError(RuntimeError):
+    pass
+
+
+class StateClient:
+    def __init__(self, host: str, port: int, job: str, patience: float = PATIENCE_S,
+                 check: Callable[[], None] = lambda: None,
+                 log: Callable[[str], None] = print):
+        self.host, self.port, self.job = host, port, job
+        self.patience, self.check, self.log = patience, check, log
+        self._conn: Optional[http.client.HTTPConnection] = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _call(self, method: str, path: str, body: Optional[Dict[str, Any]] = None) -> Dict:
+        payload = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        deadline, warned = time.monotonic() + self.patience, False
+        while True:
+            try:
+                if self._conn is None:
+                    self._conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
+                self._conn.request(method, path, body=payload, headers=headers)
+                response = self._conn.getresponse()
+                raw = response.read()
+                if response.status < 500:
+                    break
+                problem = f"HTTP {response.status}"
+            except (OSError, http.client.HTTPException) as e:
+                problem = str(e) or type(e).__name__
+            self.close()  # a fresh connection for the next try
+            if time.monotonic() > deadline:
+                raise StateServerError(f"state server {self.url} unreachable for "
+                                       f"{self.patience:g} s ({problem}); is it running? "
+                                       f"(-ip/--state-server-ip, -port/--state-server-port)")
+            if not warned:
+                self.log(f"[esync] state server {self.url}: {problem}; retrying for up to "
+                         f"{self.patience:g} s")
+                warned = True
+            self.check()  # give up at once if the job was aborted meanwhile
+            time.sleep(RETRY_S)
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise StateServerError(f"state server {self.url} answered {method} {path} with "
+                                   f"HTTP {response.status} and no JSON object; is it the "
+                                   f"ESync state server?")
+        if response.status >= 400:
+            raise StateServerError(f"state server {self.url} refused {method} {path}: "
+                                   f"{answer.get('error', response.status)}")
+        return answer
+
+    def init_job(self, workers: int, max_local_steps: int) -> Dict:
+        """Worker 0, once: make the job known with its number of workers."""
+        return self._call("POST", f"/jobs/{self.job}/",
+                          {"workers": workers, "max_local_steps": max_local_steps})
+
+    def budget(self, rank: int, round_: int, time_per_iteration: Optional[float]) -> int:
+        """Report the measured time per local iteration; this round's local iterations."""
+        answer = self._call("POST", f"/jobs/{self.job}/budget/",
+                            {"rank": rank, "round": round_,
+                             "time_per_iteration": time_per_iteration})
+        value = answer.get("budget")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise StateServerError(f"state server {self.url} gave budget {value!r}")
+        return value
+
+    def budget_later(self, rank: int, round_: int,
+                     time_per_iteration: Optional[float]) -> "PendingBudget":
+        """`budget` in a background thread, so that the request overlaps other work."""
+        return PendingBudget(self, rank, round_, time_per_iteration)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class PendingBudget:
+    """A budget request running in a daemon thread (it never holds up the process's exit)."""
+
+    def __init__(self, client: StateClient, *args):
+        self.value: Optional[int] = None
+        self.error: Optional[BaseException] = None
+        self.seconds = 0.0  # the request's own duration, retries included
+        self._thread = threading.Thread(target=self._run, args=(client, *args), daemon=True,
+                                        name="esync-budget")
+        self._thread.start()
+
+    def _run(self, client: StateClient, *args) -> None:
+        start = time.perf_counter()
+        try:
+            self.value = client.budget(*args)
+        except BaseException as e:  # handed to whoever waits for the result
+            self.error = e
+        self.seconds = time.perf_counter() - start
+
+    def result(self) -> int:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.value

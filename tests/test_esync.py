@@ -1,0 +1,179 @@
+"""ESync end to end (issue 4): scheduler, server, the real Django state server and four
+heterogeneous workers as separate processes; the state server's restart mid-job; two
+state server processes sharing one database."""
+import re
+import signal
+import statistics
+import threading
+import time
+
+import pytest
+
+from tests.cluster import Cluster
+from tests.stateserver import StateServer
+
+SLOWDOWNS = [1, 1, 4, 4]
+
+
+def start_workers(job, state, args, slowdowns):
+    job.start("scheduler", "scheduler")
+    job.start("server0", "server")
+    for w, slowdown in enumerate(slowdowns):
+        job.start(f"worker{w}", "worker",
+                  ["-m", "esync", "--slowdown", str(slowdown), "-port", str(state.port),
+                   "--device-name", f"w{w}", "-ld", job.log_dir, "--num-threads", "1", *args])
+
+
+def ranks(job, count):
+    """Worker process index -> rank it was given."""
+    return {w: int(re.search(r"rank (\d+) of", job.output(f"worker{w}")).group(1))
+            for w in range(count)}
+
+
+def job_id(job):
+    return re.search(r"job id (\S+)", job.output("scheduler")).group(1)
+
+
+def assert_all_exit_0(job, codes):
+    assert codes == {name: 0 for name in job.procs}, \
+        {n: job.output(n)[-800:] for n, c in codes.items() if c != 0}
+
+
+STOP = {"iid": ["--max-rounds", "40", "-e", "10"],
+        # split by class, local steps drift apart: it takes more rounds
+        "non-iid": ["-s", "1", "--target-accuracy", "0.9", "--max-rounds", "200", "-e", "5"]}
+
+
+@pytest.mark.parametrize("partition", sorted(STOP))
+def test_heterogeneous_workers_get_budgets_by_speed_and_reach_90_percent(tmp_path, partition):
+    with StateServer(tmp_path) as state, Cluster(tmp_path, 1, len(SLOWDOWNS)) as job:
+        start_workers(job, state, STOP[partition], SLOWDOWNS)
+        codes = job.wait(240)
+        assert_all_exit_0(job, codes)
+        rank_of = ranks(job, len(SLOWDOWNS))
+        evaluator = next(w for w, r in rank_of.items() if r == 0)
+        rounds = {w: job.rounds(w) for w in range(len(SLOWDOWNS))}
+        accuracy = [r["accuracy"] for r in rounds[evaluator] if "accuracy" in r]
+        assert accuracy[-1] >= 0.90, accuracy
+        assert ("finished 40 rounds" if partition == "iid" else "reached target accuracy 0.9") \
+            in job.output(f"worker{evaluator}")
+        assert "rule esync" in job.output("server0")
+        count = len(rounds[evaluator])
+        assert count >= 10
+
+        # budgets from the logs: the x4-slow workers run 1, the fast ones clearly more
+        budgets = {w: [r["budget"] for r in rounds[w][5:]] for w in rounds}
+        fast = [statistics.median(budgets[w]) for w, s in enumerate(SLOWDOWNS) if s == 1]
+        slow = [statistics.median(budgets[w]) for w, s in enumerate(SLOWDOWNS) if s == 4]
+        assert slow == [1, 1] and min(fast) >= 2.5, budgets
+        # worker 0 announces its stop with the next round's push: all leave together
+        for w in rounds:
+            assert [r["num_iters"] for r in rounds[w]] == list(range(1, count + 1))
+            assert rounds[w][0]["budget"] == 1  # round 1: nothing measured yet
+            for record in rounds[w]:
+                iterations = record["time"]
+                assert len(iterations) == record["budget"]
+                assert "state server" in iterations["0"]
+                assert "global update" in iterations[str(record["budget"] - 1)]
+                assert record["state_server_request"] > 0
+            # the fast ones train on more samples per round
+            assert rounds[w][-1]["num_samples"] == 64 * rounds[w][-1]["budget"]
+
+        # the same budgets, from the state server's status endpoint
+        status = state.get(f"/jobs/{job_id(job)}/")
+        assert status["workers"] == 4 and status["round"] >= count
+        for w, slowdown in enumerate(SLOWDOWNS):
+            device = status["devices"][rank_of[w]]
+            assert device["reports"] >= count and device["reported_at"]
+            if slowdown == 1:
+                assert device["budget"] >= 2, status
+            else:
+                assert device["budget"] == 1, status
+        fast_time = status["devices"][rank_of[0]]["smoothed_time_per_iteration"]
+        slow_time = status["devices"][rank_of[2]]["smoothed_time_per_iteration"]
+        assert slow_time > 2.5 * fast_time
+
+
+def test_the_state_server_restarts_mid_job_with_its_state(tmp_path):
+    state = StateServer(tmp_path).start()
+    try:
+        with Cluster(tmp_path, 1, 2) as job:
+            start_workers(job, state, ["--max-rounds", "300", "-e", "100"], [1, 2])
+            deadline = time.monotonic() + 120
+            while True:  # wait until the job is well under way
+                assert time.monotonic() < deadline, job.output("worker0")
+                jobs = state.get("/status/")["jobs"]
+                if jobs and jobs[0]["round"] >= 20:
+                    break
+                time.sleep(0.2)
+            before = jobs[0]
+            state.stop(signal.SIGKILL)  # as hard as a crash
+            time.sleep(2)  # the workers find it gone and retry
+            state.start()
+            codes = job.wait()
+            assert_all_exit_0(job, codes)
+            retried = job.output("worker0") + job.output("worker1")
+            assert "state server http://127.0.0.1" in retried and "retrying" in retried
+            after = state.get(f"/jobs/{before['job']}/")
+            # the same job, carried on from where it was
+            assert after["created_at"] == before["created_at"]
+            assert after["round"] >= 300 > before["round"]
+            for old, new in zip(before["devices"], after["devices"]):
+                assert new["reports"] >= 300 and new["reports"] > old["reports"]
+            for w in range(2):
+                assert [r["num_iters"] for r in job.rounds(w)] == list(range(1, 302))
+    finally:
+        state.stop(signal.SIGKILL)
+
+
+def test_two_state_server_processes_share_one_state(tmp_path):
+    """As under a WSGI server with several processes: reports through either one land in
+    one database, in transactions, with none lost under concurrent load."""
+    db = str(tmp_path / "shared.sqlite3")
+    with StateServer(tmp_path, db=db, name="a") as a, StateServer(tmp_path, db=db, name="b") as b:
+        assert a.request("POST", "/jobs/shared/", {"workers": 4})[0] == 201
+        assert b.request("POST", "/jobs/shared/", {"workers": 4})[0] == 200  # already there
+        errors = []
+
+        def worker(rank, server):
+            for round_ in range(1, 26):
+                status, answer = server.request("POST", "/jobs/shared/budget/", {
+                    "rank": rank, "round": round_, "time_per_iteration": 0.01 * (rank + 1)})
+                if status != 200:
+                    errors.append(answer)
+
+        threads = [threading.Thread(target=worker, args=(rank, (a, b)[rank % 2]))
+                   for rank in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        for server in (a, b):
+            devices = server.get("/status/")["jobs"][0]["devices"]
+            assert [d["reports"] for d in devices] == [25] * 4
+            assert [d["round"] for d in devices] == [25] * 4
+            assert [d["budget"] for d in devices] == [4, 2, 1, 1]  # round(0.04 / t)
+
+
+def test_an_unreachable_state_server_ends_the_job_with_a_clear_error(tmp_path):
+    from tests.cluster import free_port
+
+    nobody = StateServer(tmp_path, port=free_port())  # never started
+    with Cluster(tmp_path, 1, 2, env={"ESYNC_STATE_SERVER_PATIENCE": "1"}) as job:
+        start_workers(job, nobody, ["--max-rounds", "5"], [1, 1])
+        codes = job.wait(120)
+        assert all(code not in (0, None) for code in codes.values()), codes
+        outputs = job.output("worker0") + job.output("worker1")
+        assert f"state server http://127.0.0.1:{nobody.port} unreachable for 1 s" in outputs
+        assert "-ip/--state-server-ip" in outputs
+        assert "aborting the job" in job.output("scheduler")
+
+
+def test_a_bad_patience_value_is_refused_before_joining(tmp_path):
+    with Cluster(tmp_path, 1, 1, env={"ESYNC_STATE_SERVER_PATIENCE": "soon"}) as job:
+        job.start("scheduler", "scheduler")
+        job.start("worker0", "worker", ["-m", "esync"])
+        codes = job.wait(60)
+        assert codes["worker0"] == 2 and codes["scheduler"] == 1
+        assert "ESYNC_STATE_SERVER_PATIENCE must be a number" in job.output("worker0")
