@@ -7,9 +7,10 @@ iteration logs it prints each device's computing-time share: the seconds spent i
 local iterations (get_batch, forward and backward, local update, and the simulated
 slowdown) over the wall-clock time of training. The rest is waiting: at the aggregation
 (`global aggregate` / `global update`, which includes waiting for slower devices), for
-the state server, and for worker 0's evaluations. It also prints the budgets ESync gave.
+the state server, and for worker 0's evaluations. It also prints each device's time per
+local iteration under ESync (slowdown included) and the budgets ESync gave.
 
-    python bench/esync_shares.py [--time-limit 30] [--slowdowns 1,1,4,4] [--keep DIR]
+    python bench/esync_shares.py [--time-limit 60] [--slowdowns 1,1,4,4] [--keep DIR]
 """
 from __future__ import annotations
 
@@ -102,16 +103,23 @@ def run_job(mode: str, slowdowns: List[float], args, folder: str) -> Dict[str, L
     return records
 
 
-def computing_share(rounds: List[dict]) -> float:
-    busy = sum(seconds for record in rounds for phases in record["time"].values()
+def computing_seconds(rounds: List[dict]) -> float:
+    return sum(seconds for record in rounds for phases in record["time"].values()
                for phase, seconds in phases.items() if phase in COMPUTING)
-    return busy / rounds[-1]["total_time"]
+
+
+def computing_share(rounds: List[dict]) -> float:
+    return computing_seconds(rounds) / rounds[-1]["total_time"]
+
+
+def time_per_iteration(rounds: List[dict]) -> float:
+    return computing_seconds(rounds) / sum(len(record["time"]) for record in rounds)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--time-limit", type=float, default=30.0,
-                        help="seconds of training per job (default: 30)")
+    parser.add_argument("--time-limit", type=float, default=60.0,
+                        help="seconds of training per job (default: 60)")
     parser.add_argument("--slowdowns", default="1,1,4,4",
                         help="one --slowdown per worker (default: 1,1,4,4)")
     parser.add_argument("--eval-duration", type=int, default=10,
@@ -130,13 +138,15 @@ def main() -> int:
     print(f"{len(slowdowns)} workers, slowdowns {args.slowdowns}, {args.time_limit:g} s each, "
           f"lenet on digits, batch {args.batch_size}")
     budgets_title = "esync budget (median from round 5)"
-    print(f"{'device':<10} {'sync share':>11} {'esync share':>12} {budgets_title:>36}")
+    print(f"{'device':<10} {'sync share':>11} {'esync share':>12} {'ms/iteration':>13} "
+          f"{budgets_title:>36}")
     fast = min(slowdowns)
     summary = {"sync": [], "esync": []}
     for device in results["esync"]:
         shares = {mode: computing_share(results[mode][device]) for mode in results}
         budgets = [r["budget"] for r in results["esync"][device][4:]] or [1]
         print(f"{device:<10} {shares['sync']:>11.2f} {shares['esync']:>12.2f} "
+              f"{1000 * time_per_iteration(results['esync'][device]):>13.1f} "
               f"{statistics.median(budgets):>36g}")
         if device.endswith(f"-x{fast:g}"):
             for mode in summary:
