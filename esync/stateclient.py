@@ -1,8 +1,9 @@
 """The worker's client of the ESync state server (stateserver/, Django, JSON over HTTP).
 
-One kept-alive HTTP connection per worker. A state server that cannot be reached, or
-answers 5xx, is retried for `patience` seconds (it may be restarting: its state is in
-its database); an answer 4xx means this job's state is not what the worker expects,
+One kept-alive HTTP connection per worker. A state server that cannot be reached,
+answers 5xx or answers something that is not a JSON object is retried for `patience`
+seconds (it may be restarting: its state is in its database; every request may be
+repeated safely); an answer 4xx means this job's state is not what the worker expects,
 and raises StateServerError with the server's message.
 """
 from __future__ import annotations
@@ -19,6 +20,14 @@ RETRY_S = 0.5
 
 class StateServerError(RuntimeError):
     pass
+
+
+def _json_object(raw: bytes) -> Optional[Dict]:
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        return None
+    return answer if isinstance(answer, dict) else None
 
 
 class StateClient:
@@ -43,34 +52,29 @@ class StateClient:
                     self._conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
                 self._conn.request(method, path, body=payload, headers=headers)
                 response = self._conn.getresponse()
-                raw = response.read()
-                if response.status < 500:
+                status, raw = response.status, response.read()
+                answer = _json_object(raw)
+                if status < 500 and answer is not None:
                     break
-                problem = f"HTTP {response.status}"
+                # a 5xx, or an answer cut short by a server going down: try again
+                problem = f"HTTP {status} with {raw[:100]!r}"
             except (OSError, http.client.HTTPException) as e:
                 problem = str(e) or type(e).__name__
             self.close()  # a fresh connection for the next try
             if time.monotonic() > deadline:
                 raise StateServerError(f"state server {self.url} unreachable for "
-                                       f"{self.patience:g} s ({problem}); is it running? "
-                                       f"(-ip/--state-server-ip, -port/--state-server-port)")
+                                       f"{self.patience:g} s ({problem}); is it running, and "
+                                       f"is it the ESync state server? (-ip/--state-server-ip, "
+                                       f"-port/--state-server-port)")
             if not warned:
                 self.log(f"[esync] state server {self.url}: {problem}; retrying for up to "
                          f"{self.patience:g} s")
                 warned = True
             self.check()  # give up at once if the job was aborted meanwhile
             time.sleep(RETRY_S)
-        try:
-            answer = json.loads(raw)
-        except ValueError:
-            answer = None
-        if not isinstance(answer, dict):
-            raise StateServerError(f"state server {self.url} answered {method} {path} with "
-                                   f"HTTP {response.status} and no JSON object; is it the "
-                                   f"ESync state server?")
-        if response.status >= 400:
+        if status >= 400:
             raise StateServerError(f"state server {self.url} refused {method} {path}: "
-                                   f"{answer.get('error', response.status)}")
+                                   f"{answer.get('error', status)}")
         return answer
 
     def init_job(self, workers: int, max_local_steps: int) -> Dict:

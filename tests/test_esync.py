@@ -40,8 +40,10 @@ def assert_all_exit_0(job, codes):
 
 
 STOP = {"iid": ["--max-rounds", "40", "-e", "10"],
-        # split by class, local steps drift apart: it takes more rounds
-        "non-iid": ["-s", "1", "--target-accuracy", "0.9", "--max-rounds", "200", "-e", "5"]}
+        # split by class, accuracy swings from round to round by up to 0.2 (BatchNorm
+        # statistics of workers that each see 2-3 classes; SSGD swings as well): the test
+        # asks that it reaches 0.90, evaluating often enough to see it
+        "non-iid": ["-s", "1", "--target-accuracy", "0.9", "--max-rounds", "300", "-e", "2"]}
 
 
 @pytest.mark.parametrize("partition", sorted(STOP))
