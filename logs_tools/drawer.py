@@ -1,0 +1,451 @@
+#!/usr/bin/env python3
+"""Figures and the speedup table from the per-mode summaries of one network.
+
+Reads ``BASE/NETWORK/<mode>/<Name>.json`` (written by ``summary.py``: ``{host: {device:
+record}}``, each record a set of per-round lists) and writes into OUTDIR (default
+``BASE/NETWORK``):
+
+* ``accuracy_iid.png``, ``accuracy_noniid.png``: test accuracy against wall-clock time of
+  ESync, SSGD, ASGD and DC-ASGD (IID / non-IID data), the standalone best as a dashed line;
+* ``throughput.png``: samples/s per algorithm (IID modes and Standalone);
+* ``traffic.png``: network traffic in MB/s per algorithm (IID modes);
+* ``computing_ratio.png``: computing time / wall-clock time per device and algorithm;
+* ``speedup.md`` and ``speedup.json``: time to the target accuracy, speedup over SSGD,
+  final and best accuracy and final accuracy minus the standalone's best.
+
+Usage: ``python logs_tools/drawer.py -b BASE -n NETWORK [-o OUTDIR] [--target 0.8] [--show]``.
+Missing or unreadable summaries are left out with a note on stderr; every output file is
+always written. Does not import ``esync`` (nor ``summary.py``).
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import matplotlib
+
+PROG = "drawer.py"
+
+# (mode folder, file name, algorithm label, non-IID data?)
+MODES = [
+    ("esync", "ESync", "ESync", False),
+    ("sync", "Sync", "SSGD", False),
+    ("async", "Async", "ASGD", False),
+    ("dcasgd", "DCASGD", "DC-ASGD", False),
+    ("esync-niid", "ESync-Non-IID", "ESync", True),
+    ("sync-niid", "Sync-Non-IID", "SSGD", True),
+    ("async-niid", "Async-Non-IID", "ASGD", True),
+    ("dcasgd-niid", "DCASGD-Non-IID", "DC-ASGD", True),
+]
+LOCAL = ("local", "Local", "Standalone", False)
+BASELINE = "SSGD"
+
+# the per-round lists the drawer reads; other keys of a record are ignored
+REQUIRED_LISTS = ("accuracy_list", "num_samples_list", "elapsed_time_list",
+                  "compute_time_list", "bytes_list")
+
+OUTPUTS = ("accuracy_iid.png", "accuracy_noniid.png", "throughput.png", "traffic.png",
+           "computing_ratio.png", "speedup.md", "speedup.json")
+
+_plt = None
+
+
+class InvalidSummary(ValueError):
+    pass
+
+
+def note(msg):
+    print(f"{PROG}: note: {msg}", file=sys.stderr)
+
+
+def pyplot(show=False):
+    """Import pyplot once, with the Agg backend unless windows are wanted."""
+    global _plt
+    if _plt is None:
+        if not show:
+            matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        _plt = plt
+    return _plt
+
+
+# ---------------------------------------------------------------- reading
+
+def _is_num(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def validate(summary):
+    """Raise InvalidSummary unless summary is {host: {device: record}} with usable lists."""
+    if not isinstance(summary, dict) or not summary:
+        raise InvalidSummary("not a non-empty {host: {device: record}} object")
+    for host, devices in summary.items():
+        if not isinstance(devices, dict) or not devices:
+            raise InvalidSummary(f"host {host!r} has no {{device: record}} object")
+        for dev, rec in devices.items():
+            where = f"{host}/{dev}"
+            if not isinstance(rec, dict):
+                raise InvalidSummary(f"record of {where} is not an object")
+            lengths = set()
+            for key in REQUIRED_LISTS:
+                values = rec.get(key)
+                if not isinstance(values, list):
+                    raise InvalidSummary(f"{where}: {key} missing or not a list")
+                lengths.add(len(values))
+                for v in values:
+                    if not (_is_num(v) or (v is None and key != "elapsed_time_list")):
+                        raise InvalidSummary(f"{where}: bad value {v!r} in {key}")
+            if len(lengths) > 1:
+                raise InvalidSummary(f"{where}: lists of different lengths")
+
+
+def load_mode(base, network, mode):
+    """The summary of one mode as a dict, or None (with a note) if absent or invalid."""
+    folder, name, label, niid = mode
+    path = os.path.join(base, network, folder, name + ".json")
+    what = label + (" (non-IID)" if niid else "")
+    if not os.path.isfile(path):
+        note(f"no {path}; {what} left out")
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            summary = json.load(f)
+        validate(summary)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        note(f"cannot use {path} ({e}); {what} left out")
+        return None
+    return summary
+
+
+def load_all(base, network):
+    """{(label, niid): summary} of the present modes, in MODES order, then Standalone."""
+    data = {}
+    for mode in MODES + [LOCAL]:
+        summary = load_mode(base, network, mode)
+        if summary is not None:
+            data[(mode[2], mode[3])] = summary
+    return data
+
+
+# ---------------------------------------------------------------- metrics
+
+def records(summary):
+    """[(host, device, record)] in file order."""
+    return [(h, d, r) for h, devs in summary.items() for d, r in devs.items()]
+
+
+def evaluating_device(summary):
+    """(host, device, record) with the most non-null accuracies (first on a tie), or None."""
+    best, best_n = None, 0
+    for host, dev, rec in records(summary):
+        n = sum(a is not None for a in rec["accuracy_list"])
+        if n > best_n:
+            best, best_n = (host, dev, rec), n
+    return best
+
+
+def accuracy_curve(summary):
+    """([elapsed s], [accuracy]) of the evaluating device's evaluated rounds."""
+    ev = evaluating_device(summary)
+    if ev is None:
+        return [], []
+    rec = ev[2]
+    pts = [(t, a) for t, a in zip(rec["elapsed_time_list"], rec["accuracy_list"])
+           if a is not None]
+    return [t for t, _ in pts], [a for _, a in pts]
+
+
+def best_accuracy(summary):
+    _, accs = accuracy_curve(summary)
+    return max(accs) if accs else None
+
+
+def duration(summary):
+    """The job's wall-clock time: the largest last elapsed time among its devices."""
+    ends = [r["elapsed_time_list"][-1] for _, _, r in records(summary)
+            if r["elapsed_time_list"]]
+    return max(ends) if ends else None
+
+
+def _rate(summary, key, scale=1.0):
+    dur = duration(summary)
+    if not dur or dur <= 0:
+        return None
+    total = sum(v for _, _, r in records(summary) for v in r[key] if v is not None)
+    return total / dur / scale
+
+
+def throughput(summary):
+    """Samples per second of all devices together."""
+    return _rate(summary, "num_samples_list")
+
+
+def traffic(summary):
+    """Network traffic of all devices together, MB/s (1 MB = 1e6 bytes)."""
+    return _rate(summary, "bytes_list", 1e6)
+
+
+def computing_ratios(summary):
+    """{(host, device): sum(compute time) / last elapsed time} of the devices that ran."""
+    out = {}
+    for host, dev, rec in records(summary):
+        el = rec["elapsed_time_list"]
+        if el and el[-1] > 0:
+            out[(host, dev)] = sum(v for v in rec["compute_time_list"] if v is not None) / el[-1]
+    return out
+
+
+def time_to_target(summary, target):
+    """First elapsed time at which the evaluating device's accuracy >= target, or None."""
+    for t, a in zip(*accuracy_curve(summary)):
+        if a >= target:
+            return t
+    return None
+
+
+# ---------------------------------------------------------------- figures
+
+def _no_data(ax):
+    ax.text(0.5, 0.5, "no data", ha="center", va="center", fontsize=16,
+            transform=ax.transAxes)
+
+
+def _save(fig, path, show):
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    if not show:
+        pyplot().close(fig)
+    return path
+
+
+def _iid_labels(data):
+    """Labels of the present IID algorithms (distributed ones), in MODES order."""
+    return [m[2] for m in MODES if not m[3] and (m[2], False) in data]
+
+
+def draw_accuracy(data, niid, path, network="", show=False):
+    plt = pyplot(show)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    drawn = False
+    for _, _, label, m_niid in MODES:
+        if m_niid != niid or (label, niid) not in data:
+            continue
+        xs, ys = accuracy_curve(data[(label, niid)])
+        if xs:
+            ax.plot(xs, ys, marker="o", markersize=3, label=label)
+            drawn = True
+    local = data.get(("Standalone", False))
+    best = best_accuracy(local) if local is not None else None
+    if best is not None:
+        ax.axhline(best, linestyle="--", color="gray", label=f"Standalone ({best:.2f})")
+    kind = "non-IID" if niid else "IID"
+    ax.set_title(f"Test accuracy, {kind} data" + (f" ({network})" if network else ""))
+    ax.set_xlabel("Wall-clock time (s)")
+    ax.set_ylabel("Test accuracy")
+    if drawn or best is not None:
+        ax.legend(loc="lower right")
+        ax.grid(True, alpha=0.3)
+    if not drawn:  # no curve of this data kind: say so (the standalone line may remain)
+        _no_data(ax)
+    return _save(fig, path, show)
+
+
+def _bar_chart(values, title, ylabel, path, show):
+    """values: [(label, value)]; None values are left out."""
+    plt = pyplot(show)
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    values = [(k, v) for k, v in values if v is not None]
+    if values:
+        bars = ax.bar([k for k, _ in values], [v for _, v in values],
+                      color=[f"C{i}" for i in range(len(values))])
+        ax.bar_label(bars, fmt="%.3g")
+        ax.margins(y=0.1)
+        ax.grid(True, axis="y", alpha=0.3)
+    else:
+        _no_data(ax)
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    return _save(fig, path, show)
+
+
+def throughput_values(data):
+    labels = _iid_labels(data) + (["Standalone"] if ("Standalone", False) in data else [])
+    return [(k, throughput(data[(k, False)])) for k in labels]
+
+
+def traffic_values(data):
+    return [(k, traffic(data[(k, False)])) for k in _iid_labels(data)]
+
+
+def draw_throughput(data, path, show=False):
+    return _bar_chart(throughput_values(data), "Data throughput (IID)", "Samples / s",
+                      path, show)
+
+
+def draw_traffic(data, path, show=False):
+    return _bar_chart(traffic_values(data), "Traffic load (IID)", "MB / s", path, show)
+
+
+def computing_ratio_values(data):
+    """({label: {(host, device): ratio}}, [(host, device)] in first-seen order)."""
+    ratios = {k: computing_ratios(data[(k, False)]) for k in _iid_labels(data)}
+    devices = []
+    for per_dev in ratios.values():
+        devices += [d for d in per_dev if d not in devices]
+    return ratios, devices
+
+
+def device_names(devices):
+    """'host/device' labels, or just 'device' if all devices are on one host."""
+    if len({h for h, _ in devices}) <= 1:
+        return [d for _, d in devices]
+    return [f"{h}/{d}" for h, d in devices]
+
+
+def draw_computing_ratio(data, path, show=False):
+    plt = pyplot(show)
+    ratios, devices = computing_ratio_values(data)
+    fig, ax = plt.subplots(figsize=(max(6.5, 1.2 * len(devices) + 2), 4.5))
+    if devices:
+        width = 0.8 / len(ratios)
+        for i, (label, per_dev) in enumerate(ratios.items()):
+            xs = [j + (i - (len(ratios) - 1) / 2) * width
+                  for j, d in enumerate(devices) if d in per_dev]
+            ax.bar(xs, [per_dev[d] for d in devices if d in per_dev], width, label=label)
+        ax.set_xticks(range(len(devices)), device_names(devices),
+                      rotation=30 if len(devices) > 4 else 0)
+        ax.set_ylim(0, 1.05)
+        ax.legend()
+        ax.grid(True, axis="y", alpha=0.3)
+    else:
+        _no_data(ax)
+    ax.set_title("Computing time ratio (IID)")
+    ax.set_xlabel("Device")
+    ax.set_ylabel("Computing time / wall-clock time")
+    return _save(fig, path, show)
+
+
+# ---------------------------------------------------------------- table
+
+def speedup_rows(data, target):
+    """One dict per present algorithm: IID rows, Standalone, then non-IID rows."""
+    local = data.get(("Standalone", False))
+    standalone_best = best_accuracy(local) if local is not None else None
+    order = [m for m in MODES if not m[3]] + [LOCAL] + [m for m in MODES if m[3]]
+    rows = []
+    for folder, _, label, niid in order:
+        summary = data.get((label, niid))
+        if summary is None:
+            continue
+        ev = evaluating_device(summary)
+        _, accs = accuracy_curve(summary)
+        t = time_to_target(summary, target)
+        base = data.get((BASELINE, niid))
+        t_base = time_to_target(base, target) if base is not None else None
+        final = accs[-1] if accs else None
+        rows.append({
+            "algorithm": label + (" (non-IID)" if niid else ""),
+            "mode": folder,
+            "data": "non-IID" if niid else "IID",
+            "evaluating_device": f"{ev[0]}/{ev[1]}" if ev else None,
+            "time_to_target_s": t,
+            "speedup_vs_ssgd": t_base / t if t_base is not None and t else None,
+            "final_accuracy": final,
+            "best_accuracy": max(accs) if accs else None,
+            "final_minus_standalone": (final - standalone_best
+                                       if final is not None and standalone_best is not None
+                                       else None),
+        })
+    return rows, standalone_best
+
+
+def _fmt(v, spec, none="n/a"):
+    return none if v is None else format(v, spec)
+
+
+def speedup_markdown(rows, target):
+    lines = [f"| Algorithm | Time to {target:g} accuracy (s) | Speedup vs SSGD "
+             "| Final accuracy | Best accuracy | Final - standalone best |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append("| " + " | ".join([
+            r["algorithm"],
+            _fmt(r["time_to_target_s"], ".2f", "not reached"),
+            _fmt(r["speedup_vs_ssgd"], ".2f") + ("x" if r["speedup_vs_ssgd"] else ""),
+            _fmt(r["final_accuracy"], ".4f"),
+            _fmt(r["best_accuracy"], ".4f"),
+            _fmt(r["final_minus_standalone"], "+.4f"),
+        ]) + " |")
+    if not rows:
+        lines.append("| (no data) | | | | | |")
+    return "\n".join(lines) + "\n"
+
+
+def write_speedup(data, target, network, outdir):
+    """Write speedup.md and speedup.json; return the Markdown table."""
+    rows, standalone_best = speedup_rows(data, target)
+    table = speedup_markdown(rows, target)
+    with open(os.path.join(outdir, "speedup.md"), "w", encoding="utf-8") as f:
+        f.write(f"# Speedup, {network}\n\n{table}")
+    ratios, _ = computing_ratio_values(data)
+    doc = {
+        "network": network,
+        "target": target,
+        "standalone_best_accuracy": standalone_best,
+        "rows": rows,
+        "throughput_samples_per_s": dict(throughput_values(data)),
+        "traffic_MB_per_s": dict(traffic_values(data)),
+        "computing_ratio": {k: {f"{h}/{d}": v for (h, d), v in per.items()}
+                            for k, per in ratios.items()},
+    }
+    with open(os.path.join(outdir, "speedup.json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    return table
+
+
+# ---------------------------------------------------------------- main
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("-b", "--base", required=True, help="folder holding NETWORK/")
+    p.add_argument("-n", "--network", required=True, help="network (model) folder name")
+    p.add_argument("-o", "--outdir", help="output folder (default BASE/NETWORK)")
+    p.add_argument("--target", type=float, default=0.8,
+                   help="target accuracy of the speedup table (default 0.8)")
+    p.add_argument("--show", action="store_true", help="also open the figures in windows")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    folder = os.path.join(args.base, args.network)
+    if not os.path.isdir(folder):
+        print(f"{PROG}: error: no such folder: {folder}", file=sys.stderr)
+        return 2
+    outdir = args.outdir or folder
+    try:
+        os.makedirs(outdir, exist_ok=True)
+    except OSError as e:
+        print(f"{PROG}: error: cannot create {outdir}: {e}", file=sys.stderr)
+        return 2
+    data = load_all(args.base, args.network)
+    if not data:
+        note(f"no usable summary under {folder}; writing empty figures")
+    plt = pyplot(args.show)
+    out = lambda name: os.path.join(outdir, name)  # noqa: E731
+    draw_accuracy(data, False, out("accuracy_iid.png"), args.network, args.show)
+    draw_accuracy(data, True, out("accuracy_noniid.png"), args.network, args.show)
+    draw_throughput(data, out("throughput.png"), args.show)
+    draw_traffic(data, out("traffic.png"), args.show)
+    draw_computing_ratio(data, out("computing_ratio.png"), args.show)
+    print(write_speedup(data, args.target, args.network, outdir), end="")
+    if args.show:
+        plt.show()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,364 @@
+"""Summarise per-round iteration logs into one JSON file per training mode.
+
+    python logs_tools/summary.py -b BASE -n NETWORK -m MODE
+
+reads every `BASE/NETWORK/MODE/<host>/<device>/iter-<n>.json` (the framework's log
+format, see the project README; a run logs there with `-ld BASE/NETWORK/MODE`), with
+hosts and devices discovered from the folders, and writes `BASE/NETWORK/MODE/<Name>.json`:
+
+    {host: {device: {"accuracy_list":      [...],  # accuracy, or null: round did not evaluate
+                     "num_samples_list":   [...],  # num_samples
+                     "self_iters_list":    [...],  # local iterations (entries of `time`)
+                     "elapsed_time_list":  [...],  # total_time
+                     "aggregate_time_list": [...], # `global aggregate` + `global update`
+                     "compute_time_list":  [...],  # get_batch + forward and backward
+                                                   #   + local update + slowdown
+                     "bytes_list":         [...],  # bytes_sent + bytes_received
+                     "loss_list":          [...],  # loss (null stays null)
+                     "rounds_list":        [...]}}}  # num_iters
+
+one entry per round, in round order (n sorted numerically). Hosts and devices are
+sorted by name.
+
+<Name> comes from the MODE folder name (`name_of`): esync -> ESync, sync -> Sync,
+async -> Async, dcasgd -> DCASGD, local -> Local, and a `-niid` suffix (split-by-class
+runs) appends `-Non-IID` (esync-niid -> ESync-Non-IID). Any other folder name is used
+as it is (`my-run` -> `my-run.json`).
+
+Broken iteration files (unreadable, empty, invalid JSON, wrongly shaped, a round
+number that does not match the file name) are reported on stderr, one line each
+(`summary.py: skipped PATH: reason`), and skipped; missing rounds (gaps in 1..n) are
+reported the same way. A device folder without a usable file, or a host folder without
+a device folder, is reported and left out. Files not named `iter-<n>.json` (`.lock`,
+`iter-<n>.json.partial`) are ignored silently. Fatal errors (a missing MODE folder, no
+device folders, no usable file at all) print `summary.py: error: ...` and exit with
+status 2 without writing anything; a failure to write the output exits with status 1.
+
+Library use (the drawer): `summarize(base, network, mode) -> dict` (raises
+SummaryError), `name_of(mode) -> str`, `output_path(base, network, mode) -> str`,
+`main(argv=None) -> int`. Standard library only; it never imports `esync`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from typing import Callable, Dict, List, Optional, Tuple
+
+PROG = "summary.py"
+
+NAMES = {"esync": "ESync", "sync": "Sync", "async": "Async", "dcasgd": "DCASGD",
+         "local": "Local"}
+NIID_SUFFIX = "-niid"
+
+COMPUTE_PHASES = ("get_batch", "forward and backward", "local update", "slowdown")
+AGGREGATE_PHASES = ("global aggregate", "global update")
+
+FIELDS = ("accuracy_list", "num_samples_list", "self_iters_list", "elapsed_time_list",
+          "aggregate_time_list", "compute_time_list", "bytes_list", "loss_list",
+          "rounds_list")
+
+_ITER_FILE = re.compile(r"iter-([0-9]+)\.json")
+
+Warn = Callable[[str], None]
+
+
+class SummaryError(Exception):
+    """A fatal problem: nothing to summarise (the message names the folder)."""
+
+
+class BadFile(Exception):
+    """One iteration file that cannot be used (the message is the reason)."""
+
+
+def name_of(mode: str) -> str:
+    """The output name of a MODE folder: 'esync-niid' -> 'ESync-Non-IID'; unknown: as is."""
+    mode = os.path.basename(os.path.normpath(mode)) if mode else mode
+    if mode in NAMES:
+        return NAMES[mode]
+    if mode.endswith(NIID_SUFFIX) and mode[:-len(NIID_SUFFIX)] in NAMES:
+        return NAMES[mode[:-len(NIID_SUFFIX)]] + "-Non-IID"
+    return mode
+
+
+def mode_dir(base: str, network: str, mode: str) -> str:
+    return os.path.join(base, network, mode)
+
+
+def output_path(base: str, network: str, mode: str) -> str:
+    return os.path.join(mode_dir(base, network, mode), name_of(mode) + ".json")
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+# --- one iteration file ------------------------------------------------------------------
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _is_count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _load(path: str) -> dict:
+    """Read one iteration file; BadFile with the reason if it is unusable."""
+    try:
+        if not os.path.exists(path):
+            raise BadFile("missing (a dangling link)" if os.path.lexists(path) else "missing")
+        if not os.path.isfile(path):
+            raise BadFile("not a regular file")
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        if isinstance(e, FileNotFoundError):
+            raise BadFile("missing") from None
+        raise BadFile(f"cannot read: {e.strerror or e}") from None
+    if not raw.strip():
+        raise BadFile("empty file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadFile("not UTF-8 text") from None
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as e:  # JSONDecodeError, NaN/Infinity
+        raise BadFile(f"invalid JSON: {e}") from None
+    except RecursionError:
+        raise BadFile("invalid JSON: nested too deeply") from None
+    if not isinstance(data, dict):
+        raise BadFile(f"not a JSON object ({type(data).__name__})")
+    return data
+
+
+def _round_record(data: dict, n: int) -> dict:
+    """The summary values of one round; BadFile if the file is wrongly shaped."""
+    if "num_iters" not in data:
+        raise BadFile("no 'num_iters'")
+    num_iters = data["num_iters"]
+    if not _is_count(num_iters):
+        raise BadFile(f"'num_iters' is not a round number: {num_iters!r}")
+    if num_iters != n:
+        raise BadFile(f"'num_iters' is {num_iters}, the file name says {n}")
+
+    times = data.get("time")
+    if not isinstance(times, dict):
+        raise BadFile("'time' is missing or not an object")
+    compute: List[float] = []
+    aggregate: List[float] = []
+    for i, phases in times.items():
+        if not isinstance(phases, dict):
+            raise BadFile(f"'time'[{i!r}] is not an object")
+        for phase, seconds in phases.items():
+            if not _is_number(seconds):
+                raise BadFile(f"'time'[{i!r}][{phase!r}] is not a number: {seconds!r}")
+            if phase in COMPUTE_PHASES:
+                compute.append(seconds)
+            elif phase in AGGREGATE_PHASES:
+                aggregate.append(seconds)
+
+    for key in ("num_samples", "bytes_sent", "bytes_received"):
+        if key not in data:
+            raise BadFile(f"no {key!r}")
+        if not _is_count(data[key]):
+            raise BadFile(f"{key!r} is not a count: {data[key]!r}")
+    if "total_time" not in data:
+        raise BadFile("no 'total_time'")
+    if not _is_number(data["total_time"]):
+        raise BadFile(f"'total_time' is not a number: {data['total_time']!r}")
+    loss = data.get("loss")
+    if loss is not None and not _is_number(loss):
+        raise BadFile(f"'loss' is neither a number nor null: {loss!r}")
+    accuracy = data.get("accuracy")
+    if accuracy is not None and not _is_number(accuracy):
+        raise BadFile(f"'accuracy' is not a number: {accuracy!r}")
+
+    return {
+        "accuracy_list": accuracy,
+        "num_samples_list": data["num_samples"],
+        "self_iters_list": len(times),
+        "elapsed_time_list": data["total_time"],
+        "aggregate_time_list": math.fsum(aggregate),
+        "compute_time_list": math.fsum(compute),
+        "bytes_list": data["bytes_sent"] + data["bytes_received"],
+        "loss_list": loss,
+        "rounds_list": num_iters,
+    }
+
+
+# --- folders -----------------------------------------------------------------------------
+
+def _subdirs(path: str) -> List[str]:
+    """Sorted names of the visible sub-folders of path (OSError if unreadable)."""
+    with os.scandir(path) as it:
+        return sorted(e.name for e in it
+                      if not e.name.startswith(".") and e.is_dir(follow_symlinks=True))
+
+
+def _iteration_files(device_dir: str) -> List[Tuple[int, str]]:
+    """(n, name) of the iter-<n>.json entries, sorted by n (OSError if unreadable)."""
+    found = []
+    with os.scandir(device_dir) as it:
+        for e in it:
+            m = _ITER_FILE.fullmatch(e.name)
+            if m:
+                found.append((int(m.group(1)), e.name))
+    found.sort()
+    return found
+
+
+def _report_gap(warn: Warn, device_dir: str, first: int, last: int) -> None:
+    if first == last:
+        warn(f"{PROG}: skipped {os.path.join(device_dir, f'iter-{first}.json')}: missing")
+    else:
+        warn(f"{PROG}: skipped {os.path.join(device_dir, f'iter-{first}.json')} .. "
+             f"iter-{last}.json: missing ({last - first + 1} files)")
+
+
+def summarize_device(device_dir: str, warn: Optional[Warn] = None) -> Optional[dict]:
+    """The record of one device folder, or None (reported) if it has no usable file."""
+    warn = warn or _stderr
+    try:
+        files = _iteration_files(device_dir)
+    except OSError as e:
+        warn(f"{PROG}: skipped {device_dir}: cannot list: {e.strerror or e}")
+        return None
+    record: Dict[str, list] = {k: [] for k in FIELDS}
+    expected = 1
+    for n, name in files:
+        path = os.path.join(device_dir, name)
+        if n < 1:
+            warn(f"{PROG}: skipped {path}: rounds count from 1")
+            continue
+        if name != f"iter-{n}.json":
+            warn(f"{PROG}: skipped {path}: round number with leading zeros")
+            continue
+        if n > expected:
+            _report_gap(warn, device_dir, expected, n - 1)
+        expected = max(expected, n + 1)
+        try:
+            values = _round_record(_load(path), n)
+        except BadFile as e:
+            warn(f"{PROG}: skipped {path}: {e}")
+            continue
+        for k in FIELDS:
+            record[k].append(values[k])
+    if not record["rounds_list"]:
+        warn(f"{PROG}: skipped {device_dir}: no usable iteration files")
+        return None
+    return record
+
+
+def summarize(base: str, network: str, mode: str, warn: Optional[Warn] = None) -> dict:
+    """{host: {device: record}} for BASE/NETWORK/MODE; problems go to warn (stderr).
+
+    Raises SummaryError if the folder is missing, has no device folders, or no usable
+    iteration file at all.
+    """
+    warn = warn or _stderr
+    root = mode_dir(base, network, mode)
+    if not os.path.isdir(root):
+        raise SummaryError(f"no such folder: {root}")
+    try:
+        hosts = _subdirs(root)
+    except OSError as e:
+        raise SummaryError(f"cannot list {root}: {e.strerror or e}") from None
+    result: Dict[str, dict] = {}
+    any_device = False
+    for host in hosts:
+        host_dir = os.path.join(root, host)
+        try:
+            devices = _subdirs(host_dir)
+        except OSError as e:
+            warn(f"{PROG}: skipped {host_dir}: cannot list: {e.strerror or e}")
+            continue
+        if not devices:
+            warn(f"{PROG}: skipped {host_dir}: no device folders")
+            continue
+        any_device = True
+        for device in devices:
+            record = summarize_device(os.path.join(host_dir, device), warn)
+            if record is not None:
+                result.setdefault(host, {})[device] = record
+    if not any_device:
+        raise SummaryError(f"no <host>/<device> folders in {root}")
+    if not result:
+        raise SummaryError(f"no usable iteration files in {root}")
+    return result
+
+
+def write_json(path: str, data: dict) -> None:
+    """Write data to path atomically (a reader sees the old file or the whole new one)."""
+    tmp = f"{path}.{os.getpid()}.partial"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# --- command line ------------------------------------------------------------------------
+
+def _folder_name(flag: str):
+    def check(value: str) -> str:
+        value = value.rstrip("/") if value.strip("/") else value
+        if not value or value in (".", "..") or "/" in value or os.sep in value:
+            raise argparse.ArgumentTypeError(f"{flag} must be a single folder name, "
+                                             f"got {value!r}")
+        return value
+    return check
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Summarise BASE/NETWORK/MODE/<host>/<device>/iter-<n>.json into "
+                    "BASE/NETWORK/MODE/<Name>.json (esync -> ESync.json, "
+                    "sync-niid -> Sync-Non-IID.json, other folder names as they are).")
+    p.add_argument("-b", "--base-dir", default="logs",
+                   help="base folder of the logs (default: logs)")
+    p.add_argument("-n", "--network", required=True, type=_folder_name("-n/--network"),
+                   help="network folder, e.g. lenet")
+    p.add_argument("-m", "--mode", required=True, type=_folder_name("-m/--mode"),
+                   help="mode folder: esync, sync, async, dcasgd, local, with an "
+                        "optional -niid suffix")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        summary = summarize(args.base_dir, args.network, args.mode)
+    except SummaryError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    out = output_path(args.base_dir, args.network, args.mode)
+    try:
+        write_json(out, summary)
+    except OSError as e:
+        print(f"{PROG}: error: cannot write {out}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    devices = sum(len(d) for d in summary.values())
+    rounds = sum(len(r["rounds_list"]) for d in summary.values() for r in d.values())
+    print(f"{PROG}: wrote {out}: {len(summary)} host(s), {devices} device(s), "
+          f"{rounds} round(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

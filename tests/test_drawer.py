@@ -1,0 +1,222 @@
+"""logs_tools/drawer.py run as a script on small hand-made summaries."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join("logs_tools", "drawer.py")
+PNGS = ("accuracy_iid.png", "accuracy_noniid.png", "throughput.png", "traffic.png",
+        "computing_ratio.png")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+NET = "net"
+
+
+def record(elapsed, acc=None, samples=100, compute=1.0, nbytes=1_000_000):
+    """A record of len(elapsed) rounds; acc None means a device that never evaluates."""
+    n = len(elapsed)
+    return {
+        "accuracy_list": list(acc) if acc is not None else [None] * n,
+        "num_samples_list": [samples] * n,
+        "self_iters_list": [2] * n,
+        "elapsed_time_list": list(elapsed),
+        "aggregate_time_list": [0.1] * n,
+        "compute_time_list": [compute] * n,
+        "bytes_list": [nbytes] * n,
+        "loss_list": [1.0] * n,
+        "rounds_list": list(range(1, n + 1)),
+    }
+
+
+def write(base, folder, name, summary):
+    d = base / NET / folder
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / (name + ".json")
+    path.write_text(summary if isinstance(summary, str) else json.dumps(summary))
+    return path
+
+
+def three_devices(elapsed, acc, eval_at="gpu0"):
+    """hostA/cpu0, hostA/cpu1, hostB/gpu0; only eval_at (never the first) has accuracies."""
+    devs = {("hostA", "cpu0"): record(elapsed),
+            ("hostA", "cpu1"): record(elapsed),
+            ("hostB", "gpu0"): record(elapsed)}
+    key = ("hostB", "gpu0") if eval_at == "gpu0" else ("hostA", eval_at)
+    devs[key] = record(elapsed, acc)
+    out = {}
+    for (h, d), r in devs.items():
+        out.setdefault(h, {})[d] = r
+    return out
+
+
+def run(*args):
+    env = dict(os.environ, MPLBACKEND="Agg")
+    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def assert_pngs(outdir):
+    from matplotlib.image import imread
+    for name in PNGS:
+        path = outdir / name
+        assert path.is_file(), name
+        data = path.read_bytes()
+        assert len(data) > 0 and data[:8] == PNG_MAGIC, name
+        img = imread(str(path))
+        assert img.shape[0] > 100 and img.shape[1] > 100, name
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    """All modes but async-niid; dcasgd-niid is broken JSON.  Target 0.8."""
+    base = tmp_path_factory.mktemp("logs")
+    # IID.  SSGD reaches 0.8 at 40 s.
+    sync = three_devices([10, 20, 30, 40], [None, 0.5, 0.7, 0.85])
+    # hostA/cpu0 ends at 38 s and computes 4 s a round there; the job lasts 40 s
+    sync["hostA"]["cpu0"] = record([9.5, 19, 28.5, 38], compute=4.0)
+    write(base, "sync", "Sync", sync)
+    # ESync at 10 s -> 4x; evaluating on hostA/cpu1 (second device)
+    write(base, "esync", "ESync",
+          three_devices([5, 10, 15, 20], [0.6, 0.82, 0.9, 0.91], eval_at="cpu1"))
+    # ASGD at 24 s -> 40/24; final 0.79 below its best 0.81
+    write(base, "async", "Async",
+          three_devices([8, 16, 24, 32], [0.5, 0.6, 0.81, 0.79]))
+    # DC-ASGD never reaches the target
+    write(base, "dcasgd", "DCASGD",
+          three_devices([10, 20, 30, 40], [0.3, 0.4, None, 0.6]))
+    # Standalone: one device, every round evaluated, best 0.90, target at 20 s
+    write(base, "local", "Local",
+          {"hostA": {"cpu0": record([10, 20, 30, 40], [0.7, 0.88, 0.9, 0.89],
+                                    samples=50, nbytes=0)}})
+    # non-IID: SSGD at 50 s, ESync at 25 s -> 2x
+    write(base, "sync-niid", "Sync-Non-IID",
+          three_devices([25, 50, 75], [0.5, 0.8, 0.82]))
+    write(base, "esync-niid", "ESync-Non-IID",
+          three_devices([12.5, 25, 37.5], [0.7, 0.85, 0.86], eval_at="cpu1"))
+    bad = write(base, "dcasgd-niid", "DCASGD-Non-IID", "{not json")
+    out = base / "out"
+    proc = run("-b", base, "-n", NET, "-o", out, "--target", 0.8)
+    doc = json.loads((out / "speedup.json").read_text()) if proc.returncode == 0 else None
+    return {"base": base, "out": out, "proc": proc, "doc": doc, "bad": bad}
+
+
+def rows_by_name(doc):
+    return {r["algorithm"]: r for r in doc["rows"]}
+
+
+def test_runs_and_writes_all_pngs(full):
+    assert full["proc"].returncode == 0, full["proc"].stderr
+    assert_pngs(full["out"])
+
+
+def test_time_to_target_and_speedup(full):
+    rows = rows_by_name(full["doc"])
+    assert list(rows) == ["ESync", "SSGD", "ASGD", "DC-ASGD", "Standalone",
+                          "ESync (non-IID)", "SSGD (non-IID)"]
+    expect = {  # name: (time to 0.8, speedup over SSGD on the same data)
+        "ESync": (10, 4.0), "SSGD": (40, 1.0), "ASGD": (24, 40 / 24),
+        "DC-ASGD": (None, None), "Standalone": (20, 2.0),
+        "ESync (non-IID)": (25, 2.0), "SSGD (non-IID)": (50, 1.0),
+    }
+    for name, (t, s) in expect.items():
+        assert rows[name]["time_to_target_s"] == t, name
+        assert rows[name]["speedup_vs_ssgd"] == pytest.approx(s), name
+
+
+def test_accuracies_and_standalone(full):
+    doc = full["doc"]
+    rows = rows_by_name(doc)
+    assert doc["standalone_best_accuracy"] == pytest.approx(0.90)
+    expect = {  # name: (final, best, final - standalone best)
+        "ESync": (0.91, 0.91, 0.01), "SSGD": (0.85, 0.85, -0.05),
+        "ASGD": (0.79, 0.81, -0.11), "DC-ASGD": (0.6, 0.6, -0.30),
+        "ESync (non-IID)": (0.86, 0.86, -0.04),
+    }
+    for name, (final, best, diff) in expect.items():
+        assert rows[name]["final_accuracy"] == pytest.approx(final), name
+        assert rows[name]["best_accuracy"] == pytest.approx(best), name
+        assert rows[name]["final_minus_standalone"] == pytest.approx(diff), name
+
+
+def test_evaluating_device_is_the_one_with_accuracies(full):
+    rows = rows_by_name(full["doc"])
+    assert rows["ESync"]["evaluating_device"] == "hostA/cpu1"
+    assert rows["SSGD"]["evaluating_device"] == "hostB/gpu0"
+    assert rows["ESync (non-IID)"]["evaluating_device"] == "hostA/cpu1"
+    assert rows["Standalone"]["evaluating_device"] == "hostA/cpu0"
+
+
+def test_throughput_traffic_computing_ratio(full):
+    doc = full["doc"]
+    # SSGD: 3 devices x 4 rounds x 100 samples over 40 s; 12 MB over 40 s
+    assert doc["throughput_samples_per_s"]["SSGD"] == pytest.approx(30.0)
+    assert doc["throughput_samples_per_s"]["ESync"] == pytest.approx(1200 / 20)
+    assert doc["throughput_samples_per_s"]["Standalone"] == pytest.approx(200 / 40)
+    assert doc["traffic_MB_per_s"]["SSGD"] == pytest.approx(0.3)
+    assert doc["traffic_MB_per_s"]["ASGD"] == pytest.approx(12 / 32)
+    assert "Standalone" not in doc["traffic_MB_per_s"]
+    ratio = doc["computing_ratio"]
+    assert set(ratio) == {"ESync", "SSGD", "ASGD", "DC-ASGD"}
+    assert ratio["SSGD"]["hostA/cpu0"] == pytest.approx(16 / 38)
+    assert ratio["SSGD"]["hostB/gpu0"] == pytest.approx(4 / 40)
+    assert ratio["ESync"]["hostA/cpu1"] == pytest.approx(4 / 20)
+
+
+def test_markdown_table(full):
+    md = (full["out"] / "speedup.md").read_text()
+    stdout = full["proc"].stdout
+    for text in (md, stdout):
+        assert "| ESync | 10.00 | 4.00x | 0.9100 | 0.9100 | +0.0100 |" in text
+        assert "| SSGD | 40.00 | 1.00x | 0.8500 | 0.8500 | -0.0500 |" in text
+        assert "| ASGD | 24.00 | 1.67x | 0.7900 | 0.8100 | -0.1100 |" in text
+        assert "| DC-ASGD | not reached | n/a | 0.6000 | 0.6000 | -0.3000 |" in text
+        assert "| ESync (non-IID) | 25.00 | 2.00x |" in text
+
+
+def test_missing_and_invalid_modes_noted(full):
+    err = full["proc"].stderr
+    missing = os.path.join(str(full["base"]), NET, "async-niid", "Async-Non-IID.json")
+    assert f"drawer.py: note: no {missing}; ASGD (non-IID) left out" in err
+    assert "drawer.py: note: cannot use " + str(full["bad"]) in err
+    assert "DC-ASGD (non-IID) left out" in err
+    assert "Traceback" not in err
+    assert "ASGD (non-IID)" not in rows_by_name(full["doc"])
+
+
+def test_most_accuracies_wins_and_default_outdir(tmp_path):
+    # two devices evaluate: hostA/cpu0 once (0.9 at 1 s), hostB/gpu0 three times
+    s = three_devices([1, 2, 3], [0.5, 0.85, 0.9])
+    s["hostA"]["cpu0"] = record([1, 2, 3], [0.9, None, None])
+    write(tmp_path, "sync", "Sync", s)
+    proc = run("-b", tmp_path, "-n", NET)
+    assert proc.returncode == 0, proc.stderr
+    outdir = tmp_path / NET
+    assert_pngs(outdir)
+    (row,) = json.loads((outdir / "speedup.json").read_text())["rows"]
+    assert row["evaluating_device"] == "hostB/gpu0"
+    assert row["time_to_target_s"] == 2
+    assert row["final_minus_standalone"] is None
+    assert "Local.json; Standalone left out" in proc.stderr
+
+
+def test_no_data_still_writes_everything(tmp_path):
+    (tmp_path / NET).mkdir()
+    write(tmp_path, "esync", "ESync", {"hostA": {"cpu0": {"accuracy_list": "nope"}}})
+    out = tmp_path / "figs"
+    proc = run("-b", tmp_path, "-n", NET, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert_pngs(out)
+    assert json.loads((out / "speedup.json").read_text())["rows"] == []
+    assert (out / "speedup.md").is_file()
+    assert "cannot use" in proc.stderr and "ESync.json" in proc.stderr
+
+
+def test_missing_base_is_an_error(tmp_path):
+    proc = run("-b", tmp_path / "nowhere", "-n", NET)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("drawer.py: error: ")
+    assert not (tmp_path / "nowhere").exists()
