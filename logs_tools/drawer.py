@@ -239,7 +239,7 @@ def draw_accuracy(data, niid, path, network="", show=False):
     local = data.get(("Standalone", False))
     best = best_accuracy(local) if local is not None else None
     if best is not None:
-        ax.axhline(best, linestyle="--", color="gray", label=f"Standalone ({best:.2f})")
+        ax.axhline(best, linestyle="--", color="gray", label=f"Standalone ({best:.3f})")
     kind = "non-IID" if niid else "IID"
     ax.set_title(f"Test accuracy, {kind} data" + (f" ({network})" if network else ""))
     ax.set_xlabel("Wall-clock time (s)")
