@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, Optional, Tuple
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -66,17 +67,19 @@ class ESync(GradientPushPull):
         self.optimizer.step()
         self._steps += 1
 
+    aggregate_phase = "global update"
+
     def end_round(self, round_: int, model: nn.Module) -> Phases:
-        start = time.perf_counter()
-        self.time_per_iteration = (start - self._computing_since) / max(1, self._steps)
+        self.time_per_iteration = (time.perf_counter() - self._computing_since) / \
+            max(1, self._steps)
         self._next = self.state.budget_later(self.rank, round_ + 1, self.time_per_iteration)
+        return super().end_round(round_, model)
+
+    def pushed(self) -> np.ndarray:
+        """The round's delta: the weights now minus those the round started with."""
         delta = self.flat.grads  # reused as the delta's buffer: no gradient is pushed
         torch.sub(self.flat.params, self.round_start_weights, out=delta)
-        self.kv.push_pull(round_, self.flat.to_host("grads"), self.flat.to_host("buffers"),
-                          self.flat.host("params"), self.flat.host("buffers"),
-                          stop=self._announced)
-        self.flat.load_host_state()
-        return {"global update": time.perf_counter() - start}
+        return self.flat.to_host("grads")
 
     def round_record(self) -> Dict[str, Any]:
         return {"budget": self.budget, "state_server_request": round(self.request_seconds, 6)}

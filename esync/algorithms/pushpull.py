@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, Optional, Tuple
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -47,14 +48,20 @@ class GradientPushPull(Algorithm):
     def begin_round(self, round_: int) -> Tuple[int, Phases]:
         return 1, {}
 
+    #: the log's name of end_round's phase: push, wait for the servers, pull
+    aggregate_phase = "global aggregate"
+
+    def pushed(self) -> np.ndarray:
+        """The host vector this round pushes for the weights: the gradient."""
+        return self.flat.gather_grads()
+
     def end_round(self, round_: int, model: nn.Module) -> Phases:
         start = time.perf_counter()
-        grads = self.flat.gather_grads()
-        buffers = self.flat.to_host("buffers")
-        self.kv.push_pull(round_, grads, buffers, self.flat.host("params"),
-                          self.flat.host("buffers"), stop=self._announced)
+        self.kv.push_pull(round_, self.pushed(), self.flat.to_host("buffers"),
+                          self.flat.host("params"), self.flat.host("buffers"),
+                          stop=self._announced)
         self.flat.load_host_state()
-        return {"global aggregate": time.perf_counter() - start}
+        return {self.aggregate_phase: time.perf_counter() - start}
 
     def evaluates(self, round_: int) -> bool:
         return self.rank == 0 and round_ % self.eval_duration == 0
