@@ -176,6 +176,8 @@ class Launcher:
     progress: bool = True
     children: List[Child] = field(default_factory=list)
     out = sys.stderr
+    _read_up_to: Dict[str, int] = field(default_factory=dict)  # bytes of each log read
+    _accuracy: Optional[str] = None
 
     def _start(self, name: str, command: List[str], log: str, env: Dict[str, str],
                cwd: str = REPO, essential: bool = True) -> Child:
@@ -268,6 +270,21 @@ class Launcher:
     def _essential_running(self) -> bool:
         return any(c.proc.poll() is None for c in self.children if c.essential)
 
+    def _read_accuracy(self, child: Child) -> None:
+        """The latest test accuracy in what `child` logged since the last look."""
+        offset = self._read_up_to.get(child.name, 0)
+        try:
+            with open(child.log, "rb") as f:
+                f.seek(offset)
+                new = f.read()
+        except OSError:
+            return
+        whole = new[:new.rfind(b"\n") + 1]  # a line still being written: next time
+        self._read_up_to[child.name] = offset + len(whole)
+        found = ACCURACY.findall(whole.decode(errors="replace"))
+        if found:
+            self._accuracy = found[-1][1]
+
     def status_line(self, start: float) -> str:
         rounds = 0
         for folder in glob.glob(os.path.join(self.plan.host_dir, "*", "")):
@@ -275,16 +292,10 @@ class Launcher:
                        (re.search(r"iter-(\d+)\.json$", f)
                         for f in os.listdir(folder)) if m]
             rounds = max([rounds, *numbers])
-        accuracy = None
         for child in self.children:
             if child.name.startswith("worker"):
-                try:
-                    with open(child.log) as f:
-                        found = ACCURACY.findall(f.read())
-                except OSError:
-                    found = []
-                if found:
-                    accuracy = found[-1][1]
+                self._read_accuracy(child)
+        accuracy = self._accuracy
         elapsed = time.monotonic() - start
         p = self.plan
         fraction = None
