@@ -15,7 +15,7 @@ record}}``, each record a set of per-round lists) and writes into OUTDIR (defaul
 
 Usage: ``python logs_tools/drawer.py -b BASE -n NETWORK [-o OUTDIR] [--target 0.8] [--show]``.
 Missing or unreadable summaries are left out with a note on stderr; every output file is
-always written. Does not import ``esync`` (nor ``summary.py``).
+always written. Does not import ``esync``; takes the file names from ``summary.py``.
 """
 
 import argparse
@@ -26,20 +26,25 @@ import sys
 
 import matplotlib
 
+try:  # as logs_tools.drawer, or as the script logs_tools/drawer.py
+    from logs_tools.summary import output_path
+except ImportError:
+    from summary import output_path
+
 PROG = "drawer.py"
 
-# (mode folder, file name, algorithm label, non-IID data?)
+# (mode folder, algorithm label, non-IID data?); summary.py names each folder's file
 MODES = [
-    ("esync", "ESync", "ESync", False),
-    ("sync", "Sync", "SSGD", False),
-    ("async", "Async", "ASGD", False),
-    ("dcasgd", "DCASGD", "DC-ASGD", False),
-    ("esync-niid", "ESync-Non-IID", "ESync", True),
-    ("sync-niid", "Sync-Non-IID", "SSGD", True),
-    ("async-niid", "Async-Non-IID", "ASGD", True),
-    ("dcasgd-niid", "DCASGD-Non-IID", "DC-ASGD", True),
+    ("esync", "ESync", False),
+    ("sync", "SSGD", False),
+    ("async", "ASGD", False),
+    ("dcasgd", "DC-ASGD", False),
+    ("esync-niid", "ESync", True),
+    ("sync-niid", "SSGD", True),
+    ("async-niid", "ASGD", True),
+    ("dcasgd-niid", "DC-ASGD", True),
 ]
-LOCAL = ("local", "Local", "Standalone", False)
+LOCAL = ("local", "Standalone", False)
 BASELINE = "SSGD"
 
 # the per-round lists the drawer reads; other keys of a record are ignored
@@ -103,8 +108,8 @@ def validate(summary):
 
 def load_mode(base, network, mode):
     """The summary of one mode as a dict, or None (with a note) if absent or invalid."""
-    folder, name, label, niid = mode
-    path = os.path.join(base, network, folder, name + ".json")
+    folder, label, niid = mode
+    path = output_path(base, network, folder)  # where summary.py wrote it
     what = label + (" (non-IID)" if niid else "")
     if not os.path.isfile(path):
         note(f"no {path}; {what} left out")
@@ -125,7 +130,7 @@ def load_all(base, network):
     for mode in MODES + [LOCAL]:
         summary = load_mode(base, network, mode)
         if summary is not None:
-            data[(mode[2], mode[3])] = summary
+            data[(mode[1], mode[2])] = summary
     return data
 
 
@@ -222,14 +227,14 @@ def _save(fig, path, show):
 
 def _iid_labels(data):
     """Labels of the present IID algorithms (distributed ones), in MODES order."""
-    return [m[2] for m in MODES if not m[3] and (m[2], False) in data]
+    return [m[1] for m in MODES if not m[2] and (m[1], False) in data]
 
 
 def draw_accuracy(data, niid, path, network="", show=False):
     plt = pyplot(show)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = False
-    for _, _, label, m_niid in MODES:
+    for _, label, m_niid in MODES:
         if m_niid != niid or (label, niid) not in data:
             continue
         xs, ys = accuracy_curve(data[(label, niid)])
@@ -333,9 +338,9 @@ def speedup_rows(data, target):
     """One dict per present algorithm: IID rows, Standalone, then non-IID rows."""
     local = data.get(("Standalone", False))
     standalone_best = best_accuracy(local) if local is not None else None
-    order = [m for m in MODES if not m[3]] + [LOCAL] + [m for m in MODES if m[3]]
+    order = [m for m in MODES if not m[2]] + [LOCAL] + [m for m in MODES if m[2]]
     rows = []
-    for folder, _, label, niid in order:
+    for folder, label, niid in order:
         summary = data.get((label, niid))
         if summary is None:
             continue
