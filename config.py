@@ -1,8 +1,19 @@
 """Every default of an esync run, in one place (as the original ESync's config.py).
 
-Edit a value here to change the default of the matching command-line flag; the flag
-always wins over the value here. `esync/options.py` reads these names and nothing
-else in the project hard-codes a default.
+Edit a value here to change the default of the matching command-line flag or
+environment variable; the flag or variable always wins over the value here.
+`esync/options.py` (main.py's flags), `esync/transport/cluster.py` (PS_* variables),
+`esync/stateclient.py`, the launchers (`launch/`), `logs_tools/summary.py` and the state
+server's API read these names; nothing else hard-codes one of these defaults.
+
+Defaults that live elsewhere, and why:
+- the state server's own settings (ESYNC_STATE_DB, ESYNC_SMOOTHING, ...) are in
+  `stateserver/stateserver/settings.py`: they configure that server process, which may
+  run on another host, not a training run;
+- the launchers' own flags (`--workers`, `--servers`, `--slowdown`, the experiment's
+  time budget and target) are in their parsers (`launch/local.py`,
+  `launch/experiment.py`): they describe a launch, not a process of the job;
+- how an algorithm is named and which flags select it is in `esync/registry.py`.
 """
 
 # --- what to train -------------------------------------------------------------------
@@ -44,5 +55,16 @@ SLOWDOWN = 1.0                 # --slowdown: behave as a device this many times 
 
 # --- ESync state server --------------------------------------------------------------
 STATE_SERVER_IP = "127.0.0.1"  # -ip
-STATE_SERVER_PORT = 10010      # -port
+STATE_SERVER_PORT = 10010      # -port; also where launch/hosts.py starts the state server
 MAX_LOCAL_STEPS = 16           # --max-local-steps: the most local iterations of a round
+                               #   (also the state server's, for a job created without it)
+STATE_SERVER_PATIENCE = 60.0   # ESYNC_STATE_SERVER_PATIENCE: seconds a worker retries an
+                               #   unreachable state server before it ends the job
+
+# --- the cluster (ps-lite's variables) ------------------------------------------------
+SCHEDULER_PORT = 9091          # DMLC_PS_ROOT_PORT that launch/hosts.py gives (--port)
+HEARTBEAT_INTERVAL = 1.0       # PS_HEARTBEAT_INTERVAL: seconds between a node's heartbeats
+HEARTBEAT_TIMEOUT = 10.0       # PS_HEARTBEAT_TIMEOUT: seconds of silence = a dead node
+
+# --- launchers and log tools ----------------------------------------------------------
+RUNS_DIR = "runs"              # --out of launch/local.py and launch/experiment.py

@@ -3,6 +3,9 @@
 Every flag of the original ESync is kept with its short form (`-l`, `-ll`, `-gl`, `-b`,
 `-dd`, `-g`, `-c`, `-n`, `-ld`, `-e`, `-m`, `-dcasgd`, `-s`, `-ip`, `-port`), so that its
 users' commands still work; defaults come from the top-level `config.py`.
+
+Parsing imports nothing heavy (no torch): the launchers parse the flags they pass to
+workers with this same parser, so that a bad flag is refused before anything starts.
 """
 
 import argparse
@@ -14,12 +17,10 @@ from typing import Annotated, Optional, Sequence
 from argparse_dataclass import ArgumentParser
 
 import config
+from esync.data import DATASETS, SHUFFLES
 from esync.errors import UserError
 from esync.models import NETWORKS
-
-MODES = ("local", "sync", "async", "esync")
-DATASETS = ("digits", "fashion-mnist", "mnist")
-SHUFFLES = ("corgipile", "once", "none")
+from esync.registry import MODES
 
 # A bool that takes a value (`-c 1`, `-s True`), as the original's flags did. The
 # annotation keeps argparse-dataclass from turning it into a value-less switch.
@@ -96,7 +97,7 @@ class Options:
                         choices=sorted(NETWORKS))
     log_dir: str = _opt(["-ld", "--log-dir"], config.LOG_DIR,
                         "where LOG_DIR/<host>/<device>/iter-<n>.json are written")
-    eval_duration: int = _opt(["-e", "--eval-duration"], config.EVAL_DURATION,
+    eval_every: int = _opt(["-e", "--eval-duration"], config.EVAL_DURATION,
                               "evaluate test accuracy every N rounds (local mode: a round "
                               "is N iterations and is evaluated)", type=_positive_int)
     mode: str = _opt(["-m", "--mode"], config.MODE, "training algorithm", choices=MODES)

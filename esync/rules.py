@@ -29,6 +29,8 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 import torch
 
+from esync import registry
+
 WEIGHTS, BUFFERS = 0, 1
 
 # Frames received without a copy are read-only; torch warns when it views them, though
@@ -55,8 +57,9 @@ class RuleConfig:
         if not isinstance(header, dict):
             raise ValueError("'rule' must be a map")
         name = header.get("name")
-        if name not in RULES:
-            raise ValueError(f"unknown rule {name!r} (expected one of {', '.join(RULES)})")
+        names = [a.key for a in registry.with_rules()]
+        if name not in names:
+            raise ValueError(f"unknown rule {name!r} (expected one of {', '.join(names)})")
         numbers = {}
         for key in ("lr", "momentum", "weight_decay", "lamda"):
             value = header.get(key, 0.0)
@@ -219,8 +222,6 @@ class DCASGDRule(AsyncRule):
             self.backup[worker][offset:offset + length].copy_(self.sgd.w[offset:offset + length])
 
 
-RULES = {"sync": SyncRule, "esync": ESyncRule, "async": AsyncRule, "dcasgd": DCASGDRule}
-
-
 def make_rule(weights: np.ndarray, buffers: np.ndarray, config: RuleConfig) -> Rule:
-    return RULES[config.name](weights, buffers, config)
+    """The rule of algorithm `config.name` (esync.registry) on this shard."""
+    return registry.ALGORITHMS[config.name].rule_class()(weights, buffers, config)

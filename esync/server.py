@@ -17,22 +17,26 @@ Anything malformed is answered with `error` (and logged); the server goes on ser
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Tuple
+import logging
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import zmq
 
 from esync.rules import Key, Rule, RuleConfig, make_rule
+from esync.transport.cluster import ClusterEnv, advertised_address
 from esync.transport.message import (CHUNK_VALUES, Message, MessageError, chunk_spans,
                                      decode, encode)
+from esync.transport.node import Node
 
 REQUESTS = ("init", "pull", "push")
 
+log = logging.getLogger(__name__)
+
 
 class ShardServer:
-    def __init__(self, rank: int, num_workers: int, sock: zmq.Socket,
-                 log: Callable[[str], None] = print):
-        self.rank, self.num_workers, self.sock, self.log = rank, num_workers, sock, log
+    def __init__(self, rank: int, num_workers: int, sock: zmq.Socket):
+        self.rank, self.num_workers, self.sock = rank, num_workers, sock
         self.sections: Tuple[np.ndarray, ...] = ()
         self.rule: Optional[Rule] = None
         self.stop_reason: Optional[str] = None
@@ -47,7 +51,7 @@ class ShardServer:
             worker = self._worker(msg)
             getattr(self, f"_on_{msg.type}")(identity, worker, msg)
         except MessageError as e:
-            self.log(f"[server {self.rank}] rejected a message from {identity!r}: {e}")
+            log.warning("[server %d] rejected a message from %r: %s", self.rank, identity, e)
             self._send(identity, {"type": "error", "error": str(e)})
 
     def _worker(self, msg: Message) -> int:
@@ -76,8 +80,8 @@ class ShardServer:
                                f"{self.num_workers}")
         self.sections = tuple(self._gather(c, n) for c, n in zip(chunks, msg.header["lengths"]))
         self.rule = make_rule(*self.sections, config)
-        self.log(f"[server {self.rank}] shard of {len(self.sections[0])} weights and "
-                 f"{len(self.sections[1])} buffer values, rule {config.name}")
+        log.info("[server %d] shard of %d weights and %d buffer values, rule %s", self.rank,
+                 len(self.sections[0]), len(self.sections[1]), config.name)
         self._send(identity, {"type": "ack"})
         for waiter, pulling in self.early_pulls:
             self._answer_all(waiter, pulling, 0)
@@ -101,7 +105,8 @@ class ShardServer:
             raise MessageError(problem)
         if isinstance(header.get("stop"), str) and self.stop_reason is None:
             self.stop_reason = header["stop"]
-            self.log(f"[server {self.rank}] worker {worker} ends the job: {self.stop_reason}")
+            log.info("[server %d] worker %d ends the job: %s", self.rank, worker,
+                     self.stop_reason)
         waiting = self.waiting.setdefault(key, [])
         waiting.append((identity, worker, round_))
         if self.rule.add(worker, key, values):
@@ -155,25 +160,24 @@ class ShardServer:
             pass
 
 
-def run_server(node, log: Callable[[str], None] = print) -> int:
-    """Register with the scheduler, then serve one shard until it says shut down."""
-    from esync.transport.cluster import advertised_address
-
-    sock = node.context.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    sock.setsockopt(zmq.LINGER, 1000)
-    host = advertised_address(node.env)
-    try:
-        port = sock.bind_to_random_port(f"tcp://{host}")
-        assignment = node.register(host=host, port=port)
-        server = ShardServer(assignment["rank"], assignment["num_workers"], sock, log)
-        log(f"[server {server.rank}] serving shard {server.rank} of "
-            f"{assignment['num_servers']} at tcp://{host}:{port}")
-        while not node.shutdown_requested:
-            node.check()
-            if sock.poll(100):
-                server.handle(sock.recv_multipart(copy=False))
-        log(f"[server {server.rank}] shut down by the scheduler")
-        return 0
-    finally:
-        sock.close()
+def run_server(env: ClusterEnv) -> int:
+    """Join the job, then serve one shard until the scheduler says shut down."""
+    with Node(env, "server") as node:
+        sock = node.context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.LINGER, 1000)
+        host = advertised_address(env)
+        try:
+            port = sock.bind_to_random_port(f"tcp://{host}")
+            assignment = node.register(host=host, port=port)
+            server = ShardServer(assignment["rank"], assignment["num_workers"], sock)
+            log.info("[server %d] serving shard %d of %d at tcp://%s:%d", server.rank,
+                     server.rank, assignment["num_servers"], host, port)
+            while not node.shutdown_requested:
+                node.check()
+                if sock.poll(100):
+                    server.handle(sock.recv_multipart(copy=False))
+            log.info("[server %d] shut down by the scheduler", server.rank)
+            return 0
+        finally:
+            sock.close()

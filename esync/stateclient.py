@@ -10,16 +10,36 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
+import os
 import threading
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
-PATIENCE_S = 60.0
+import config
+from esync.errors import UserError
+
+PATIENCE_ENV = "ESYNC_STATE_SERVER_PATIENCE"
 RETRY_S = 0.5
+
+log = logging.getLogger(__name__)
 
 
 class StateServerError(RuntimeError):
     pass
+
+
+def patience_from_environ(environ: Mapping[str, str] = os.environ) -> float:
+    """How long a worker retries an unreachable state server (ESYNC_STATE_SERVER_PATIENCE,
+    seconds); a bad value is a UserError."""
+    raw = environ.get(PATIENCE_ENV, str(config.STATE_SERVER_PATIENCE))
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise UserError(f"{PATIENCE_ENV} must be a number of seconds >= 0, got {raw!r}")
+    return value
 
 
 def _json_object(raw: bytes) -> Optional[Dict]:
@@ -31,11 +51,11 @@ def _json_object(raw: bytes) -> Optional[Dict]:
 
 
 class StateClient:
-    def __init__(self, host: str, port: int, job: str, patience: float = PATIENCE_S,
-                 check: Callable[[], None] = lambda: None,
-                 log: Callable[[str], None] = print):
+    def __init__(self, host: str, port: int, job: str,
+                 patience: float = config.STATE_SERVER_PATIENCE,
+                 check: Callable[[], None] = lambda: None):
         self.host, self.port, self.job = host, port, job
-        self.patience, self.check, self.log = patience, check, log
+        self.patience, self.check = patience, check
         self._conn: Optional[http.client.HTTPConnection] = None
 
     @property
@@ -67,8 +87,8 @@ class StateClient:
                                        f"is it the ESync state server? (-ip/--state-server-ip, "
                                        f"-port/--state-server-port)")
             if not warned:
-                self.log(f"[esync] state server {self.url}: {problem}; retrying for up to "
-                         f"{self.patience:g} s")
+                log.warning("[esync] state server %s: %s; retrying for up to %g s", self.url,
+                            problem, self.patience)
                 warned = True
             self.check()  # give up at once if the job was aborted meanwhile
             time.sleep(RETRY_S)

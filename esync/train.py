@@ -1,22 +1,26 @@
 """The training loop, written once: every algorithm plugs into it through its hooks."""
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Deque, Dict, Optional, Tuple
+from typing import Deque, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from esync.algorithms.base import Algorithm
-from esync.data import BatchStream, Dataset
+from esync.data.batches import BatchStream
+from esync.data.datasets import Dataset
 from esync.recorder import Recorder
 
 EVAL_BATCH = 512
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -124,8 +128,8 @@ def _local_iteration(model: nn.Module, algorithm: Algorithm, batches: BatchStrea
 
 
 def train(model: nn.Module, algorithm: Algorithm, batches: BatchStream, dataset: Dataset,
-          recorder: Recorder, stop: StopCriteria, device: torch.device, slowdown: float = 1.0,
-          log: Callable[[str], None] = print) -> TrainResult:
+          recorder: Recorder, stop: StopCriteria, device: torch.device,
+          slowdown: float = 1.0) -> TrainResult:
     """Run rounds until a stop criterion holds.
 
     A round: the algorithm names its number of local iterations; each local iteration
@@ -169,9 +173,9 @@ def train(model: nn.Module, algorithm: Algorithm, batches: BatchStream, dataset:
                                  epoch=round(batches.epochs_done, 6), **algorithm.round_record())
             elapsed = time.perf_counter() - start
             if accuracy_now is not None:
-                log(f"[{algorithm.name}] round {round_} iteration {iterations} "
-                    f"epoch {batches.epochs_done:.2f} loss {mean_loss:.4f} "
-                    f"test accuracy {accuracy_now:.4f} time {elapsed:.1f}s")
+                log.info("[%s] round %d iteration %d epoch %.2f loss %.4f test accuracy %.4f "
+                         "time %.1fs", algorithm.name, round_, iterations,
+                         batches.epochs_done, mean_loss, accuracy_now, elapsed)
             diverged = not math.isfinite(mean_loss)
             if diverged:
                 reason = "stopped: the training loss is not finite (learning rate too high?)"
@@ -182,8 +186,8 @@ def train(model: nn.Module, algorithm: Algorithm, batches: BatchStream, dataset:
                 break
     finally:
         algorithm.finish()
-    log(f"[{algorithm.name}] {reason} after {round_} rounds, {iterations} iterations, "
-        f"{time.perf_counter() - start:.1f}s; last test accuracy "
-        f"{'n/a' if accuracy is None else f'{accuracy:.4f}'}")
+    log.info("[%s] %s after %d rounds, %d iterations, %.1fs; last test accuracy %s",
+             algorithm.name, reason, round_, iterations, time.perf_counter() - start,
+             "n/a" if accuracy is None else f"{accuracy:.4f}")
     return TrainResult(round_, iterations, batches.epochs_done, time.perf_counter() - start,
                        accuracy, reason, diverged)

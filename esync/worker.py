@@ -1,17 +1,37 @@
-"""Builds one training process (data partition, network, logs) and runs the training loop."""
+"""A training process, standalone or a worker of a job: checked, built and run here.
+
+`check` runs before the process joins anything (a bad flag must end the job before it
+starts); `run_standalone` and `run_cluster_worker` then build the process's parts once
+(device, data, partition, network, recorder, algorithm) and run the training loop.
+"""
 from __future__ import annotations
 
+import logging
+import os
 import socket
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
-from esync.algorithms import Algorithm
-from esync.data import BatchStream, EpochOrder, load_dataset, partition
+from esync import registry
+from esync.algorithms.base import Job
 from esync.errors import UserError
-from esync.models import build_network
 from esync.options import Options
-from esync.recorder import Recorder
 from esync.train import StopCriteria, TrainResult, train
+from esync.transport.cluster import REQUIRED, ClusterEnv
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """A training process's settings, checked: what `check` found good."""
+
+    opts: Options
+    algorithm: registry.Algorithm
+    device: torch.device
+    state_server_patience: float = 0.0
 
 
 def select_device(opts: Options) -> torch.device:
@@ -26,6 +46,29 @@ def select_device(opts: Options) -> torch.device:
     return torch.device(f"cuda:{opts.gpu}")
 
 
+def check(opts: Options, env: Optional[ClusterEnv]) -> WorkerPlan:
+    """Everything about a training process that can be wrong before it starts: the mode
+    against the cluster variables, the device, the state server's patience."""
+    algorithm = registry.of_options(opts)
+    standalone = registry.ALGORITHMS[registry.STANDALONE]
+    if env is None and algorithm.distributed:
+        missing = ", ".join(v for v in REQUIRED if v not in os.environ)
+        raise UserError(f"-m/--mode {opts.mode} runs in a cluster: set {missing} "
+                        f"(or use -m {standalone.mode})")
+    if env is not None and not algorithm.distributed:
+        others = ", ".join(dict.fromkeys(a.mode for a in registry.ALGORITHMS.values()
+                                         if a.distributed))
+        raise UserError(f"-m/--mode {opts.mode} trains alone: unset DMLC_ROLE, or pick a "
+                        f"distributed mode ({others})")
+    device = select_device(opts)
+    patience = 0.0
+    if algorithm.state_server:
+        from esync.stateclient import patience_from_environ
+
+        patience = patience_from_environ()
+    return WorkerPlan(opts, algorithm, device, patience)
+
+
 def device_label(opts: Options, device: torch.device) -> str:
     if opts.device_name:
         return opts.device_name
@@ -36,10 +79,17 @@ def stop_criteria(opts: Options) -> StopCriteria:
     return StopCriteria(opts.epochs, opts.max_rounds, opts.time_limit, opts.target_accuracy)
 
 
-def run_worker(opts: Options, algorithm: Algorithm, rank: int = 0,
-               num_workers: int = 1) -> TrainResult:
-    """Train partition `rank` of `num_workers` with `algorithm` until a stop criterion."""
-    device = select_device(opts)
+def _train(plan: WorkerPlan, job: Optional[Job]) -> TrainResult:
+    """Build the process's parts, once, and train partition `job.rank` (all data alone)."""
+    from esync.data.batches import BatchStream
+    from esync.data.datasets import load_dataset
+    from esync.data.partition import partition
+    from esync.data.shuffle import EpochOrder
+    from esync.models import build_network
+    from esync.recorder import Recorder
+
+    opts, device = plan.opts, plan.device
+    rank, num_workers = (job.rank, job.num_workers) if job else (0, 1)
     if opts.num_threads:
         torch.set_num_threads(opts.num_threads)
     torch.manual_seed(opts.seed)
@@ -53,13 +103,35 @@ def run_worker(opts: Options, algorithm: Algorithm, rank: int = 0,
                        block_size=opts.block_size, buffer_ratio=opts.buffer_ratio)
     batches = BatchStream(dataset, order, opts.batch_size, device)
     model = build_network(opts.network).to(device)
+    algorithm = plan.algorithm.worker_class().from_options(opts, job)
     stop = stop_criteria(opts)
     with Recorder(opts.log_dir, socket.gethostname(), device_label(opts, device)) as recorder:
-        print(f"[{algorithm.name}] training {opts.network} on {opts.dataset} "
-              f"({len(indices)} samples, rank {rank} of {num_workers}) on {device}; "
-              f"logs in {recorder.path}", flush=True)
+        log.info("[%s] training %s on %s (%d samples, rank %d of %d) on %s; logs in %s",
+                 algorithm.name, opts.network, opts.dataset, len(indices), rank, num_workers,
+                 device, recorder.path)
         if not any(vars(stop).values()):
-            print(f"[{algorithm.name}] no stop criterion given (--epochs, --max-rounds, "
-                  f"--time-limit, --target-accuracy): training until interrupted", flush=True)
-        return train(model, algorithm, batches, dataset, recorder, stop,
-                     device, opts.slowdown, log=lambda line: print(line, flush=True))
+            log.info("[%s] no stop criterion given (--epochs, --max-rounds, --time-limit, "
+                     "--target-accuracy): training until interrupted", algorithm.name)
+        return train(model, algorithm, batches, dataset, recorder, stop, device,
+                     opts.slowdown)
+
+
+def _exit_status(result: TrainResult) -> int:
+    return 1 if result.diverged else 0
+
+
+def run_standalone(plan: WorkerPlan) -> int:
+    """`-m local`: one process trains on all the data; the exit status."""
+    return _exit_status(_train(plan, None))
+
+
+def run_cluster_worker(plan: WorkerPlan, env: ClusterEnv) -> int:
+    """Join the job, train this worker's partition, tell the scheduler it is done."""
+    from esync.transport.node import Node
+
+    with Node(env, "worker") as node:
+        assignment = node.register(mode=plan.algorithm.key, network=plan.opts.network)
+        job = Job.from_assignment(node, assignment, plan.state_server_patience)
+        result = _train(plan, job)
+        node.finish()
+    return _exit_status(result)

@@ -12,6 +12,9 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAIN = os.path.join(REPO, "main.py")
+#: the variables that make main.py a node of a cluster (tests start from none of them)
+CLUSTER_VARIABLES = ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
+                     "DMLC_NUM_WORKER")
 IDX_NAMES = {
     "train_images": "train-images-idx3-ubyte",
     "train_labels": "train-labels-idx1-ubyte",
@@ -57,8 +60,7 @@ def run_main(args: Sequence[str], timeout: float = 240, env: Optional[dict] = No
              cwd: Optional[str] = None) -> subprocess.CompletedProcess:
     """Run `python main.py ARGS` as a new process (one torch thread) and wait for it."""
     full_env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    for var in ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
-                "DMLC_NUM_WORKER"):
+    for var in CLUSTER_VARIABLES:
         full_env.pop(var, None)
     full_env.update(env or {})
     return subprocess.run([sys.executable, MAIN, *args], capture_output=True, text=True,

@@ -1,11 +1,28 @@
-"""The command line: every flag documented, every bad value one clear line and exit 2."""
+"""The command line: every flag documented, every bad value one clear line and exit 2.
+
+The checks run main.py's `main` in this process (a bad flag stops before anything
+heavy starts); one test runs a real `python main.py` to check the same from outside."""
 import re
 
 import pytest
 import torch
 
+from esync.cli import main
 from esync.options import Options, build_parser, parse_options
-from tests.helpers import run_main
+from tests.helpers import CLUSTER_VARIABLES, run_main
+
+
+def run_in_process(args, capsys, monkeypatch, env=None):
+    """main.py's exit status and its (stdout, stderr), run in this process with exactly
+    the cluster variables in `env`."""
+    for var in CLUSTER_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in (env or {}).items():
+        monkeypatch.setenv(var, value)
+    capsys.readouterr()
+    code = main(list(args), prog="main.py")
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def _flags():
@@ -20,7 +37,7 @@ def test_original_flags_kept():
                           "-port", "10010", "-g", "1"])
     assert opts == Options(learning_rate=0.1, local_lr=0.2, global_lr=0.5, batch_size=32,
                            data_dir="/d", cpu=True, network="resnet18-v1", log_dir="/l",
-                           eval_duration=5, mode="esync", use_dcasgd=True, split_by_class=True,
+                           eval_every=5, mode="esync", use_dcasgd=True, split_by_class=True,
                            state_server_ip="10.1.1.34", state_server_port=10010, gpu=1)
 
 
@@ -35,14 +52,39 @@ def test_new_flags_parse():
         ("gpu-fast", 4.0, 8, 0.5)
 
 
-def test_help_documents_every_flag():
-    result = run_main(["--help"])
-    assert result.returncode == 0
+def test_help_documents_every_flag(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["--help"], prog="main.py")
+    assert exit.value.code == 0
+    stdout = capsys.readouterr().out
     for flags in _flags():
         for flag in flags:
-            assert re.search(rf"(^|\s){re.escape(flag)}[\s,]", result.stdout), flag
+            assert re.search(rf"(^|\s){re.escape(flag)}[\s,]", stdout), flag
     # and each has a description with its default
-    assert result.stdout.count("(default:") == len(_flags())
+    assert stdout.count("(default:") == len(_flags())
+
+
+def test_a_real_process_says_one_line_and_exits_2(tmp_path):
+    """What a user sees from `python main.py` with a bad flag, and its --help."""
+    result = run_main(["-b", "-3", "--max-rounds", "1", "-ld", str(tmp_path)])
+    assert result.returncode == 2
+    assert result.stderr == ("main.py: error: argument -b/--batch-size: expected a positive "
+                             "integer, got '-3'\n")
+    assert result.stdout == "" and not list(tmp_path.iterdir())
+    assert run_main(["--help"]).returncode == 0
+
+
+def test_parsing_flags_does_not_import_torch():
+    """Launchers parse worker flags with this parser: it must stay cheap."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from esync.options import parse_options; "
+            "parse_options(['-m', 'esync', '-n', 'resnet18-v1', '--dataset', 'mnist']); "
+            "print(sorted(m for m in ('torch', 'numpy', 'zmq') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.strip() == "[]"
 
 
 BAD = [
@@ -63,24 +105,27 @@ BAD = [
 
 
 @pytest.mark.parametrize("args,message", BAD, ids=[" ".join(a) for a, _ in BAD])
-def test_bad_value_is_one_line_exit_2(args, message, tmp_path):
-    result = run_main([*args, "--max-rounds", "1", "-ld", str(tmp_path)])
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
+def test_bad_value_is_one_line_exit_2(args, message, tmp_path, capsys, monkeypatch):
+    code, out, err = run_in_process([*args, "--max-rounds", "1", "-ld", str(tmp_path)],
+                                    capsys, monkeypatch)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
     assert message in lines[0]
-    assert "Traceback" not in result.stderr + result.stdout
+    assert "Traceback" not in err + out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
-def test_gpu_asked_where_there_is_none(tmp_path):
-    result = run_main(["-g", "0", "--max-rounds", "1", "-ld", str(tmp_path)])
-    assert result.returncode == 2
-    assert result.stderr.strip() == ("main.py: error: -g/--gpu 0: this machine has no CUDA "
-                                     "device; leave out -g (or pass -c 1) to train on the CPU")
+def test_gpu_asked_where_there_is_none(tmp_path, capsys, monkeypatch):
+    code, out, err = run_in_process(["-g", "0", "--max-rounds", "1", "-ld", str(tmp_path)],
+                                    capsys, monkeypatch)
+    assert code == 2
+    assert err.strip() == ("main.py: error: -g/--gpu 0: this machine has no CUDA "
+                           "device; leave out -g (or pass -c 1) to train on the CPU")
     # -c 1 overrides -g, as in the original
-    ok = run_main(["-g", "0", "-c", "1", "--max-rounds", "1", "-ld", str(tmp_path)])
-    assert ok.returncode == 0, ok.stderr
+    code, out, err = run_in_process(["-g", "0", "-c", "1", "--max-rounds", "1",
+                                     "-ld", str(tmp_path)], capsys, monkeypatch)
+    assert code == 0, err
 
 
 def test_readme_documents_every_flag_with_its_default():
@@ -117,10 +162,10 @@ BAD_ENV = [
 
 
 @pytest.mark.parametrize("env,args,message", BAD_ENV, ids=[m[:30] for _, _, m in BAD_ENV])
-def test_bad_cluster_variables_are_one_line_exit_2(env, args, message):
-    result = run_main(args, env=env, timeout=60)
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
+def test_bad_cluster_variables_are_one_line_exit_2(env, args, message, capsys, monkeypatch):
+    code, out, err = run_in_process(args, capsys, monkeypatch, env)
+    assert code == 2, err
+    lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"main.py: error: {message}"), lines
 
 

@@ -52,8 +52,7 @@ def test_server_and_scheduler_survive_malformed_messages(tmp_path):
         job.start("scheduler", "scheduler")
         job.start("server0", "server")
         env = {k: v for k, v in job.env.items() if k.startswith(("DMLC_", "PS_"))}
-        node = Node(ClusterEnv.from_environ({**env, "DMLC_ROLE": "worker"}), "worker",
-                    log=lambda line: None)
+        node = Node(ClusterEnv.from_environ({**env, "DMLC_ROLE": "worker"}), "worker")
         try:
             assignment = node.register(mode="sync", network="test")
             # garbage to the scheduler: it must drop it and go on (node.finish below)

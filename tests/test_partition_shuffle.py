@@ -3,7 +3,10 @@ import numpy as np
 import pytest
 import torch
 
-from esync.data import BatchStream, EpochOrder, load_dataset, partition
+from esync.data.batches import BatchStream
+from esync.data.datasets import load_dataset
+from esync.data.partition import partition
+from esync.data.shuffle import EpochOrder
 
 LABELS = np.repeat(np.arange(10), 101)  # 1010 samples, 101 per class, stored by class
 np.random.default_rng(5).shuffle(LABELS)

@@ -7,12 +7,36 @@ runtime calls the algorithm; the algorithm never drives the runtime.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
+if TYPE_CHECKING:
+    from esync.options import Options
+    from esync.transport.node import Node
+
 Phases = Dict[str, float]
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a worker of a distributed job knows once it has joined (the scheduler's
+    assignment), handed to its algorithm."""
+
+    node: "Node"
+    rank: int
+    num_workers: int
+    servers: List[str]          # address of server 0, 1, ...
+    id: str                     # the job id the scheduler drew
+    state_server_patience: float = 0.0  # ESYNC_STATE_SERVER_PATIENCE, where it matters
+
+    @classmethod
+    def from_assignment(cls, node: "Node", assignment: Dict[str, Any],
+                        state_server_patience: float = 0.0) -> "Job":
+        return cls(node, assignment["rank"], assignment["num_workers"],
+                   list(assignment["servers"]), assignment["job"], state_server_patience)
 
 
 class Algorithm:
@@ -20,6 +44,12 @@ class Algorithm:
 
     #: short name, as in the log and the printed lines
     name = "algorithm"
+
+    @classmethod
+    def from_options(cls, opts: "Options", job: Optional[Job]) -> "Algorithm":
+        """The algorithm as the command line configures it; `job` is None for a
+        process training alone."""
+        raise NotImplementedError
 
     def setup(self, model: nn.Module, device: torch.device) -> None:
         """Called once before the first round, with the model on its device."""

@@ -14,6 +14,7 @@ receives the new weights and starts round t+1 from them.
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Dict, Optional, Tuple
 
@@ -21,19 +22,21 @@ import numpy as np
 import torch
 from torch import nn
 
-from esync.algorithms.base import Phases
-from esync.algorithms.pushpull import GradientPushPull
+from esync import registry
+from esync.algorithms.base import Job, Phases
+from esync.algorithms.pushpull import PushPull
 from esync.rules import RuleConfig
 from esync.stateclient import PendingBudget, StateClient
-from esync.transport.node import Node
+
+log = logging.getLogger(__name__)
 
 
-class ESync(GradientPushPull):
-    def __init__(self, node: Node, assignment: Dict[str, Any], state: StateClient,
-                 local_lr: float, momentum: float, weight_decay: float, global_lr: float,
-                 max_local_steps: int, eval_duration: int):
-        rule = RuleConfig("esync", assignment["num_workers"], lr=global_lr)
-        super().__init__(rule, node, assignment, eval_duration)
+class ESync(PushPull):
+    def __init__(self, job: Job, state: StateClient, local_lr: float, momentum: float,
+                 weight_decay: float, global_lr: float, max_local_steps: int,
+                 eval_every: int, key: str):
+        rule = RuleConfig(key, job.num_workers, lr=global_lr)
+        super().__init__(rule, job, eval_every, synchronous=True)
         self.state = state
         self.local = (local_lr, momentum, weight_decay)
         self.max_local_steps = max_local_steps
@@ -43,6 +46,16 @@ class ESync(GradientPushPull):
         self.budget, self.request_seconds = 1, 0.0
         self._next: Optional[PendingBudget] = None  # the next round's budget, on its way
         self._steps, self._computing_since = 0, 0.0
+
+    @classmethod
+    def from_options(cls, opts, job: Optional[Job]) -> "ESync":
+        state = StateClient(opts.state_server_ip, opts.state_server_port, job.id,
+                            patience=job.state_server_patience, check=job.node.check)
+        if job.rank == 0:
+            log.info("[esync] job %s; budgets at %s/jobs/%s/", job.id, state.url, job.id)
+        return cls(job, state, opts.local_lr, opts.momentum, opts.weight_decay,
+                   opts.global_lr, opts.max_local_steps, opts.eval_every,
+                   registry.of_options(opts).key)
 
     def setup(self, model: nn.Module, device: torch.device) -> None:
         if self.rank == 0:  # before the barrier: the job is known when others first ask

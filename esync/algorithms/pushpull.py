@@ -1,37 +1,45 @@
-"""SSGD, ASGD and DC-ASGD on the worker: push each iteration's gradient, pull the weights.
+"""The worker's side of the parameter servers: at a round's end, push, then pull.
 
-On the worker the three are the same algorithm; they differ in the server's rule
-(esync.rules): SSGD's server answers once all workers pushed the round, ASGD's at once,
-DC-ASGD's at once with delay compensation. A round is one local iteration.
+SSGD, ASGD and DC-ASGD run this class as it is: each round is one local iteration and
+pushes its gradient. On the worker the three are the same; they differ in the server's
+rule (esync.rules): SSGD's server answers once all workers pushed the round, ASGD's at
+once, DC-ASGD's at once with delay compensation. ESync (esync.algorithms.esync) builds
+on it and pushes its model delta instead.
 """
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
 from torch import nn
 
-from esync.algorithms.base import Algorithm, Phases
+from esync import registry
+from esync.algorithms.base import Algorithm, Job, Phases
 from esync.flat import FlatModel
 from esync.kvstore import KVStore
 from esync.rules import RuleConfig
-from esync.transport.node import Node
 
 
-class GradientPushPull(Algorithm):
-    def __init__(self, rule: RuleConfig, node: Node, assignment: Dict[str, Any],
-                 eval_duration: int):
+class PushPull(Algorithm):
+    def __init__(self, rule: RuleConfig, job: Job, eval_every: int, synchronous: bool):
         self.name = rule.name
-        self.rule, self.node = rule, node
-        self.rank = assignment["rank"]
-        self.servers = assignment["servers"]
-        self.eval_duration = eval_duration
-        self.collective = rule.name in ("sync", "esync")  # every worker waits for all
+        self.rule, self.node = rule, job.node
+        self.rank = job.rank
+        self.servers = job.servers
+        self.eval_every = eval_every
+        self.synchronous = synchronous  # every worker waits for all in each round
         self.flat: Optional[FlatModel] = None
         self.kv: Optional[KVStore] = None
         self._announced: Optional[str] = None
+
+    @classmethod
+    def from_options(cls, opts, job: Optional[Job]) -> "PushPull":
+        algorithm = registry.of_options(opts)
+        rule = RuleConfig(algorithm.key, job.num_workers, opts.learning_rate, opts.momentum,
+                          opts.weight_decay, opts.dcasgd_lamda if algorithm.dcasgd else 0.0)
+        return cls(rule, job, opts.eval_every, algorithm.synchronous)
 
     def setup(self, model: nn.Module, device: torch.device) -> None:
         self.flat = FlatModel(model, device)
@@ -64,11 +72,11 @@ class GradientPushPull(Algorithm):
         return {self.aggregate_phase: time.perf_counter() - start}
 
     def evaluates(self, round_: int) -> bool:
-        return self.rank == 0 and round_ % self.eval_duration == 0
+        return self.rank == 0 and round_ % self.eval_every == 0
 
     @property
     def decides_stop(self) -> bool:
-        return self.rank == 0 or not self.collective
+        return self.rank == 0 or not self.synchronous
 
     def agree_stop(self, reason: Optional[str]) -> Optional[str]:
         if self.kv.stop_reason is not None:

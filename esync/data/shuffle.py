@@ -12,13 +12,15 @@ from typing import Sequence
 
 import numpy as np
 
+from esync.data import SHUFFLES
+
 
 class EpochOrder:
     """`order(epoch)` is a permutation of `indices` for that epoch (deterministic by seed)."""
 
     def __init__(self, indices: np.ndarray, kind: str, seed: int | Sequence[int],
                  block_size: int = 32, buffer_ratio: float = 0.1):
-        if kind not in ("corgipile", "once", "none"):
+        if kind not in SHUFFLES:
             raise ValueError(f"unknown shuffle {kind!r}")
         self.indices = np.asarray(indices)
         self.kind = kind

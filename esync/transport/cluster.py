@@ -8,6 +8,7 @@ import struct
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+import config
 from esync.errors import UserError
 
 ROLES = ("scheduler", "server", "worker")
@@ -23,9 +24,9 @@ class ClusterEnv:
     num_servers: int
     num_workers: int
     interface: Optional[str] = None
-    verbose: bool = False
-    heartbeat_interval: float = 1.0
-    heartbeat_timeout: float = 10.0
+    verbose: bool = False  # PS_VERBOSE: the CLI logs the transport's messages (DEBUG)
+    heartbeat_interval: float = config.HEARTBEAT_INTERVAL
+    heartbeat_timeout: float = config.HEARTBEAT_TIMEOUT
 
     @property
     def scheduler_address(self) -> str:
@@ -53,11 +54,14 @@ class ClusterEnv:
                 raise UserError(f"{name}={text!r}: expected a number >= {low}")
             return value
 
-        port = number("DMLC_PS_ROOT_PORT", int, 1)
+        port = number("DMLC_PS_ROOT_PORT", int, 0)
         if port > 65535:
             raise UserError(f"DMLC_PS_ROOT_PORT={port}: expected a port number in 1..65535")
-        interval = number("PS_HEARTBEAT_INTERVAL", float, 0.01, 1.0)
-        timeout = number("PS_HEARTBEAT_TIMEOUT", float, 0.05, 10.0)
+        if port == 0 and role != "scheduler":
+            raise UserError("DMLC_PS_ROOT_PORT=0: only the scheduler can pick a free port "
+                            "(it reports it through ESYNC_READY_FD); give the others its port")
+        interval = number("PS_HEARTBEAT_INTERVAL", float, 0.01, config.HEARTBEAT_INTERVAL)
+        timeout = number("PS_HEARTBEAT_TIMEOUT", float, 0.05, config.HEARTBEAT_TIMEOUT)
         if timeout <= interval:
             raise UserError(f"PS_HEARTBEAT_TIMEOUT={timeout:g} must be longer than "
                             f"PS_HEARTBEAT_INTERVAL={interval:g}")

@@ -11,16 +11,17 @@ watchdog ends the process if it has not ended by itself shortly after.
 """
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
-import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import zmq
 
+from esync.errors import UserError
 from esync.transport.cluster import ClusterEnv
 from esync.transport.message import Message, MessageError, decode, encode
 
@@ -28,6 +29,8 @@ POLL_MS = 100
 RECONNECT_S = 2.0
 NOTICES = ("ack", "abort", "shutdown")
 REPLIES = ("assign", "barrier_done", "ack", "error")
+
+log = logging.getLogger(__name__)
 
 
 def report_failed_start(env: ClusterEnv, reason: str) -> None:
@@ -50,10 +53,12 @@ class JobAborted(Exception):
 
 
 class Node:
-    def __init__(self, env: ClusterEnv, role: str, log: Callable[[str], None] = print):
+    """Use as a context manager: leaving the block closes the node, and leaving it on an
+    error first tells the scheduler (`fail`), which ends the job for everyone."""
+
+    def __init__(self, env: ClusterEnv, role: str):
         self.env = env
         self.role = role
-        self.log = log
         self.uid = f"{role}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.context = zmq.Context()
         # sockets that set no LINGER of their own get 0, so that closing the context can
@@ -89,10 +94,10 @@ class Node:
 
     # --- requests to the scheduler ----------------------------------------------------
     def _request(self, header: Dict[str, Any]) -> Message:
-        self._verbose(f"-> scheduler {header}")
+        log.debug("[ps %s] -> scheduler %s", self.name, header)
         self._control.send_multipart(encode({"sender": self.uid, **header}))
         reply = self.wait(self._control, REPLIES)
-        self._verbose(f"<- scheduler {reply.header}")
+        log.debug("[ps %s] <- scheduler %s", self.name, reply.header)
         if reply.type == "error":
             raise JobAborted(f"the scheduler refused {header['type']}: {reply.header.get('error')}")
         return reply
@@ -151,13 +156,14 @@ class Node:
                     try:
                         notice = decode(sock.recv_multipart(copy=False), NOTICES)
                     except MessageError as e:
-                        self.log(f"[{self.name}] dropped a bad notice from the scheduler: {e}")
+                        log.warning("[%s] dropped a bad notice from the scheduler: %s",
+                                    self.name, e)
                         continue
                     last_answer = time.monotonic()
                     if notice.type == "abort":
                         self._abort(str(notice.header.get("reason", "aborted by the scheduler")))
                     elif notice.type == "shutdown":
-                        self._verbose("<- scheduler shutdown")
+                        log.debug("[ps %s] <- scheduler shutdown", self.name)
                         sock.send_multipart(encode({"type": "bye", "sender": self.uid}))
                         self._shutdown.set()
                 if last_answer is not None and time.monotonic() - last_answer > timeout \
@@ -175,15 +181,12 @@ class Node:
 
         def watchdog():
             if not self._closing.wait(grace):
-                print(f"esync: error: job aborted: {reason} ({self.name} did not end within "
-                      f"{grace:g} s, exiting)", file=sys.stderr, flush=True)
+                log.error("esync: error: job aborted: %s (%s did not end within %g s, "
+                          "exiting)", reason, self.name, grace)
+                logging.shutdown()  # flush the handlers: os._exit skips it
                 os._exit(1)
 
         threading.Thread(target=watchdog, name="abort-watchdog", daemon=True).start()
-
-    def _verbose(self, text: str) -> None:
-        if self.env.verbose:
-            self.log(f"[ps {self.name}] {text}")
 
     def close(self) -> None:
         """Stop heartbeats and close every socket of this node's context (also those a
@@ -191,3 +194,12 @@ class Node:
         self._closing.set()
         self._heartbeats.join(timeout=5)
         self.context.destroy(linger=1000)
+
+    def __enter__(self) -> "Node":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if error is not None and not isinstance(error, JobAborted):
+            self.fail(str(error) if isinstance(error, UserError)
+                      else f"{kind.__name__}: {error}")
+        self.close()

@@ -2,19 +2,23 @@
 and the end of the job (ps-lite's scheduler node)."""
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import zmq
 
+from esync import ready
 from esync.errors import UserError
 from esync.transport.cluster import ClusterEnv, resolve
 from esync.transport.message import MessageError, decode, encode
 
 POLL_MS = 100
 REQUESTS = ("register", "heartbeat", "barrier", "finished", "abort", "bye")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -36,7 +40,6 @@ class Member:
 @dataclass
 class Scheduler:
     env: ClusterEnv
-    log: Callable[[str], None] = print
     members: Dict[str, Member] = field(default_factory=dict)
     last_seen: Dict[str, float] = field(default_factory=dict)
     barriers: Dict[str, List[str]] = field(default_factory=dict)
@@ -53,16 +56,21 @@ class Scheduler:
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a node's fresh connection takes over
         self.sock.setsockopt(zmq.LINGER, 2000)
-        address = f"tcp://{resolve(self.env.root_uri, 'DMLC_PS_ROOT_URI')}:{self.env.root_port}"
+        host = f"tcp://{resolve(self.env.root_uri, 'DMLC_PS_ROOT_URI')}"
+        port = self.env.root_port
         try:
-            self.sock.bind(address)
+            if port == 0:  # DMLC_PS_ROOT_PORT=0: a free port, reported (esync.ready)
+                port = self.sock.bind_to_random_port(host)
+            else:
+                self.sock.bind(f"{host}:{port}")
         except zmq.ZMQError as e:
             self.sock.close(linger=0)
             context.term()
             raise UserError(f"DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT: cannot listen on "
-                            f"{address}: {e}") from None
-        self.log(f"[scheduler] listening on {address} for {self.env.num_servers} server(s) "
-                 f"and {self.env.num_workers} worker(s)")
+                            f"{host}:{port}: {e}") from None
+        log.info("[scheduler] listening on %s:%d for %d server(s) and %d worker(s)", host,
+                 port, self.env.num_servers, self.env.num_workers)
+        ready.announce(port)
         try:
             code = self._serve()
         finally:
@@ -82,11 +90,11 @@ class Scheduler:
                 now = time.monotonic()
                 left = [m for m in self.members.values() if m.role == "server" and not m.finished]
                 if not left:
-                    self.log(f"[scheduler] all {len(self.members)} nodes are done")
+                    log.info("[scheduler] all %d nodes are done", len(self.members))
                     return 0
                 if now - self.closing_since > self.env.heartbeat_timeout:
-                    self.log(f"[scheduler] {', '.join(m.describe() for m in left)} did not "
-                             f"confirm the shutdown; leaving anyway")
+                    log.warning("[scheduler] %s did not confirm the shutdown; leaving anyway",
+                                ", ".join(m.describe() for m in left))
                     return 0
                 if now - last_notice >= self.env.heartbeat_interval:
                     for server in left:  # again, until each one confirms
@@ -103,15 +111,14 @@ class Scheduler:
         try:
             msg = decode(frames, REQUESTS)
         except MessageError as e:
-            self.log(f"[scheduler] dropped a malformed message from {identity!r}: {e}")
+            log.warning("[scheduler] dropped a malformed message from %r: %s", identity, e)
             return None
         uid = str(msg.header["sender"])
         self.last_seen[uid] = time.monotonic()
         if msg.type == "heartbeat":
             self._send(identity, {"type": "ack"})
             return None
-        if self.env.verbose:
-            self.log(f"[scheduler] <- {uid}: {msg.header}")
+        log.debug("[scheduler] <- %s: %s", uid, msg.header)
         if msg.type == "register":
             return self._register(identity, uid, msg.header)
         if msg.type == "abort" and uid not in self.members:  # failed before it could join
@@ -128,8 +135,8 @@ class Scheduler:
             workers = [m for m in self.members.values() if m.role == "worker"]
             if self.assigned and all(m.finished for m in workers):
                 self.closing_since = time.monotonic()
-                self.log(f"[scheduler] all {len(workers)} workers finished; shutting the "
-                         f"servers down")
+                log.info("[scheduler] all %d workers finished; shutting the servers down",
+                         len(workers))
             return None
         if msg.type == "bye":  # a server confirms the shutdown
             member.finished = True
@@ -160,8 +167,8 @@ class Scheduler:
                                f"{workers[0].info} but {member.describe()} runs {member.info}")
         self.members[uid] = member
         self.barriers.setdefault("register", []).append(uid)
-        self.log(f"[scheduler] {role} registered: pid {member.pid} on {member.hostname}"
-                 + (f", serving at {address}" if address else ""))
+        log.info("[scheduler] %s registered: pid %d on %s%s", role, member.pid,
+                 member.hostname, f", serving at {address}" if address else "")
         if all(sum(1 for m in self.members.values() if m.role == r) == n
                for r, n in wanted.items()):
             self._assign()
@@ -178,8 +185,8 @@ class Scheduler:
                 "type": "assign", "rank": m.rank, "servers": servers, "job": self.job,
                 "num_servers": self.env.num_servers, "num_workers": self.env.num_workers})
         self.assigned = True
-        self.log(f"[scheduler] all {len(self.members)} nodes registered; ranks assigned; "
-                 f"job id {self.job}")
+        log.info("[scheduler] all %d nodes registered; ranks assigned; job id %s",
+                 len(self.members), self.job)
 
     def _barrier(self, identity: bytes, uid: str, group: str) -> None:
         role = {"workers": "worker", "servers": "server"}.get(group)
@@ -203,7 +210,7 @@ class Scheduler:
         return None
 
     def _abort(self, reason: str, exclude: Optional[str] = None) -> int:
-        self.log(f"[scheduler] error: aborting the job: {reason}")
+        log.error("[scheduler] error: aborting the job: %s", reason)
         for m in self.members.values():
             if m.uid != exclude and not m.finished:
                 self._send(f"{m.uid}/hb".encode(), {"type": "abort", "reason": reason})

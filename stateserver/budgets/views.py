@@ -22,6 +22,8 @@ from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 
+import config
+
 from budgets import rule
 from budgets.models import Device, Job
 
@@ -155,7 +157,8 @@ def job(request: HttpRequest, job: str) -> JsonResponse:
     name = _job_name(job)
     body = _body(request)
     workers = _integer(body, "workers", 1, MAX_WORKERS)
-    cap = _integer(body, "max_local_steps", 1, 1_000_000) if "max_local_steps" in body else 16
+    cap = _integer(body, "max_local_steps", 1, 1_000_000) if "max_local_steps" in body \
+        else config.MAX_LOCAL_STEPS
     with transaction.atomic():
         existing = Job.objects.select_for_update().filter(name=name).first()
         if existing is not None:

@@ -1,9 +1,14 @@
 """`runserver` that first applies the migrations, so that the original's command
 (`python manage.py runserver 0.0.0.0:10010`) works on a fresh clone with no other step,
 and that answers kept-alive connections without Nagle's delay. Production servers
-(gunicorn, which sets TCP_NODELAY itself) need `python manage.py migrate` once."""
+(gunicorn, which sets TCP_NODELAY itself) need `python manage.py migrate` once.
+
+Given port 0 (`runserver 127.0.0.1:0`) it listens on a free port the OS picks, and
+reports it to a supervisor that asked for it (esync.ready: ESYNC_READY_FD)."""
 import os
 import socket
+
+from esync import ready
 
 from django.core.management import call_command
 from django.core.management.commands.runserver import Command as RunServer
@@ -24,6 +29,11 @@ class NoDelayWSGIServer(WSGIServer):
 class Command(RunServer):
     help = "Apply pending migrations, then start the development server."
     server_cls = NoDelayWSGIServer
+
+    def on_bind(self, server_port):
+        super().on_bind(server_port)
+        self.stdout.flush()
+        ready.announce(server_port)
 
     def handle(self, *args, **options):
         if os.environ.get("RUN_MAIN") != "true":  # not again in the autoreloader's child

@@ -1,30 +1,35 @@
 """Standalone training (`-m local`): plain SGD on one device, no communication."""
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
 
-from esync.algorithms.base import Algorithm, Phases
+from esync import registry
+from esync.algorithms.base import Algorithm, Job, Phases
 
 
-class LocalSGD(Algorithm):
-    """A round is `eval_duration` local SGD iterations, each round ends with an evaluation."""
+class StandaloneSGD(Algorithm):
+    """A round is `eval_every` SGD iterations, each round ends with an evaluation."""
 
-    name = "local"
-
-    def __init__(self, lr: float, momentum: float, weight_decay: float, eval_duration: int):
+    def __init__(self, lr: float, momentum: float, weight_decay: float, eval_every: int):
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
-        self.eval_duration = eval_duration
+        self.eval_every = eval_every
         self.optimizer: torch.optim.Optimizer | None = None
+
+    @classmethod
+    def from_options(cls, opts, job: Optional[Job]) -> "StandaloneSGD":
+        algorithm = cls(opts.learning_rate, opts.momentum, opts.weight_decay, opts.eval_every)
+        algorithm.name = registry.of_options(opts).key
+        return algorithm
 
     def setup(self, model: nn.Module, device: torch.device) -> None:
         self.optimizer = torch.optim.SGD(model.parameters(), lr=self.lr, momentum=self.momentum,
                                          weight_decay=self.weight_decay)
 
     def begin_round(self, round_: int) -> Tuple[int, Phases]:
-        return self.eval_duration, {}
+        return self.eval_every, {}
 
     def local_update(self, model: nn.Module) -> None:
         self.optimizer.step()

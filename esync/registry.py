@@ -1,0 +1,139 @@
+"""The algorithms, each described once: how the command line spells it, which server
+rule and worker class run it, and how logs, summaries and figures name it.
+
+A leaf module (standard library only, nothing heavy is imported): the CLI, the launchers
+and the log tools all read names from here and keep no copies. The classes are named by
+`module:attribute` strings and imported only when a process runs the algorithm. Adding
+an algorithm means one entry below plus its worker class (and server rule, if any).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+#: log-folder suffix of a run on split-by-class (non-IID) partitions: esync-niid
+NIID_FOLDER_SUFFIX = "-niid"
+#: summary-file suffix of such a run: ESync-Non-IID.json
+NIID_SUMMARY_SUFFIX = "-Non-IID"
+#: display-name suffix of such a run in figures and tables: ESync (non-IID)
+NIID_DISPLAY_SUFFIX = " (non-IID)"
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One algorithm as the rest of the project knows it."""
+
+    key: str                 # the registry key; also the rule name workers send servers
+    mode: str                # its `-m` value
+    dcasgd: bool             # with `-dcasgd 1` (the original spells DC-ASGD `-m async -dcasgd 1`)
+    worker: str              # module:class of its esync.algorithms.base.Algorithm
+    rule: Optional[str]      # module:class of its server rule (None: no servers)
+    folder: str              # its log folder under OUT/<network>/
+    summary: str             # logs_tools/summary.py writes <summary>.json
+    display: str             # its name in figures and tables
+    synchronous: bool = False   # every worker waits for all in each round
+    state_server: bool = False  # needs the ESync state server
+    eval_every: int = 1      # launch/experiment.py: evaluate every N rounds (a round
+    #                          differs in length between algorithms; each curve gets
+    #                          tens of points)
+
+    @property
+    def distributed(self) -> bool:
+        """Runs as a cluster of scheduler, servers and workers (else: one process)."""
+        return self.rule is not None
+
+    @property
+    def flags(self) -> Tuple[str, ...]:
+        """main.py's flags that select it."""
+        return ("-m", self.mode, *(("-dcasgd", "1") if self.dcasgd else ()))
+
+    def log_folder(self, split_by_class: bool = False) -> str:
+        return self.folder + (NIID_FOLDER_SUFFIX if split_by_class else "")
+
+    def summary_name(self, split_by_class: bool = False) -> str:
+        return self.summary + (NIID_SUMMARY_SUFFIX if split_by_class else "")
+
+    def display_name(self, split_by_class: bool = False) -> str:
+        return self.display + (NIID_DISPLAY_SUFFIX if split_by_class else "")
+
+    def worker_class(self) -> Any:
+        return _load(self.worker)
+
+    def rule_class(self) -> Any:
+        if self.rule is None:
+            raise ValueError(f"{self.key} has no server rule")
+        return _load(self.rule)
+
+
+ALGORITHMS: Dict[str, Algorithm] = {a.key: a for a in (
+    Algorithm("esync", "esync", False, "esync.algorithms.esync:ESync",
+              "esync.rules:ESyncRule", "esync", "ESync", "ESync",
+              synchronous=True, state_server=True, eval_every=3),
+    Algorithm("sync", "sync", False, "esync.algorithms.pushpull:PushPull",
+              "esync.rules:SyncRule", "sync", "Sync", "SSGD", synchronous=True,
+              eval_every=6),
+    Algorithm("async", "async", False, "esync.algorithms.pushpull:PushPull",
+              "esync.rules:AsyncRule", "async", "Async", "ASGD", eval_every=25),
+    Algorithm("dcasgd", "async", True, "esync.algorithms.pushpull:PushPull",
+              "esync.rules:DCASGDRule", "dcasgd", "DCASGD", "DC-ASGD", eval_every=25),
+    Algorithm("local", "local", False, "esync.algorithms.standalone:StandaloneSGD", None,
+              "local", "Local", "Standalone", eval_every=25),
+)}
+
+#: the speedup table's baseline: other algorithms' times are divided by its time
+BASELINE = "sync"
+#: the algorithm of one device training alone (the figures' dashed line)
+STANDALONE = "local"
+
+#: the values `-m` takes, in registry order
+MODES: Tuple[str, ...] = tuple(dict.fromkeys(a.mode for a in ALGORITHMS.values()))
+
+
+def resolve(mode: str, dcasgd: bool = False) -> Algorithm:
+    """The algorithm that `-m MODE [-dcasgd 1]` runs. `-dcasgd` matters only where a
+    mode has a delay-compensated variant (async), as in the original."""
+    fallback = None
+    for algorithm in ALGORITHMS.values():
+        if algorithm.mode == mode:
+            if algorithm.dcasgd == dcasgd:
+                return algorithm
+            if not algorithm.dcasgd:
+                fallback = algorithm
+    if fallback is None:
+        raise KeyError(f"unknown mode {mode!r} (expected one of {', '.join(MODES)})")
+    return fallback
+
+
+def of_options(opts: Any) -> Algorithm:
+    """The algorithm of parsed main.py options (esync.options.Options)."""
+    return resolve(opts.mode, opts.use_dcasgd)
+
+
+def with_rules() -> Iterator[Algorithm]:
+    return (a for a in ALGORITHMS.values() if a.rule is not None)
+
+
+def from_folder(folder: str) -> Optional[Tuple[Algorithm, bool]]:
+    """(algorithm, split by class) of a log folder name such as `esync-niid`; None if
+    the name is no algorithm's."""
+    split = folder.endswith(NIID_FOLDER_SUFFIX)
+    base = folder[:-len(NIID_FOLDER_SUFFIX)] if split else folder
+    for algorithm in ALGORITHMS.values():
+        if algorithm.folder == base:
+            return algorithm, split
+    return None
+
+
+def all_folders() -> Iterator[Tuple[Algorithm, bool]]:
+    """Every (algorithm, split by class) run the experiment knows, in its order: the
+    distributed algorithms on IID data, then on split-by-class data, then standalone."""
+    distributed = [a for a in ALGORITHMS.values() if a.distributed]
+    yield from ((a, False) for a in distributed)
+    yield from ((a, True) for a in distributed)
+    yield from ((a, False) for a in ALGORITHMS.values() if not a.distributed)
+
+
+def _load(path: str) -> Any:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
