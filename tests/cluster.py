@@ -63,6 +63,15 @@ class Cluster:
                 codes[name] = None
         return codes
 
+    def wait_for_output(self, name: str, *texts: str, timeout: float = 60) -> None:
+        """Until each of `texts` is in `name`'s output; fails at once if a process ended."""
+        deadline = time.monotonic() + timeout
+        while not all(text in self.output(name) for text in texts):
+            ended = {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
+            assert not ended, f"processes ended while waiting for {texts}: {ended}"
+            assert time.monotonic() < deadline, f"{name} did not log {texts}"
+            time.sleep(0.05)
+
     def output(self, name: str) -> str:
         with open(os.path.join(self.dir, f"{name}.out")) as f:
             return f.read()

@@ -62,7 +62,8 @@ def test_worker_with_a_bad_flag_ends_the_job(tmp_path):
         job.start("scheduler", "scheduler")
         job.start("server0", "server")
         job.start("worker0", "worker", ["-m", "sync", "--device-name", "w0", "-ld", job.log_dir])
-        time.sleep(2)  # the others are up and registered when the bad one starts
+        # the bad one starts once the others have registered
+        job.wait_for_output("scheduler", "server registered", "worker registered")
         job.start("worker1", "worker", ["-m", "sync", "-n", "vgg99"])
         codes = job.wait(30)
         assert codes == {"scheduler": 1, "server0": 1, "worker0": 1, "worker1": 2}, codes
