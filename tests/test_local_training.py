@@ -1,12 +1,31 @@
-"""Standalone training as a user runs it: a real `python main.py` process, real log files."""
+"""Standalone training as a user runs it: main.py's `main` (one real `python main.py`
+process, the rest in this process), real data, real log files."""
 import glob
 import json
 import os
 import socket
 import statistics
+from types import SimpleNamespace
 
+import pytest
+
+from esync.cli import main
 from esync.recorder import Recorder
-from tests.helpers import make_idx_dataset, run_main
+from tests.helpers import CLUSTER_VARIABLES, make_idx_dataset, run_main
+
+
+@pytest.fixture
+def standalone(capsys, monkeypatch):
+    """Runs main.py's main in this process: (returncode, stdout, stderr) as attributes."""
+    for var in CLUSTER_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+
+    def run(args):
+        capsys.readouterr()
+        code = main(list(args), prog="main.py")
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+    return run
 
 PHASES = {"get_batch", "forward and backward", "local update"}
 
@@ -38,9 +57,9 @@ def test_quick_start_reaches_90_percent_on_digits(tmp_path):
     assert result.stdout.count("test accuracy") == len(rounds) + 1
 
 
-def test_fashion_mnist_from_idx_files(tmp_path):
+def test_fashion_mnist_from_idx_files(tmp_path, standalone):
     make_idx_dataset(str(tmp_path / "data"), "fashion-mnist", n_train=400, n_test=100)
-    result = run_main(["-m", "local", "-n", "lenet", "--dataset", "fashion-mnist",
+    result = standalone(["-m", "local", "-n", "lenet", "--dataset", "fashion-mnist",
                        "-dd", str(tmp_path / "data"), "--epochs", "1", "-e", "2",
                        "-ld", str(tmp_path / "logs")])
     assert result.returncode == 0, result.stderr
@@ -52,21 +71,21 @@ def test_fashion_mnist_from_idx_files(tmp_path):
     assert rounds[-1]["accuracy"] > 0.5  # the bars are easy to tell apart
 
 
-def test_stop_criteria(tmp_path):
-    by_rounds = run_main(["--max-rounds", "4", "-ld", str(tmp_path / "a")])
+def test_stop_criteria(tmp_path, standalone):
+    by_rounds = standalone(["--max-rounds", "4", "-ld", str(tmp_path / "a")])
     assert by_rounds.returncode == 0 and len(_rounds(str(tmp_path / "a"))) == 4
     assert "finished 4 rounds" in by_rounds.stdout
-    by_target = run_main(["--target-accuracy", "0.6", "--epochs", "20", "-ld", str(tmp_path / "b")])
+    by_target = standalone(["--target-accuracy", "0.6", "--epochs", "20", "-ld", str(tmp_path / "b")])
     rounds = _rounds(str(tmp_path / "b"))
     assert by_target.returncode == 0 and "reached target accuracy 0.6" in by_target.stdout
     assert rounds[-1]["accuracy"] >= 0.6 and all(r["accuracy"] < 0.6 for r in rounds[:-1])
-    by_time = run_main(["--time-limit", "1", "--epochs", "1000", "-ld", str(tmp_path / "c")])
+    by_time = standalone(["--time-limit", "1", "--epochs", "1000", "-ld", str(tmp_path / "c")])
     assert by_time.returncode == 0 and "reached the time limit of 1 s" in by_time.stdout
     assert 1 <= _rounds(str(tmp_path / "c"))[-1]["total_time"] < 30
 
 
-def test_slowdown_waits_in_proportion_to_compute(tmp_path):
-    result = run_main(["--slowdown", "3", "--max-rounds", "5", "-ld", str(tmp_path)])
+def test_slowdown_waits_in_proportion_to_compute(tmp_path, standalone):
+    result = standalone(["--slowdown", "3", "--max-rounds", "5", "-ld", str(tmp_path)])
     assert result.returncode == 0, result.stderr
     rounds = _rounds(str(tmp_path))
     waited, computed = 0.0, []
@@ -79,18 +98,18 @@ def test_slowdown_waits_in_proportion_to_compute(tmp_path):
     assert rounds[-1]["total_time"] >= waited  # the waits really happened
 
 
-def test_same_device_label_is_refused_while_in_use(tmp_path):
+def test_same_device_label_is_refused_while_in_use(tmp_path, standalone):
     with Recorder(str(tmp_path), socket.gethostname(), "cpu"):
-        result = run_main(["--max-rounds", "1", "-ld", str(tmp_path)])
+        result = standalone(["--max-rounds", "1", "-ld", str(tmp_path)])
         assert result.returncode == 2
         assert "is in use by another running process" in result.stderr
-        labelled = run_main(["--max-rounds", "1", "-ld", str(tmp_path), "--device-name", "cpu-1"])
+        labelled = standalone(["--max-rounds", "1", "-ld", str(tmp_path), "--device-name", "cpu-1"])
         assert labelled.returncode == 0, labelled.stderr
     assert len(_rounds(str(tmp_path), "cpu-1")) == 1
 
 
-def test_diverging_run_stops_with_exit_1(tmp_path):
-    result = run_main(["-l", "1e30", "--max-rounds", "50", "-ld", str(tmp_path)])
+def test_diverging_run_stops_with_exit_1(tmp_path, standalone):
+    result = standalone(["-l", "1e30", "--max-rounds", "50", "-ld", str(tmp_path)])
     assert result.returncode == 1
     assert "the training loss is not finite" in result.stdout
     rounds = _rounds(str(tmp_path))
