@@ -5,6 +5,8 @@ import pytest
 
 from tests.cluster import Cluster
 
+pytestmark = pytest.mark.slow  # whole clusters of real processes
+
 MODES = {"sync": ["-m", "sync"], "async": ["-m", "async"],
          "dcasgd": ["-m", "async", "-dcasgd", "1"]}
 LENET_VALUES = 62158 + 452  # weights + BatchNorm running statistics

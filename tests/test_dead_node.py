@@ -8,6 +8,8 @@ import pytest
 
 from tests.cluster import Cluster
 
+pytestmark = pytest.mark.slow  # whole clusters of real processes
+
 TIMEOUT = 3.0  # PS_HEARTBEAT_TIMEOUT of these jobs
 
 

@@ -12,6 +12,8 @@ import pytest
 from tests.cluster import Cluster
 from tests.stateserver import StateServer
 
+pytestmark = pytest.mark.slow  # whole clusters of real processes
+
 SLOWDOWNS = [1, 1, 4, 4]
 
 

@@ -37,6 +37,7 @@ def _rounds(log_dir, device="cpu"):
             for n in range(1, len(files) + 1)]
 
 
+@pytest.mark.slow  # a real process trains to 90%
 def test_quick_start_reaches_90_percent_on_digits(tmp_path):
     result = run_main(["-m", "local", "-n", "lenet", "--epochs", "3", "-ld", str(tmp_path)])
     assert result.returncode == 0, result.stderr

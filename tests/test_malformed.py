@@ -1,6 +1,7 @@
 """A live server and scheduler answer or drop malformed messages and keep serving."""
 import msgpack
 import numpy as np
+import pytest
 import zmq
 
 from esync.kvstore import KVStore
@@ -8,6 +9,8 @@ from esync.transport.cluster import ClusterEnv
 from esync.transport.message import decode
 from esync.transport.node import Node
 from tests.cluster import Cluster
+
+pytestmark = pytest.mark.slow  # whole clusters of real processes
 
 WEIGHTS = np.linspace(-1, 1, 1000).astype(np.float32)
 BUFFERS = np.arange(6, dtype=np.float32)
