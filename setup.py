@@ -1,4 +1,8 @@
-"""Installs the `esync` package, the top-level `config` and `main` modules, and `esync`.
+"""Installs the `esync` package, the launchers (`launch`) and the log tools (`logs_tools`),
+the top-level `config` and `main` modules, and the commands `esync` (main.py),
+`esync-launch` (launch/local.py), `esync-hosts` (launch/hosts.py), `esync-experiment`
+(launch/experiment.py), `esync-summary` (logs_tools/summary.py) and `esync-draw`
+(logs_tools/drawer.py).
 
 On machines where a plain `torch` requirement would pull a multi-GB CUDA build, install
 the CPU build first (`pip install torch==2.13.0`); the range below accepts it.
@@ -10,7 +14,7 @@ setup(
     version="0.1.0",
     description="Data-parallel training on heterogeneous clusters: ESync, SSGD, ASGD, DC-ASGD",
     python_requires=">=3.10",
-    packages=find_packages(include=["esync", "esync.*"]),
+    packages=find_packages(include=["esync", "esync.*", "launch", "logs_tools"]),
     py_modules=["config", "main"],
     install_requires=[
         "torch>=2.1",
@@ -21,7 +25,16 @@ setup(
         "matplotlib>=3.6",
         "argparse-dataclass>=2.0",
         "scikit-learn>=1.1",
+        "tqdm>=4.60",
     ],
-    extras_require={"dev": ["pytest>=7", "pytest-django>=4.5"]},
-    entry_points={"console_scripts": ["esync = esync.cli:main"]},
+    # pytest-xdist: `python -m pytest -q -n 2` runs the tests on two processes
+    extras_require={"dev": ["pytest>=7", "pytest-django>=4.5", "pytest-xdist>=3"]},
+    entry_points={"console_scripts": [
+        "esync = esync.cli:main",
+        "esync-launch = launch.local:console_main",
+        "esync-hosts = launch.hosts:console_main",
+        "esync-experiment = launch.experiment:console_main",
+        "esync-summary = logs_tools.summary:console_main",
+        "esync-draw = logs_tools.drawer:console_main",
+    ]},
 )

@@ -15,18 +15,15 @@ local iteration under ESync (slowdown included) and the budgets ESync gave.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import sys
 import tempfile
 from typing import Dict, List
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-from launch import local  # noqa: E402  (the jobs run through the launcher)
-from logs_tools.summary import summarize  # noqa: E402  (and are read by summary.py)
+from esync import registry
+from launch import local  # the jobs run through the launcher
+from logs_tools.summary import summarize  # and are read by summary.py
 
 
 def job_args(mode: str, slowdowns: List[float], args, base: str) -> List[str]:
@@ -40,7 +37,7 @@ def run_job(mode: str, slowdowns: List[float], args, base: str) -> Dict[str, dic
     """One job through launch/local.py; each device's summary record, by device label."""
     if local.run(job_args(mode, slowdowns, args, base), progress=False) != 0:
         raise RuntimeError(f"the {mode} job failed; see {base}")
-    records = summarize(base, "lenet", mode)
+    records = summarize(base, "lenet", registry.resolve(mode).log_folder())
     return {device: record for host in records.values() for device, record in host.items()}
 
 

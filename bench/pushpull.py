@@ -21,76 +21,135 @@ Each worker process times its own rounds; a run's figure is the mean over worker
 their median round, and a configuration is run --repeats times (framework and baselines
 interleaved) and shown as the median of its runs. Every process runs with one torch/OMP
 thread.
+
+Every node is a child process, `python bench/pushpull.py --node KIND ...`, started and
+stopped by launch.supervisor: the scheduler and the bare servers bind free ports and
+report them (esync.ready), and each worker writes its round times to a JSON file. A
+node that fails ends the measurement with its log's last line.
 """
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
+import json
 import os
-import socket
 import statistics
 import sys
+import tempfile
 import time
+from typing import Dict, List, Sequence
 
 import numpy as np
 import zmq
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from esync.transport.message import CHUNK_VALUES  # noqa: E402
+from esync import ready
+from esync.transport.message import CHUNK_VALUES
+from launch.supervisor import Supervisor
 
 WARMUP = 2
+TIMEOUT_S = 600.0
+SCRIPT = os.path.abspath(__file__)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# --- the parent: start the nodes, collect their times ------------------------------------
+class _Run:
+    """One measurement: its nodes under one supervisor, logs and results in a temp dir."""
+
+    def __init__(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="esync-pushpull-")
+        self.sup = Supervisor()
+        self.results: List[str] = []
+
+    def start(self, name: str, kind: str, args: Sequence[str], env: Dict[str, str] = None,
+              ready_: bool = False, result: bool = False):
+        argv = [sys.executable, SCRIPT, "--node", kind, *args]
+        if result:
+            path = os.path.join(self.tmp.name, f"{name}.json")
+            self.results.append(path)
+            argv += ["--result", path]
+        return self.sup.start(name, argv, env=dict(os.environ, OMP_NUM_THREADS="1",
+                                                   **(env or {})),
+                              log=os.path.join(self.tmp.name, f"{name}.log"), ready=ready_)
+
+    def port(self, child) -> int:
+        return self.sup.wait_ready(child)
+
+    def mean_of_medians(self) -> float:
+        """Wait for every node; the mean over workers of their median round."""
+        outcome = self.sup.wait(timeout=TIMEOUT_S)
+        if outcome is None:
+            raise RuntimeError(f"the nodes did not finish within {TIMEOUT_S:g} s")
+        if outcome.failed is not None:
+            raise RuntimeError(_failure(outcome.failed))
+        medians = []
+        for path in self.results:
+            with open(path) as f:
+                medians.append(statistics.median(json.load(f)))
+        return statistics.mean(medians)
+
+    def __enter__(self) -> "_Run":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.sup.close()
+        self.tmp.cleanup()
 
 
-def _timed(procs, out, workers: int) -> float:
-    """Run the processes; the mean over workers of their median round. None outlives it."""
-    for p in procs:
-        p.start()
-    try:
-        medians = [statistics.median(out.get(timeout=600)) for _ in range(workers)]
-    finally:
-        for p in procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
-    return statistics.mean(medians)
+def _failure(child) -> str:
+    with open(child.log, errors="replace") as f:
+        lines = [line.rstrip() for line in f if line.strip()]
+    return f"{child.name} exited with status {child.returncode}: {lines[-1] if lines else ''}"
 
 
-# --- (a) the framework ------------------------------------------------------------------
-def _env(port: int, servers: int, workers: int, role: str) -> dict:
-    return {"DMLC_ROLE": role, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
-            "DMLC_NUM_SERVER": str(servers), "DMLC_NUM_WORKER": str(workers),
-            "PS_HEARTBEAT_TIMEOUT": "60"}
+def framework_round(values: int, workers: int, servers: int, rounds: int,
+                    rule: str = "sync") -> float:
+    """(a): the mean over workers of their median round through the real runtime."""
+    cluster = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_NUM_SERVER": str(servers),
+               "DMLC_NUM_WORKER": str(workers), "PS_HEARTBEAT_TIMEOUT": "60"}
+    args = ["--values", str(values), "--rounds", str(rounds), "--rule", rule]
+    with _Run() as run:
+        scheduler = run.start("scheduler", "scheduler", [], ready_=True,
+                              env={**cluster, "DMLC_ROLE": "scheduler",
+                                   "DMLC_PS_ROOT_PORT": "0"})
+        cluster["DMLC_PS_ROOT_PORT"] = str(run.port(scheduler))
+        for s in range(servers):
+            run.start(f"server{s}", "server", [], env={**cluster, "DMLC_ROLE": "server"})
+        for w in range(workers):
+            run.start(f"worker{w}", "worker", args, result=True,
+                      env={**cluster, "DMLC_ROLE": "worker"})
+        return run.mean_of_medians()
 
 
-def _framework_node(env: dict, values: int, rounds: int, rule: str, out) -> None:
-    os.environ.update(env, OMP_NUM_THREADS="1")
+def bare_round(values: int, workers: int, servers: int, rounds: int,
+               streamed: bool = True) -> float:
+    """(b): the same bytes through bare ZeroMQ, echoed (one message) or streamed."""
+    bounds = np.linspace(0, values, servers + 1).astype(int)
+    chunks = [len(range(0, b - a, CHUNK_VALUES)) for a, b in zip(bounds[:-1], bounds[1:])]
+    kind = "bare-stream-server" if streamed else "bare-echo-server"
+    with _Run() as run:
+        started = [run.start(f"server{s}", kind, ["--workers", str(workers), "--chunks",
+                                                  str(n), "--rounds", str(rounds)],
+                             ready_=True)
+                   for s, n in enumerate(chunks)]
+        ports = ",".join(str(run.port(child)) for child in started)
+        for w in range(workers):
+            run.start(f"worker{w}", "bare-worker",
+                      ["--ports", ports, "--values", str(values), "--rounds", str(rounds),
+                       *([] if streamed else ["--echo"])], result=True)
+        return run.mean_of_medians()
+
+
+# --- the nodes ------------------------------------------------------------------------------
+def _write_result(path: str, times: List[float]) -> None:
+    with open(path, "w") as f:
+        json.dump(times[WARMUP:], f)
+
+
+def _framework_worker(values: int, rounds: int, rule: str, result: str) -> None:
+    from esync.kvstore import KVStore
     from esync.transport.cluster import ClusterEnv
-
-    cluster = ClusterEnv.from_environ()
-    quiet = lambda line: None  # noqa: E731
-    if cluster.role == "scheduler":
-        from esync.transport.scheduler import Scheduler
-
-        Scheduler(cluster, log=quiet).run()
-        return
     from esync.transport.node import Node
 
-    node = Node(cluster, cluster.role, log=quiet)
-    try:
-        if cluster.role == "server":
-            from esync.server import run_server
-
-            run_server(node, log=quiet)
-            return
-        from esync.kvstore import KVStore
-
+    with Node(ClusterEnv.from_environ(), "worker") as node:
         assignment = node.register(mode=rule, network="bench")
         rank, workers = assignment["rank"], assignment["num_workers"]
         params = np.random.default_rng(rank).random(values, dtype=np.float32)
@@ -108,35 +167,27 @@ def _framework_node(env: dict, values: int, rounds: int, rule: str, out) -> None
             start = time.perf_counter()
             kv.push_pull(r, grads, buffers, params, buffers)
             times.append(time.perf_counter() - start)
-        out.put(times[WARMUP:])
+        _write_result(result, times)
         kv.close()
         node.finish()
-    finally:
-        node.close()
 
 
-def framework_round(values: int, workers: int, servers: int, rounds: int,
-                    rule: str = "sync") -> float:
-    ctx = mp.get_context("spawn")
-    out, port = ctx.Queue(), free_port()
-    roles = ["scheduler"] + ["server"] * servers + ["worker"] * workers
-    procs = [ctx.Process(target=_framework_node,
-                         args=(_env(port, servers, workers, role), values, rounds, rule, out))
-             for role in roles]
-    return _timed(procs, out, workers)
-
-
-# --- (b) bare ZeroMQ ----------------------------------------------------------------------
 def _chunks(array: np.ndarray):
     return [memoryview(array[i:i + CHUNK_VALUES]) for i in range(0, len(array), CHUNK_VALUES)]
 
 
-def _bare_server(port: int, workers: int, chunks: int, rounds: int) -> None:
-    """Echo chunk k to every worker once all of them have sent their k-th chunk: the same
-    messages and the same pipelining as the framework, minus headers and arithmetic."""
+def _bound_router():
+    """A ROUTER socket on a free loopback port, reported to the supervisor."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
-    sock.bind(f"tcp://127.0.0.1:{port}")
+    ready.announce(sock.bind_to_random_port("tcp://127.0.0.1"))
+    return ctx, sock
+
+
+def _bare_stream_server(workers: int, chunks: int, rounds: int) -> None:
+    """Echo chunk k to every worker once all of them have sent their k-th chunk: the same
+    messages and the same pipelining as the framework, minus headers and arithmetic."""
+    ctx, sock = _bound_router()
     for _ in range(rounds + WARMUP):
         received: dict = {}
         for _ in range(workers * chunks):
@@ -151,11 +202,9 @@ def _bare_server(port: int, workers: int, chunks: int, rounds: int) -> None:
     ctx.term()
 
 
-def _bare_echo_server(port: int, workers: int, chunks: int, rounds: int) -> None:
+def _bare_echo_server(workers: int, chunks: int, rounds: int) -> None:
     """Wait for every worker's whole shard (one multipart message), echo it back."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.bind(f"tcp://127.0.0.1:{port}")
+    ctx, sock = _bound_router()
     for _ in range(rounds + WARMUP):
         arrived = [sock.recv_multipart(copy=False) for _ in range(workers)]
         for ident, *frames in arrived:
@@ -164,7 +213,8 @@ def _bare_echo_server(port: int, workers: int, chunks: int, rounds: int) -> None
     ctx.term()
 
 
-def _bare_worker(ports, values: int, rounds: int, out, streamed: bool = True) -> None:
+def _bare_worker(ports: Sequence[int], values: int, rounds: int, result: str,
+                 streamed: bool = True) -> None:
     ctx = zmq.Context()
     socks = []
     for port in ports:
@@ -187,27 +237,41 @@ def _bare_worker(ports, values: int, rounds: int, out, streamed: bool = True) ->
             for _ in (chunks if streamed else chunks[:1]):
                 s.recv_multipart(copy=False)
         times.append(time.perf_counter() - start)
-    out.put(times[WARMUP:])
+    _write_result(result, times)
     for s in socks:
         s.close(linger=0)
     ctx.term()
 
 
-def bare_round(values: int, workers: int, servers: int, rounds: int,
-               streamed: bool = True) -> float:
-    ctx = mp.get_context("spawn")
-    out, ports = ctx.Queue(), [free_port() for _ in range(servers)]
-    bounds = np.linspace(0, values, servers + 1).astype(int)
-    chunks = [len(range(0, b - a, CHUNK_VALUES)) for a, b in zip(bounds[:-1], bounds[1:])]
-    server = _bare_server if streamed else _bare_echo_server
-    procs = [ctx.Process(target=server, args=(p, workers, n, rounds))
-             for p, n in zip(ports, chunks)]
-    procs += [ctx.Process(target=_bare_worker, args=(ports, values, rounds, out, streamed))
-              for _ in range(workers)]
-    return _timed(procs, out, workers)
+def node_main(args) -> int:
+    """One node of a measurement (`--node KIND`), started by the parent."""
+    kind = args.node
+    if kind == "scheduler":
+        from esync.transport.cluster import ClusterEnv
+        from esync.transport.scheduler import Scheduler
+
+        return Scheduler(ClusterEnv.from_environ()).run()
+    if kind == "server":
+        from esync.server import run_server
+        from esync.transport.cluster import ClusterEnv
+
+        return run_server(ClusterEnv.from_environ())
+    if kind == "worker":
+        _framework_worker(args.values, args.rounds, args.rule, args.result)
+    elif kind in ("bare-stream-server", "bare-echo-server"):
+        serve = _bare_stream_server if kind == "bare-stream-server" else _bare_echo_server
+        serve(args.workers, args.chunks, args.rounds)
+    else:
+        _bare_worker([int(p) for p in args.ports.split(",")], args.values, args.rounds,
+                     args.result, streamed=not args.echo)
+    return 0
 
 
-def main() -> None:
+NODES = ("scheduler", "server", "worker", "bare-stream-server", "bare-echo-server",
+         "bare-worker")
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=float, default=44.7, help="model size in MB (fp32)")
     parser.add_argument("--rounds", type=int, default=10)
@@ -215,7 +279,23 @@ def main() -> None:
     parser.add_argument("--servers", default="1,2")
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of each configuration, interleaved; the median is shown")
-    args = parser.parse_args()
+    node = parser.add_argument_group("one node (started by the benchmark itself)")
+    node.add_argument("--node", choices=NODES, help=argparse.SUPPRESS)
+    node.add_argument("--values", type=int, help=argparse.SUPPRESS)
+    node.add_argument("--rule", default="sync", help=argparse.SUPPRESS)
+    node.add_argument("--chunks", type=int, help=argparse.SUPPRESS)
+    node.add_argument("--ports", help=argparse.SUPPRESS)
+    node.add_argument("--echo", action="store_true", help=argparse.SUPPRESS)
+    node.add_argument("--result", help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> int:
+    args = build_parser().parse_args()
+    if args.node:
+        if args.node.startswith("bare-") and args.node.endswith("server"):
+            args.workers = int(args.workers)
+        return node_main(args)
     values = int(args.mb * 1e6 / 4)
     print(f"(a)/(b) one synchronous round of a {args.mb} MB model, median of {args.rounds} "
           f"rounds, mean over workers")
@@ -236,7 +316,8 @@ def main() -> None:
         bare = bare_round(small, 1, 1, 200, streamed=False)
         print(f"{small:>9} values ({small * 4 / 1e3:.0f} KB): esync {ours * 1e3:.3f} ms, "
               f"bare zmq echo {bare * 1e3:.3f} ms, ratio {ours / bare:.2f}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

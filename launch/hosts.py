@@ -54,19 +54,22 @@ here: `SSH -tt HOST 'command'`, exactly what `--run` runs.
 `--run` starts every process as `SSH -tt HOST 'command'` (SSH: `--ssh` split like a
 shell; `-tt` is added unless it already has -t/-tt/-T: the remote processes then get a
 terminal, so that they die of SIGHUP when their ssh ends, and print line by line),
-prints their output with each line prefixed by `[HOST ROLE]`, and waits. When every
-scheduler, server and worker has exited 0, the state server is stopped and the exit
-status is 0. When one of them fails (or the state server ends first), or on Ctrl-C
-(or SIGTERM/SIGHUP), every other one is stopped: SIGTERM to each ssh's process group,
-SIGKILL after `--grace` seconds (a second Ctrl-C: at once); each ssh also gets SIGTERM
-if the launcher itself dies. Exit status then 1 (130 after Ctrl-C).
+prints their output with each line prefixed by `[HOST ROLE]`, and waits (through
+launch.supervisor). When every scheduler, server and worker has exited 0, the state
+server is stopped and the exit status is 0. When one of them fails (or the state server
+ends first), or on Ctrl-C (or SIGTERM/SIGHUP), every other one is stopped: SIGTERM to
+each ssh's process group, SIGKILL after `--grace` seconds (a second Ctrl-C: at once);
+each ssh is also killed if the launcher itself dies. Exit status then 1 (130 after
+Ctrl-C).
 
-This file only starts processes: it does not import the esync package.
+The main.py flags are checked by main.py's own parser (esync.options) before anything
+is printed or started: a bad one is one line, exit status 2. Which algorithm needs a
+state server comes from esync.registry. This file imports nothing else of esync (and
+no torch): it only starts processes.
 """
 from __future__ import annotations
 
 import argparse
-import ctypes
 import ipaddress
 import os
 import re
@@ -74,18 +77,20 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
+
+import config
+from esync import registry
+from esync.errors import UserError
+from esync.options import parse_options
+from launch.supervisor import GRACE_S, Interrupted, Supervisor, interrupt_on
 
 ROLES = ("scheduler", "server", "worker", "stateserver")
 KEYS = ("roles", "workers", "gpus", "slowdown", "dir", "python", "iface")
 WORKER_KEYS = ("workers", "gpus", "slowdown")
 DEFAULT_SSH = "ssh -o BatchMode=yes"
 DEFAULT_REMOTE_DIR = "~/esync"
-GRACE_S = 5.0
-POLL_S = 0.05
 PROG = "hosts.py"
 _HOST = re.compile(r"^(?:[A-Za-z0-9_.+-]+@)?(?:[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])$")
 _TILDE = re.compile(r"^~[A-Za-z0-9._-]*(/|$)")
@@ -237,26 +242,13 @@ def _join_path(base: str, name: str) -> str:
     return base.rstrip("/") + "/" + name if base.rstrip("/") else "/" + name
 
 
-def mode_of(flags: Sequence[str]) -> Optional[str]:
-    """The value of the last -m/--mode among main.py's flags (None: not given)."""
-    mode = None
-    i = 0
-    while i < len(flags):
-        flag = flags[i]
-        if flag == "--":
-            break
-        if flag in ("-m", "--mode"):
-            if i + 1 < len(flags):
-                mode = flags[i + 1]
-            i += 2
-            continue
-        if flag.startswith(("--mode=", "-m=")):
-            mode = flag.split("=", 1)[1]
-        elif flag.startswith("-m") and not flag.startswith("--") and len(flag) > 2 \
-                and flag[2:] in ("local", "sync", "async", "esync"):
-            mode = flag[2:]
-        i += 1
-    return mode
+def algorithm_of(flags: Sequence[str]) -> registry.Algorithm:
+    """The algorithm main.py's flags select, parsed by main.py's own parser; UserError
+    (one line naming the flag) if a flag is bad."""
+    try:
+        return registry.of_options(parse_options(list(flags), prog="main.py"))
+    except UserError as e:
+        raise UserError(f"{e} (a main.py flag after --)") from None
 
 
 def _short_names(hosts: Sequence[Host]) -> Dict[str, str]:
@@ -279,17 +271,19 @@ def commands(hosts: Sequence[Host], args) -> List[Tuple[str, str, str]]:
     """(host, role, shell command to run on that host) for every process of the job, in
     the order state server, scheduler, servers, workers. `args` needs `port`,
     `state_port`, `remote_dir` and `flags` (main.py's flags), as main()'s parser gives.
-    Raises HostFileError when `-m esync` has no state server."""
+    Raises HostFileError when the algorithm needs a state server and no host has one,
+    UserError when a main.py flag is bad."""
     path = getattr(args, "hostfile", "host file")
     flags = list(getattr(args, "flags", []) or [])
-    port = getattr(args, "port", 9091)
-    state_port = getattr(args, "state_port", 10010)
+    port = getattr(args, "port", config.SCHEDULER_PORT)
+    state_port = getattr(args, "state_port", config.STATE_SERVER_PORT)
     remote_dir = getattr(args, "remote_dir", DEFAULT_REMOTE_DIR)
     scheduler = next(h for h in hosts if "scheduler" in h.roles)
     state = next((h for h in hosts if "stateserver" in h.roles), None)
-    if state is None and mode_of(flags) == "esync":
-        raise HostFileError(f"{path}: -m esync needs a host with the stateserver role "
-                            f"(roles=...,stateserver)")
+    algorithm = algorithm_of(flags)
+    if state is None and algorithm.state_server:
+        raise HostFileError(f"{path}: {' '.join(algorithm.flags)} needs a host with the "
+                            f"stateserver role (roles=...,stateserver)")
     num_servers = sum("server" in h.roles for h in hosts)
     num_workers = sum(h.workers for h in hosts)
     shorts = _short_names(hosts)
@@ -352,183 +346,52 @@ def ssh_argv(ssh: str, host: str, command: str) -> List[str]:
 
 # --- running --------------------------------------------------------------------------
 
-class _Stop(Exception):
-    """SIGTERM or SIGHUP to the launcher: stop as on Ctrl-C."""
+def _say(line: str) -> None:
+    sys.stderr.write(f"{PROG}: {line}\n")
+    sys.stderr.flush()
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM when the launcher dies (Linux only)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _live_groups() -> Optional[set]:
-    """The process groups with a process that is not a zombie, from /proc (Linux); None
-    where there is no /proc."""
-    if not os.path.isdir("/proc/self"):
-        return None
-    groups = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[0] != b"Z":
-            groups.add(int(fields[2]))
-    return groups
-
-
-class _Runner:
-    def __init__(self, cmds, ssh: str, grace: float):
-        self.cmds = list(cmds)
-        self.labels = labels(self.cmds)
-        self.ssh = ssh
-        self.grace = grace
-        self.procs: List[subprocess.Popen] = []
-        self.threads: List[threading.Thread] = []
-        self.lock = threading.Lock()
-
-    def say(self, line: str) -> None:
-        with self.lock:
-            sys.stderr.write(f"{PROG}: {line}\n")
-            sys.stderr.flush()
-
-    def _pump(self, proc: subprocess.Popen, label: str) -> None:
-        for raw in iter(proc.stdout.readline, b""):
-            text = raw.decode("utf-8", "replace").rstrip("\r\n")
-            with self.lock:
-                sys.stdout.write(f"[{label}] {text}\n")
-                sys.stdout.flush()
-        proc.stdout.close()
-
-    def start(self) -> None:
-        for (host, role, cmd), label in zip(self.cmds, self.labels):
-            argv = ssh_argv(self.ssh, host, cmd)
-            with self.lock:
-                sys.stdout.write(f"[{label}] $ {shlex.join(argv)}\n")
-                sys.stdout.flush()
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=_die_with_parent)
-            self.procs.append(proc)
-        for proc, label in zip(self.procs, self.labels):
-            thread = threading.Thread(target=self._pump, args=(proc, label), daemon=True)
-            thread.start()
-            self.threads.append(thread)
-
-    def _signal_groups(self, indices, sig) -> None:
-        for i in indices:
-            try:
-                os.killpg(self.procs[i].pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-    def _running(self, indices) -> List[int]:
-        """Those of the indices whose ssh, or anything in its process group, still runs
-        (zombies left to init do not count: some inits reap slowly)."""
-        for i in indices:
-            self.procs[i].poll()  # reap the ssh itself
-        groups = _live_groups()
-        result = []
-        for i in indices:
-            pgid = self.procs[i].pid
-            if groups is not None:
-                if pgid in groups:
-                    result.append(i)
-                continue
-            try:
-                os.killpg(pgid, 0)
-            except (ProcessLookupError, PermissionError):
-                continue
-            result.append(i)
-        return result
-
-    def stop(self, indices) -> None:
-        """SIGTERM to these processes' groups, SIGKILL to what is left after the grace
-        period (at once on a second Ctrl-C); the groups are swept with SIGKILL at the end
-        so that nothing a child started survives it."""
-        indices = list(indices)
-        self._signal_groups(self._running(indices), signal.SIGTERM)
-        deadline = time.monotonic() + self.grace
-        try:
-            while time.monotonic() < deadline and self._running(indices):
-                time.sleep(POLL_S)
-        except (KeyboardInterrupt, _Stop):
-            self.say("stopping now (SIGKILL)")
-        self._signal_groups(indices, signal.SIGKILL)
-        for i in indices:
-            try:
-                self.procs[i].wait(5)
-            except subprocess.TimeoutExpired:
-                self.say(f"{self.labels[i]}: still running after SIGKILL")
-            if self.procs[i].stdin:
-                try:
-                    self.procs[i].stdin.close()
-                except OSError:
-                    pass
-
-    def wait(self) -> int:
-        """Wait for the job; 0 if every scheduler/server/worker exited 0, else 1."""
-        training = [i for i, c in enumerate(self.cmds) if c[1] != "stateserver"]
-        services = [i for i, c in enumerate(self.cmds) if c[1] == "stateserver"]
-        while True:
-            for i, proc in enumerate(self.procs):
-                code = proc.poll()
-                if code is None:
-                    continue
-                if i in training and code != 0:
-                    self.say(f"{self.labels[i]} exited with status {code}; stopping the others")
-                    self.stop(range(len(self.procs)))
-                    return 1
-                if i in services:
-                    self.say(f"{self.labels[i]} ended (status {code}) before the job; "
-                             f"stopping the others")
-                    self.stop(range(len(self.procs)))
-                    return 1
-            if all(self.procs[i].poll() == 0 for i in training):
-                if services:
-                    self.stop(services)
-                return 0
-            time.sleep(POLL_S)
-
-    def join(self) -> None:
-        for thread in self.threads:
-            thread.join(2.0)
+def _raise_interrupted(signum: int) -> BaseException:
+    return Interrupted(signum)
 
 
 def run(cmds, ssh: str = DEFAULT_SSH, grace: float = GRACE_S) -> int:
     """Run every command over ssh, stream the outputs, stop all if one fails (module doc)."""
-    runner = _Runner(cmds, ssh, grace)
-    previous = {}
-
-    def on_signal(signum, frame):
-        raise _Stop()
-
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            previous[sig] = signal.signal(sig, on_signal)
+    sup = Supervisor(grace=grace, say=_say)
+    names = labels(cmds)
     try:
-        try:
-            runner.start()
-            code = runner.wait()
-        except OSError as e:  # the ssh command cannot be started
-            runner.say(f"error: cannot start {shlex.split(ssh)[0]!r}: {e.strerror or e}")
-            runner.stop(range(len(runner.procs)))
-            return 2
-        except (KeyboardInterrupt, _Stop) as e:
-            runner.say("interrupted; stopping every process")
-            runner.stop(range(len(runner.procs)))
-            code = 130 if isinstance(e, KeyboardInterrupt) else 1
-        runner.join()
-        return code
+        with interrupt_on([signal.SIGTERM, signal.SIGHUP], _raise_interrupted):
+            try:
+                for (host, role, cmd), label in zip(cmds, names):
+                    argv = ssh_argv(ssh, host, cmd)
+                    sys.stdout.write(f"[{label}] $ {shlex.join(argv)}\n")
+                    sys.stdout.flush()
+                    # stdin stays open (a pipe): with -tt, ssh would pass its end on
+                    sup.start(label, argv, prefix=f"[{label}] ", stdin=subprocess.PIPE,
+                              essential=role != "stateserver")
+                outcome = sup.wait()
+            except OSError as e:  # the ssh command cannot be started
+                _say(f"error: cannot start {shlex.split(ssh)[0]!r}: {e.strerror or e}")
+                sup.stop()
+                return 2
+            except (KeyboardInterrupt, Interrupted) as e:
+                _say("interrupted; stopping every process")
+                sup.stop()
+                return 130 if isinstance(e, KeyboardInterrupt) else 1
+            failed = outcome.failed
+            if failed is None:
+                sup.stop([c for c in sup.children if not c.essential])
+                return 0
+            if failed.essential:
+                _say(f"{failed.name} exited with status {failed.returncode}; "
+                     f"stopping the others")
+            else:
+                _say(f"{failed.name} ended (status {failed.returncode}) before the job; "
+                     f"stopping the others")
+            sup.stop()
+            return 1
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        sup.close()
 
 
 # --- command line ---------------------------------------------------------------------
@@ -558,15 +421,16 @@ def _grace(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description=__doc__,
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter,
                      usage="%(prog)s HOSTFILE [options] -- [main.py flags]")
     parser.add_argument("hostfile", metavar="HOSTFILE", help="the host file (format above)")
-    parser.add_argument("--port", type=_port, default=9091,
-                        help="the scheduler's port, DMLC_PS_ROOT_PORT (default: 9091)")
-    parser.add_argument("--state-port", type=_port, default=10010,
-                        help="the state server's port (default: 10010)")
+    parser.add_argument("--port", type=_port, default=config.SCHEDULER_PORT,
+                        help=f"the scheduler's port, DMLC_PS_ROOT_PORT "
+                             f"(default: {config.SCHEDULER_PORT})")
+    parser.add_argument("--state-port", type=_port, default=config.STATE_SERVER_PORT,
+                        help=f"the state server's port (default: {config.STATE_SERVER_PORT})")
     parser.add_argument("--remote-dir", default=DEFAULT_REMOTE_DIR,
                         help="the checkout on hosts without dir= (default: ~/esync)")
     parser.add_argument("--ssh", default=DEFAULT_SSH,
@@ -577,19 +441,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run", action="store_true",
                         help="run every command over ssh, stream their outputs, wait")
     parser.add_argument("--grace", type=_grace, default=GRACE_S,
-                        help="--run: seconds from SIGTERM to SIGKILL when stopping "
-                             "(default: 5)")
+                        help=f"--run: seconds from SIGTERM to SIGKILL when stopping "
+                             f"(default: {GRACE_S:g})")
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" in argv:
         cut = argv.index("--")
         own, flags = argv[:cut], argv[cut + 1:]
     else:
         own, flags = argv, []
-    parser = build_parser()
+    parser = build_parser(prog)
     args = parser.parse_args(own)
     args.flags = flags
     try:
@@ -600,8 +464,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         hosts = parse_hostfile(args.hostfile)
         cmds = commands(hosts, args)
-    except HostFileError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+    except (HostFileError, UserError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     if args.run:
         return run(cmds, args.ssh, args.grace)
@@ -613,6 +477,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except BrokenPipeError:  # `hosts.py FILE | head`: the reader left
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+def console_main() -> int:
+    """The `esync-hosts` command."""
+    return main(prog="esync-hosts")
 
 
 if __name__ == "__main__":

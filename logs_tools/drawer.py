@@ -15,7 +15,10 @@ record}}``, each record a set of per-round lists) and writes into OUTDIR (defaul
 
 Usage: ``python logs_tools/drawer.py -b BASE -n NETWORK [-o OUTDIR] [--target 0.8] [--show]``.
 Missing or unreadable summaries are left out with a note on stderr; every output file is
-always written. Does not import ``esync``; takes the file names from ``summary.py``.
+always written. The algorithms, their folders and their display names come from
+``esync.registry`` (nothing else of esync, no torch); the file names from ``summary.py``.
+
+Library use (the experiment): ``draw(base, network, outdir=None, target=0.8) -> table``.
 """
 
 import argparse
@@ -26,26 +29,22 @@ import sys
 
 import matplotlib
 
-try:  # as logs_tools.drawer, or as the script logs_tools/drawer.py
-    from logs_tools.summary import output_path
-except ImportError:
-    from summary import output_path
+from esync import registry
+from logs_tools.summary import output_path
 
 PROG = "drawer.py"
 
-# (mode folder, algorithm label, non-IID data?); summary.py names each folder's file
-MODES = [
-    ("esync", "ESync", False),
-    ("sync", "SSGD", False),
-    ("async", "ASGD", False),
-    ("dcasgd", "DC-ASGD", False),
-    ("esync-niid", "ESync", True),
-    ("sync-niid", "SSGD", True),
-    ("async-niid", "ASGD", True),
-    ("dcasgd-niid", "DC-ASGD", True),
-]
-LOCAL = ("local", "Standalone", False)
-BASELINE = "SSGD"
+
+def _mode(algorithm, niid):
+    """(mode folder, algorithm label, non-IID data?); summary.py names each folder's file."""
+    return (algorithm.log_folder(niid), algorithm.display, niid)
+
+
+# the distributed algorithms on IID data, then on non-IID data (the registry's order)
+RUNS = [_mode(a, niid) for a, niid in registry.all_folders() if a.distributed]
+STANDALONE_RUN = _mode(registry.ALGORITHMS[registry.STANDALONE], False)
+STANDALONE = STANDALONE_RUN[1]
+BASELINE = registry.ALGORITHMS[registry.BASELINE].display
 
 # the per-round lists the drawer reads; other keys of a record are ignored
 REQUIRED_LISTS = ("accuracy_list", "num_samples_list", "elapsed_time_list",
@@ -110,7 +109,7 @@ def load_mode(base, network, mode):
     """The summary of one mode as a dict, or None (with a note) if absent or invalid."""
     folder, label, niid = mode
     path = output_path(base, network, folder)  # where summary.py wrote it
-    what = label + (" (non-IID)" if niid else "")
+    what = _display(label, niid)
     if not os.path.isfile(path):
         note(f"no {path}; {what} left out")
         return None
@@ -125,9 +124,9 @@ def load_mode(base, network, mode):
 
 
 def load_all(base, network):
-    """{(label, niid): summary} of the present modes, in MODES order, then Standalone."""
+    """{(label, niid): summary} of the present modes, in RUNS order, then Standalone."""
     data = {}
-    for mode in MODES + [LOCAL]:
+    for mode in RUNS + [STANDALONE_RUN]:
         summary = load_mode(base, network, mode)
         if summary is not None:
             data[(mode[1], mode[2])] = summary
@@ -225,26 +224,31 @@ def _save(fig, path, show):
     return path
 
 
+def _display(label, niid):
+    """'ESync', or 'ESync (non-IID)' for a split-by-class run."""
+    return label + (registry.NIID_DISPLAY_SUFFIX if niid else "")
+
+
 def _iid_labels(data):
-    """Labels of the present IID algorithms (distributed ones), in MODES order."""
-    return [m[1] for m in MODES if not m[2] and (m[1], False) in data]
+    """Labels of the present IID algorithms (distributed ones), in RUNS order."""
+    return [m[1] for m in RUNS if not m[2] and (m[1], False) in data]
 
 
 def draw_accuracy(data, niid, path, network="", show=False):
     plt = pyplot(show)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = False
-    for _, label, m_niid in MODES:
+    for _, label, m_niid in RUNS:
         if m_niid != niid or (label, niid) not in data:
             continue
         xs, ys = accuracy_curve(data[(label, niid)])
         if xs:
             ax.plot(xs, ys, marker="o", markersize=3, label=label)
             drawn = True
-    local = data.get(("Standalone", False))
+    local = data.get((STANDALONE, False))
     best = best_accuracy(local) if local is not None else None
     if best is not None:
-        ax.axhline(best, linestyle="--", color="gray", label=f"Standalone ({best:.3f})")
+        ax.axhline(best, linestyle="--", color="gray", label=f"{STANDALONE} ({best:.3f})")
     kind = "non-IID" if niid else "IID"
     ax.set_title(f"Test accuracy, {kind} data" + (f" ({network})" if network else ""))
     ax.set_xlabel("Wall-clock time (s)")
@@ -276,7 +280,7 @@ def _bar_chart(values, title, ylabel, path, show):
 
 
 def throughput_values(data):
-    labels = _iid_labels(data) + (["Standalone"] if ("Standalone", False) in data else [])
+    labels = _iid_labels(data) + ([STANDALONE] if (STANDALONE, False) in data else [])
     return [(k, throughput(data[(k, False)])) for k in labels]
 
 
@@ -336,9 +340,9 @@ def draw_computing_ratio(data, path, show=False):
 
 def speedup_rows(data, target):
     """One dict per present algorithm: IID rows, Standalone, then non-IID rows."""
-    local = data.get(("Standalone", False))
+    local = data.get((STANDALONE, False))
     standalone_best = best_accuracy(local) if local is not None else None
-    order = [m for m in MODES if not m[2]] + [LOCAL] + [m for m in MODES if m[2]]
+    order = [m for m in RUNS if not m[2]] + [STANDALONE_RUN] + [m for m in RUNS if m[2]]
     rows = []
     for folder, label, niid in order:
         summary = data.get((label, niid))
@@ -351,7 +355,7 @@ def speedup_rows(data, target):
         t_base = time_to_target(base, target) if base is not None else None
         final = accs[-1] if accs else None
         rows.append({
-            "algorithm": label + (" (non-IID)" if niid else ""),
+            "algorithm": _display(label, niid),
             "mode": folder,
             "data": "non-IID" if niid else "IID",
             "evaluating_device": f"{ev[0]}/{ev[1]}" if ev else None,
@@ -371,7 +375,7 @@ def _fmt(v, spec, none="n/a"):
 
 
 def speedup_markdown(rows, target):
-    lines = [f"| Algorithm | Time to {target:g} accuracy (s) | Speedup vs SSGD "
+    lines = [f"| Algorithm | Time to {target:g} accuracy (s) | Speedup vs {BASELINE} "
              "| Final accuracy | Best accuracy | Final - standalone best |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -413,8 +417,37 @@ def write_speedup(data, target, network, outdir):
 
 # ---------------------------------------------------------------- main
 
-def parse_args(argv):
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+class DrawError(Exception):
+    """Nothing can be drawn: the folder is missing or OUTDIR cannot be created."""
+
+
+def draw(base, network, outdir=None, target=0.8, show=False):
+    """Write the five figures, speedup.md and speedup.json of BASE/NETWORK into OUTDIR
+    (default BASE/NETWORK); return the Markdown table. DrawError if there is no
+    BASE/NETWORK or OUTDIR cannot be created; a missing summary is only noted."""
+    folder = os.path.join(base, network)
+    if not os.path.isdir(folder):
+        raise DrawError(f"no such folder: {folder}")
+    outdir = outdir or folder
+    try:
+        os.makedirs(outdir, exist_ok=True)
+    except OSError as e:
+        raise DrawError(f"cannot create {outdir}: {e}") from None
+    data = load_all(base, network)
+    if not data:
+        note(f"no usable summary under {folder}; writing empty figures")
+    pyplot(show)
+    out = lambda name: os.path.join(outdir, name)  # noqa: E731
+    draw_accuracy(data, False, out("accuracy_iid.png"), network, show)
+    draw_accuracy(data, True, out("accuracy_noniid.png"), network, show)
+    draw_throughput(data, out("throughput.png"), show)
+    draw_traffic(data, out("traffic.png"), show)
+    draw_computing_ratio(data, out("computing_ratio.png"), show)
+    return write_speedup(data, target, network, outdir)
+
+
+def parse_args(argv, prog=PROG):
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("-b", "--base", required=True, help="folder holding NETWORK/")
     p.add_argument("-n", "--network", required=True, help="network (model) folder name")
     p.add_argument("-o", "--outdir", help="output folder (default BASE/NETWORK)")
@@ -424,32 +457,22 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    folder = os.path.join(args.base, args.network)
-    if not os.path.isdir(folder):
-        print(f"{PROG}: error: no such folder: {folder}", file=sys.stderr)
-        return 2
-    outdir = args.outdir or folder
+def main(argv=None, prog=PROG) -> int:
+    args = parse_args(argv, prog)
     try:
-        os.makedirs(outdir, exist_ok=True)
-    except OSError as e:
-        print(f"{PROG}: error: cannot create {outdir}: {e}", file=sys.stderr)
+        table = draw(args.base, args.network, args.outdir, args.target, args.show)
+    except DrawError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    data = load_all(args.base, args.network)
-    if not data:
-        note(f"no usable summary under {folder}; writing empty figures")
-    plt = pyplot(args.show)
-    out = lambda name: os.path.join(outdir, name)  # noqa: E731
-    draw_accuracy(data, False, out("accuracy_iid.png"), args.network, args.show)
-    draw_accuracy(data, True, out("accuracy_noniid.png"), args.network, args.show)
-    draw_throughput(data, out("throughput.png"), args.show)
-    draw_traffic(data, out("traffic.png"), args.show)
-    draw_computing_ratio(data, out("computing_ratio.png"), args.show)
-    print(write_speedup(data, args.target, args.network, outdir), end="")
+    print(table, end="")
     if args.show:
-        plt.show()
+        pyplot(True).show()
     return 0
+
+
+def console_main() -> int:
+    """The `esync-draw` command."""
+    return main(prog="esync-draw")
 
 
 if __name__ == "__main__":

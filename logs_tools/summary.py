@@ -20,10 +20,11 @@ hosts and devices discovered from the folders, and writes `BASE/NETWORK/MODE/<Na
 one entry per round, in round order (n sorted numerically). Hosts and devices are
 sorted by name.
 
-<Name> comes from the MODE folder name (`name_of`): esync -> ESync, sync -> Sync,
-async -> Async, dcasgd -> DCASGD, local -> Local, and a `-niid` suffix (split-by-class
-runs) appends `-Non-IID` (esync-niid -> ESync-Non-IID). Any other folder name is used
-as it is (`my-run` -> `my-run.json`).
+<Name> comes from the MODE folder name (`name_of`), through esync.registry: each
+algorithm's log folder has its summary name (esync -> ESync, sync -> Sync, async ->
+Async, dcasgd -> DCASGD, local -> Local), and a split-by-class folder (`-niid`) has the
+name's non-IID form (esync-niid -> ESync-Non-IID). Any other folder name is used as it
+is (`my-run` -> `my-run.json`).
 
 Broken iteration files (unreadable, empty, invalid JSON, wrongly shaped, a round
 number that does not match the file name) are reported on stderr, one line each
@@ -34,9 +35,10 @@ a device folder, is reported and left out. Files not named `iter-<n>.json` (`.lo
 device folders, no usable file at all) print `summary.py: error: ...` and exit with
 status 2 without writing anything; a failure to write the output exits with status 1.
 
-Library use (the drawer): `summarize(base, network, mode) -> dict` (raises
-SummaryError), `name_of(mode) -> str`, `output_path(base, network, mode) -> str`,
-`main(argv=None) -> int`. Standard library only; it never imports `esync`.
+Library use (the drawer, the experiment): `summarize(base, network, mode) -> dict`
+(raises SummaryError), `write_summary(base, network, mode) -> (path, dict)`,
+`name_of(mode) -> str`, `output_path(base, network, mode) -> str`, `main(argv=None) ->
+int`. Standard library and esync.registry only (no torch, nothing of the runtime).
 """
 from __future__ import annotations
 
@@ -48,11 +50,10 @@ import re
 import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
-PROG = "summary.py"
+import config
+from esync import registry
 
-NAMES = {"esync": "ESync", "sync": "Sync", "async": "Async", "dcasgd": "DCASGD",
-         "local": "Local"}
-NIID_SUFFIX = "-niid"
+PROG = "summary.py"
 
 COMPUTE_PHASES = ("get_batch", "forward and backward", "local update", "slowdown")
 AGGREGATE_PHASES = ("global aggregate", "global update")
@@ -77,11 +78,11 @@ class BadFile(Exception):
 def name_of(mode: str) -> str:
     """The output name of a MODE folder: 'esync-niid' -> 'ESync-Non-IID'; unknown: as is."""
     mode = os.path.basename(os.path.normpath(mode)) if mode else mode
-    if mode in NAMES:
-        return NAMES[mode]
-    if mode.endswith(NIID_SUFFIX) and mode[:-len(NIID_SUFFIX)] in NAMES:
-        return NAMES[mode[:-len(NIID_SUFFIX)]] + "-Non-IID"
-    return mode
+    known = registry.from_folder(mode)
+    if known is None:
+        return mode
+    algorithm, split_by_class = known
+    return algorithm.summary_name(split_by_class)
 
 
 def mode_dir(base: str, network: str, mode: str) -> str:
@@ -324,14 +325,31 @@ def _folder_name(flag: str):
     return check
 
 
-def build_parser() -> argparse.ArgumentParser:
+def write_summary(base: str, network: str, mode: str,
+                  warn: Optional[Warn] = None) -> Tuple[str, dict]:
+    """Summarise BASE/NETWORK/MODE and write <Name>.json there: (its path, the summary).
+    SummaryError if there is nothing to summarise, OSError if it cannot be written."""
+    summary = summarize(base, network, mode, warn)
+    out = output_path(base, network, mode)
+    write_json(out, summary)
+    return out, summary
+
+
+def wrote_line(out: str, summary: dict) -> str:
+    devices = sum(len(d) for d in summary.values())
+    rounds = sum(len(r["rounds_list"]) for d in summary.values() for r in d.values())
+    return (f"{PROG}: wrote {out}: {len(summary)} host(s), {devices} device(s), "
+            f"{rounds} round(s)")
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=PROG,
+        prog=prog,
         description="Summarise BASE/NETWORK/MODE/<host>/<device>/iter-<n>.json into "
                     "BASE/NETWORK/MODE/<Name>.json (esync -> ESync.json, "
                     "sync-niid -> Sync-Non-IID.json, other folder names as they are).")
-    p.add_argument("-b", "--base-dir", default="logs",
-                   help="base folder of the logs (default: logs)")
+    p.add_argument("-b", "--base-dir", default=config.LOG_DIR,
+                   help=f"base folder of the logs (default: {config.LOG_DIR})")
     p.add_argument("-n", "--network", required=True, type=_folder_name("-n/--network"),
                    help="network folder, e.g. lenet")
     p.add_argument("-m", "--mode", required=True, type=_folder_name("-m/--mode"),
@@ -340,8 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
+    args = build_parser(prog).parse_args(argv)
     try:
         summary = summarize(args.base_dir, args.network, args.mode)
     except SummaryError as e:
@@ -353,11 +371,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     except OSError as e:
         print(f"{PROG}: error: cannot write {out}: {e.strerror or e}", file=sys.stderr)
         return 1
-    devices = sum(len(d) for d in summary.values())
-    rounds = sum(len(r["rounds_list"]) for d in summary.values() for r in d.values())
-    print(f"{PROG}: wrote {out}: {len(summary)} host(s), {devices} device(s), "
-          f"{rounds} round(s)")
+    print(wrote_line(out, summary))
     return 0
+
+
+def console_main() -> int:
+    """The `esync-summary` command."""
+    return main(prog="esync-summary")
 
 
 if __name__ == "__main__":

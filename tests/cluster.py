@@ -13,13 +13,8 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
+from launch.supervisor import free_port
 from tests.helpers import MAIN, REPO
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster:

@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from typing import Optional
 
-from tests.cluster import free_port
+from launch.supervisor import free_port
 from tests.helpers import REPO
 
 

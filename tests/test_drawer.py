@@ -176,6 +176,44 @@ def test_markdown_table(full):
         assert "| ESync (non-IID) | 25.00 | 2.00x |" in text
 
 
+SPEEDUP_MD = """\
+# Speedup, net
+
+| Algorithm | Time to 0.8 accuracy (s) | Speedup vs SSGD | Final accuracy | Best accuracy \
+| Final - standalone best |
+|---|---:|---:|---:|---:|---:|
+| ESync | 10.00 | 4.00x | 0.9100 | 0.9100 | +0.0100 |
+| SSGD | 40.00 | 1.00x | 0.8500 | 0.8500 | -0.0500 |
+| ASGD | 24.00 | 1.67x | 0.7900 | 0.8100 | -0.1100 |
+| DC-ASGD | not reached | n/a | 0.6000 | 0.6000 | -0.3000 |
+| Standalone | 20.00 | 2.00x | 0.8900 | 0.9000 | -0.0100 |
+| ESync (non-IID) | 25.00 | 2.00x | 0.8600 | 0.8600 | -0.0400 |
+| SSGD (non-IID) | 50.00 | 1.00x | 0.8200 | 0.8200 | -0.0800 |
+"""
+
+
+def test_speedup_md_is_byte_for_byte_the_same(full):
+    """The exact file the drawer wrote before it took its names from esync.registry."""
+    assert (full["out"] / "speedup.md").read_bytes() == SPEEDUP_MD.encode()
+
+
+def test_names_from_the_registry_and_no_torch():
+    code = ("import sys; import logs_tools.drawer as d; "
+            "assert callable(d.draw) and callable(d.main); "
+            "print(d.RUNS, d.STANDALONE_RUN, d.BASELINE); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('esync', 'torch')))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    modes, imported = proc.stdout.splitlines()
+    assert imported == "['esync', 'esync.registry']"
+    assert modes == ("[('esync', 'ESync', False), ('sync', 'SSGD', False), "
+                     "('async', 'ASGD', False), ('dcasgd', 'DC-ASGD', False), "
+                     "('esync-niid', 'ESync', True), ('sync-niid', 'SSGD', True), "
+                     "('async-niid', 'ASGD', True), ('dcasgd-niid', 'DC-ASGD', True)] "
+                     "('local', 'Standalone', False) SSGD")
+
+
 def test_missing_and_invalid_modes_noted(full):
     err = full["proc"].stderr
     missing = os.path.join(str(full["base"]), NET, "async-niid", "Async-Non-IID.json")

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import REPO
 
 EXPERIMENT = os.path.join(REPO, "launch", "experiment.py")
@@ -12,9 +14,10 @@ FIGURES = ("accuracy_iid.png", "accuracy_noniid.png", "throughput.png", "traffic
            "computing_ratio.png")
 
 
+@pytest.mark.slow
 def test_a_small_experiment_gives_summaries_figures_and_the_table(tmp_path):
     result = subprocess.run(
-        [sys.executable, EXPERIMENT, "--modes", "esync,sync,local", "--time-limit", "4",
+        [sys.executable, EXPERIMENT, "--modes", "esync,sync,local", "--time-limit", "1",
          "--workers", "2", "--slowdown", "1,3", "--out", str(tmp_path), "-e", "2"],
         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -31,6 +34,30 @@ def test_a_small_experiment_gives_summaries_figures_and_the_table(tmp_path):
     assert rows["SSGD"]["speedup_vs_ssgd"] in (1.0, None)
     assert "note: no" in result.stderr and "ASGD left out" in result.stderr
     assert "3 of 3 jobs done" in result.stderr
+
+
+def test_a_bad_worker_flag_is_refused_before_any_job(tmp_path):
+    result = subprocess.run([sys.executable, EXPERIMENT, "--modes", "sync,local",
+                             "--out", str(tmp_path), "--shuffle", "sideways"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("launch/experiment.py: error: argument --shuffle")
+    assert len(result.stderr.splitlines()) == 1
+    assert not os.listdir(tmp_path)
+
+
+def test_jobs_come_from_the_registry():
+    from esync import registry
+    from launch import experiment
+    jobs = experiment.jobs()
+    assert list(jobs) == ["esync", "sync", "async", "dcasgd", "esync-niid", "sync-niid",
+                          "async-niid", "dcasgd-niid", "local"]
+    assert jobs["dcasgd-niid"] == (["-m", "async", "-dcasgd", "1", "-s", "1"], 25)
+    assert jobs["esync"] == (["-m", "esync"], registry.ALGORITHMS["esync"].eval_every)
+    args = experiment.build_parser().parse_args([])
+    import config
+    assert (args.network, args.dataset, args.out) == (config.NETWORK, config.DATASET,
+                                                      config.RUNS_DIR)
 
 
 def test_unknown_modes_are_refused(tmp_path):

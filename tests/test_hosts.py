@@ -180,6 +180,29 @@ def test_bad_host_file_is_one_line_and_exit_2(tmp_path, text, flags, message):
     assert message in lines[0]
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["-m", "sync", "-c", "maybe"], "argument -c/--cpu: expected 1/0, true/false or yes/no, "
+                                    "got 'maybe'"),
+    (["-m", "fast"], "argument -m/--mode: invalid choice: 'fast'"),
+    (["-m", "sync", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_bad_main_flag_is_one_line_and_exit_2(cluster_file, flags, message):
+    """The flags after -- go through main.py's own parser, before anything is printed."""
+    result = hosts_py(cluster_file, "--", *flags)
+    assert result.returncode == 2 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hosts.py: error: "), result.stderr
+    assert message in lines[0]
+
+
+def test_algorithm_from_the_registry():
+    module = _load_module()
+    assert module.algorithm_of(["-m", "esync"]).state_server
+    assert not module.algorithm_of(["-m", "sync"]).state_server
+    assert module.algorithm_of(["-m", "async", "-dcasgd", "1"]).key == "dcasgd"
+    assert module.algorithm_of([]).key == "local"  # main.py's default mode
+
+
 def test_missing_host_file_and_bad_port(tmp_path):
     result = hosts_py(str(tmp_path / "nope"))
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
@@ -196,10 +219,20 @@ def test_help_documents_the_format():
         assert word in result.stdout, word
 
 
-def test_api_and_no_esync_import(cluster_file):
-    code = ("import sys; sys.path.insert(0, 'launch'); import hosts; "
-            "assert not [m for m in sys.modules if m == 'esync' or m.startswith('esync.')]")
-    assert subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env()).returncode == 0
+#: what hosts.py may import of esync: main.py's parser and the registry, nothing of the
+#: runtime (and no torch)
+ALLOWED = {"esync", "esync.options", "esync.registry", "esync.errors", "esync.data",
+           "esync.models", "esync.ready"}
+
+
+def test_api_and_no_runtime_import(cluster_file, tmp_path):
+    code = ("import sys; import launch.hosts; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('esync', 'torch')))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    imported = set(eval(result.stdout))
+    assert imported <= ALLOWED, imported - ALLOWED
     module = _load_module()
     hosts = module.parse_hostfile(cluster_file)
     assert [(h.name, h.line, h.workers) for h in hosts] == [
@@ -304,7 +337,8 @@ def _run_args(hostfile, fake, *extra):
 def test_run_streams_prefixed_output_and_exits_0(tmp_path, fake):
     hostfile = _hostfile(tmp_path, fake, [("alpha", "roles=scheduler,server,worker", "ok"),
                                           ("beta", "workers=2 gpus=1", "ok")])
-    result = subprocess.run(_run_args(hostfile, fake, "--", "-m", "sync", "--note", "a b"),
+    # -dd takes any text: a value with a space that main.py's parser accepts
+    result = subprocess.run(_run_args(hostfile, fake, "--", "-m", "sync", "-dd", "a b"),
                             cwd=REPO, capture_output=True, text=True, timeout=30, env=_env())
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()

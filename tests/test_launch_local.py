@@ -1,7 +1,9 @@
 """launch/local.py starts a whole job as child processes, stops it cleanly on Ctrl-C or
-when a child dies, and leaves no process behind, even when it is killed itself."""
+when a child dies, and leaves no process behind, even when it is killed itself. Bad
+flags, the launcher's own and the workers' (main.py's parser), start nothing."""
 import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -9,6 +11,7 @@ import time
 
 import pytest
 
+from launch import local
 from tests.helpers import REPO
 
 LAUNCH = os.path.join(REPO, "launch", "local.py")
@@ -59,6 +62,7 @@ def wait_for_rounds(folder, count=2, timeout=120):
     raise AssertionError(f"no training logs under {folder}")
 
 
+@pytest.mark.slow
 def test_a_small_cluster_runs_to_the_end_in_the_summary_layout(tmp_path):
     proc = launch(["-m", "async", "-dcasgd", "1", "--workers", "2", "--slowdown", "1,2",
                    "--out", str(tmp_path), "--max-rounds", "5", "-s", "1"])
@@ -78,6 +82,7 @@ def test_a_small_cluster_runs_to_the_end_in_the_summary_layout(tmp_path):
     assert not children_of(proc.pid)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["ctrl-c", "worker dies", "launcher killed"])
 def test_the_job_stops_and_no_process_is_left(tmp_path, how):
     proc = launch(["-m", "esync", "--workers", "2", "--out", str(tmp_path),
@@ -92,8 +97,9 @@ def test_the_job_stops_and_no_process_is_left(tmp_path, how):
             out, _ = proc.communicate(timeout=30)
             assert proc.returncode == 130 and "interrupted; stopping the job" in out
         elif how == "worker dies":
-            worker = next(p for p in kids
-                          if b"w1" in open(f"/proc/{p}/cmdline", "rb").read())
+            # its own device name, not a "w1" anywhere (pytest-xdist's tmp paths have one)
+            worker = next(p for p in kids if b"\0--device-name\0w1\0"
+                          in open(f"/proc/{p}/cmdline", "rb").read())
             os.kill(worker, signal.SIGKILL)
             out, _ = proc.communicate(timeout=30)
             assert proc.returncode == 1
@@ -115,9 +121,69 @@ def test_the_job_stops_and_no_process_is_left(tmp_path, how):
     (["-m", "sync", "-ld", "elsewhere"], "-ld/--log-dir is set by the launcher"),
     (["-m", "sync", "--workers", "0"], "--workers and --servers must be at least 1"),
     (["-m", "nosuch"], "invalid choice: 'nosuch'"),
+    # the workers' flags, checked by main.py's own parser before anything starts
+    (["-m", "sync", "-c", "maybe"],
+     "launch/local.py: error: argument -c/--cpu: expected 1/0, true/false or yes/no, "
+     "got 'maybe'"),
+    (["-m", "async", "-dcasgd", "perhaps"], "argument -dcasgd/--use-dcasgd: expected 1/0"),
+    (["-m", "sync", "-b", "-3"], "argument -b/--batch-size: expected a positive integer"),
+    (["-m", "sync", "--bogus"], "unrecognized arguments: --bogus"),
+    (["-m", "sync", "--device-name", "mine"], "--device-name is set by the launcher"),
+    (["-m", "sync", "--log-dir=elsewhere"], "-ld/--log-dir is set by the launcher"),
 ])
 def test_bad_input_is_one_line_and_starts_nothing(tmp_path, args, message):
     proc = launch([*args, "--out", str(tmp_path)])
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2 and message in out, out
+    assert not os.listdir(tmp_path)
+    if "-c" in args or "--bogus" in args:  # one line, no usage
+        assert len(out.splitlines()) == 1, out
+
+
+def test_the_plan_comes_from_the_one_parser_and_the_registry(tmp_path):
+    out = str(tmp_path)
+    plan = local.plan(["-m", "async", "-dcasgd", "1", "-s", "yes", "--out", out, "-n", "lenet"])
+    assert plan.algorithm.key == "dcasgd" and plan.folder == os.path.join(out, "lenet",
+                                                                          "dcasgd-niid")
+    assert plan.worker_args[-2:] == ["--num-threads", str(plan.threads)]
+    plan = local.plan(["-m", "local", "--workers", "3", "--out", out, "--num-threads", "0",
+                       "--max-rounds", "7"])
+    assert plan.workers == 1 and not plan.algorithm.distributed
+    assert plan.folder == os.path.join(out, "lenet", "local")
+    assert plan.worker_args == ["--num-threads", "0", "--max-rounds", "7"]  # the user's
+    assert plan.stop_rounds == 7 and plan.stop_seconds is None
+    plan = local.plan(["-m", "esync", "--out", out, "--time-limit", "9"])
+    assert plan.algorithm.state_server and plan.stop_seconds == 9.0
+    assert not os.listdir(tmp_path)
+
+
+COMMANDS = ["esync-launch", "esync-hosts", "esync-experiment", "esync-summary", "esync-draw"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_console_scripts_run(command, tmp_path):
+    path = shutil.which(command) or os.path.join(os.path.dirname(sys.executable), command)
+    result = subprocess.run([path, "--help"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: {command}")
+
+
+@pytest.mark.parametrize("script", ["launch/local.py", "launch/hosts.py",
+                                    "launch/experiment.py", "logs_tools/summary.py",
+                                    "logs_tools/drawer.py"])
+def test_scripts_run_from_another_folder(script, tmp_path):
+    result = subprocess.run([sys.executable, os.path.join(REPO, script), "--help"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: ")
+
+
+def test_console_script_errors_name_the_command(tmp_path):
+    path = shutil.which("esync-launch") or os.path.join(os.path.dirname(sys.executable),
+                                                        "esync-launch")
+    result = subprocess.run([path, "-m", "sync", "-c", "maybe", "--out", str(tmp_path)],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.startswith("esync-launch: error: argument -c/--cpu")
     assert not os.listdir(tmp_path)

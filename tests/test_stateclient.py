@@ -9,7 +9,7 @@ import time
 import pytest
 
 from esync.stateclient import StateClient, StateServerError
-from tests.cluster import free_port
+from launch.supervisor import free_port
 from tests.stateserver import StateServer
 
 

@@ -475,11 +475,24 @@ def test_trailing_slash_in_mode(tree):
     assert (tree / "lenet" / "esync" / "ESync.json").is_file()
 
 
-def test_does_not_import_esync():
+def test_imports_only_the_registry_of_esync_and_no_torch():
     code = ("import sys; import logs_tools.summary as s; "
             "assert callable(s.summarize) and callable(s.main) and callable(s.name_of); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('esync', 'torch')))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]"
+    assert proc.stdout.strip() == "['esync', 'esync.registry']"
+
+
+def test_names_come_from_the_registry():
+    from esync import registry
+    for algorithm, split in registry.all_folders():
+        folder = algorithm.log_folder(split)
+        assert summary.name_of(folder) == algorithm.summary_name(split)
+    assert not hasattr(summary, "NAMES")
+
+
+def test_base_dir_defaults_to_config_log_dir():
+    import config
+    assert summary.build_parser().parse_args(["-n", "x", "-m", "y"]).base_dir == config.LOG_DIR

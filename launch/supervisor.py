@@ -1,0 +1,500 @@
+"""The one supervisor of child processes for every launcher (`launch/local.py`,
+`launch/hosts.py --run`, `launch/experiment.py` through local.py) and the benchmarks.
+
+    with Supervisor(grace=5.0) as sup:
+        scheduler = sup.start("scheduler", argv, env=env, log="scheduler.log", ready=True)
+        port = sup.wait_ready(scheduler)            # the port it bound (port 0 + esync.ready)
+        sup.start("worker0", argv, env=env, log="w0/worker.log")
+        while (outcome := sup.wait(timeout=0.5)) is None:
+            refresh_progress()
+        # outcome.failed: None (every essential child exited 0), or the child that failed
+    # leaving the block stops whatever still runs (see stop)
+
+What it guarantees, on Linux:
+
+* **Each child in its own session and process group** (so a Ctrl-C at the terminal
+  reaches only the launcher, and stopping a child reaches everything it started), with
+  the **parent-death signal** SIGKILL (prctl PR_SET_PDEATHSIG): if the launcher is
+  killed outright, its children die with it. (The signal follows the thread that
+  started the child: start children from a thread that lives as long as they should.)
+* **Output** goes to a log file (`log=`, first line `# <the command>`), or is pumped line
+  by line with a prefix (`prefix=`, e.g. hosts.py's `[HOST ROLE] `) to `out`, or is
+  left to the launcher's own (neither). Pumping runs inside the supervisor's waits (one
+  thread, one selector): output flows while the caller waits, as it always does.
+* **Essential** children are the job: `wait` ends when all of them have exited 0. A
+  non-essential child is a service (the ESync state server): it is not waited for, but
+  its exit, with any status, ends the job as a failure.
+* **Readiness** (`ready=True`, esync.ready): the child gets the write end of a pipe in
+  ESYNC_READY_FD and writes the port it listens on as one line; `wait_ready` waits for
+  that line with a deadline and learns of the child's death before it was ready from
+  the pipe's end of file (the child's copy closes when it dies): event-driven, no
+  polling and no connection attempts.
+* **Waiting** is woken by child exits (a pidfd per child, os.pidfd_open, in a selector;
+  on kernels without pidfds, a 50 ms poll) and by output; `wait(timeout)` returns None
+  when the timeout passes first, so that a caller can refresh a progress bar. The
+  outcome names the first child, in the order they exited, that failed (non-zero
+  status, or a service that ended).
+* **Stop** (`stop`, and leaving the `with` block): SIGTERM to each child's process
+  group, then up to `grace` seconds (5) until no live process (zombies aside) is left
+  in those groups (a /proc scan), then SIGKILL to every group still populated: a sweep,
+  so that nothing a child started survives. A Ctrl-C (KeyboardInterrupt) or
+  `Interrupted` during the grace skips to SIGKILL at once.
+
+`free_port()` is for the rare case where a port must be known before the process that
+binds it starts (e.g. a test that starts workers before their scheduler); otherwise
+let the child bind port 0 and report it (readiness): a port found free and handed on
+can be taken by someone else before the child binds it.
+
+Standard library only; it imports nothing of esync but the name of the readiness
+variable.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import selectors
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
+
+from esync.ready import ENV as READY_ENV
+
+#: seconds from SIGTERM to SIGKILL when stopping
+GRACE_S = 5.0
+#: how often a stop looks for processes left in the children's groups, and how often
+#: exits are looked for where the kernel has no pidfds
+POLL_S = 0.05
+#: seconds a child may take to report readiness
+READY_TIMEOUT_S = 60.0
+
+_PR_SET_PDEATHSIG = 1
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") \
+        else None
+except (OSError, AttributeError):  # no libc symbols to be found: no parent-death signal
+    _prctl = None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free now (it may be taken before you bind it: prefer port 0
+    and readiness where the process that binds it can report it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ChildFailed(Exception):
+    """A child ended, or did not report readiness, before it was ready."""
+
+    def __init__(self, child: "Child", message: str):
+        super().__init__(message)
+        self.child = child
+
+
+class Interrupted(Exception):
+    """A signal the launcher treats as Ctrl-C (see `interrupt_on`)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def interrupt_on(signals: Iterable[int],
+                 raise_: Callable[[int], BaseException] = Interrupted) -> Iterator[None]:
+    """While in the block, these signals raise `raise_(signum)` in the main thread (e.g.
+    SIGTERM as KeyboardInterrupt); elsewhere than the main thread, nothing changes."""
+    previous = {}
+    if _in_main_thread():
+        def handler(signum, frame):
+            raise raise_(signum)
+        for sig in signals:
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@dataclass
+class Child:
+    """One started child process."""
+
+    name: str
+    argv: List[str]
+    proc: subprocess.Popen
+    essential: bool = True
+    log: Optional[str] = None         # where its output goes (None: pumped or inherited)
+    prefix: Optional[str] = None      # pumped output: each line as prefix + line
+    port: Optional[int] = None        # what it reported (ready=True)
+    _pidfd: Optional[int] = None
+    _ready_fd: Optional[int] = None   # read end of its readiness pipe
+    _ready_buf: bytes = b""
+    _out_fd: Optional[int] = None     # read end of its output pipe (pumped)
+    _out_buf: bytes = b""
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return self.proc.returncode
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+
+@dataclass
+class Outcome:
+    """How the job ended: `failed` is None when every essential child exited 0, else
+    the first child (in the order they exited) that failed or, a service, ended."""
+
+    failed: Optional[Child]
+
+    @property
+    def ok(self) -> bool:
+        return self.failed is None
+
+
+@dataclass
+class Supervisor:
+    """Starts, watches and stops child processes (see the module's docstring)."""
+
+    grace: float = GRACE_S
+    out: Optional[IO[str]] = None     # where pumped lines go (default: sys.stdout)
+    say: Optional[Callable[[str], None]] = None  # its own notes (default: stderr)
+    children: List[Child] = field(default_factory=list)
+    _exited: List[Child] = field(default_factory=list)  # in the order they exited
+    _selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
+    _pidfds: bool = hasattr(os, "pidfd_open")
+
+    # --- starting ---------------------------------------------------------------------
+    def start(self, name: str, argv: Sequence[str], *, env: Optional[Dict[str, str]] = None,
+              cwd: Optional[str] = None, log: Optional[str] = None,
+              prefix: Optional[str] = None, essential: bool = True, ready: bool = False,
+              stdin=subprocess.DEVNULL) -> Child:
+        """Start one child (OSError if it cannot be started). `log`: a file for its
+        output; `prefix`: pump its output line by line with this prefix; neither: it
+        writes where the launcher does. `ready`: it reports its port (wait_ready)."""
+        argv = list(argv)
+        env = dict(os.environ if env is None else env)
+        pass_fds: tuple = ()
+        ready_r = ready_w = None
+        if ready:
+            ready_r, ready_w = os.pipe()
+            env[READY_ENV] = str(ready_w)
+            pass_fds = (ready_w,)
+        else:
+            env.pop(READY_ENV, None)
+        out_r = None
+        stdout = stderr = None
+        log_file = None
+        try:
+            if log is not None:
+                folder = os.path.dirname(log)
+                if folder:
+                    os.makedirs(folder, exist_ok=True)
+                log_file = open(log, "w")
+                log_file.write(f"# {shlex.join(argv)}\n")
+                log_file.flush()
+                stdout, stderr = log_file, subprocess.STDOUT
+            elif prefix is not None:
+                stdout, stderr = subprocess.PIPE, subprocess.STDOUT
+            parent = os.getpid()
+            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin, stdout=stdout,
+                                    stderr=stderr, pass_fds=pass_fds,
+                                    start_new_session=True,
+                                    preexec_fn=lambda: _die_with_parent(parent))
+        except BaseException:
+            for fd in (ready_r, ready_w):
+                if fd is not None:
+                    os.close(fd)
+            raise
+        finally:
+            if log_file is not None:
+                log_file.close()
+        if ready_w is not None:
+            os.close(ready_w)  # the child's copy is the only one: its death is our EOF
+        child = Child(name, argv, proc, essential, log, prefix)
+        if proc.stdout is not None:
+            out_r = proc.stdout.fileno()
+            os.set_blocking(out_r, False)
+            child._out_fd = out_r
+            self._selector.register(out_r, selectors.EVENT_READ, ("out", child))
+        if ready_r is not None:
+            child._ready_fd = ready_r
+            self._selector.register(ready_r, selectors.EVENT_READ, ("ready", child))
+        if self._pidfds:
+            try:
+                child._pidfd = os.pidfd_open(proc.pid)
+                self._selector.register(child._pidfd, selectors.EVENT_READ, ("exit", child))
+            except OSError:  # a kernel without pidfds (Linux < 5.3): poll instead
+                self._pidfds = False
+        self.children.append(child)
+        return child
+
+    # --- waiting ----------------------------------------------------------------------
+    def wait_ready(self, child: Child, timeout: float = READY_TIMEOUT_S) -> int:
+        """The port `child` (started with ready=True) reports. ChildFailed if it dies
+        first (noticed at once: its end of the pipe closes) or is silent for `timeout`
+        seconds."""
+        if child.port is not None:
+            return child.port
+        if child._ready_fd is None:
+            raise ValueError(f"{child.name} was not started with ready=True")
+        deadline = time.monotonic() + timeout
+        while child._ready_fd is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._close_ready(child)
+                raise ChildFailed(child, f"{child.name} did not report that it is ready "
+                                         f"within {timeout:g} s")
+            self._select(remaining)
+        if child.port is None:
+            try:  # it closed the pipe: it is ending; its status says why
+                child.proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                pass
+            self._reap()
+            status = (f"exited with status {child.returncode}" if child.returncode is not None
+                      else "closed its readiness pipe without a port")
+            raise ChildFailed(child, f"{child.name} {status} before it was ready")
+        return child.port
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[Outcome]:
+        """Until a child fails (non-zero status, or a service ends) or every essential
+        child has exited 0; None if `timeout` seconds pass first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._reap()
+            outcome = self._outcome()
+            if outcome is not None:
+                return outcome
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
+            self._select(remaining)
+
+    def _outcome(self) -> Optional[Outcome]:
+        for child in self._exited:
+            if child.returncode != 0 or not child.essential:
+                return Outcome(child)
+        # only what _reap saw: a child reaped here would skip the failure check above
+        if all(c in self._exited for c in self.children if c.essential):
+            return Outcome(None)
+        return None
+
+    def _reap(self) -> None:
+        for child in self.children:
+            if child not in self._exited and child.proc.poll() is not None:
+                self._exited.append(child)
+                if child._pidfd is not None:
+                    self._selector.unregister(child._pidfd)
+                    os.close(child._pidfd)
+                    child._pidfd = None
+
+    def _select(self, timeout: Optional[float]) -> None:
+        """Wait up to `timeout` for an exit, output or readiness, and handle what came."""
+        if not self._pidfds:
+            timeout = POLL_S if timeout is None else min(timeout, POLL_S)
+        if not self._selector.get_map():
+            if timeout is None:
+                raise RuntimeError("nothing to wait for")
+            time.sleep(timeout)
+            return
+        events = self._selector.select(timeout)
+        # output first: a child's last lines are shown before its exit is reported
+        for key, _ in sorted(events, key=lambda e: e[0].data[0] == "exit"):
+            kind, child = key.data
+            if kind == "out":
+                self._pump(child)
+            elif kind == "ready":
+                self._read_ready(child)
+            else:
+                self._pump(child)
+                self._reap()
+
+    def _read_ready(self, child: Child) -> None:
+        if child._ready_fd is None:
+            return
+        try:
+            data = os.read(child._ready_fd, 64)
+        except BlockingIOError:
+            return
+        child._ready_buf += data
+        if b"\n" in child._ready_buf:
+            line = child._ready_buf.split(b"\n", 1)[0].strip()
+            try:
+                child.port = int(line)
+            except ValueError:
+                child.port = None
+            self._close_ready(child)
+        elif not data:
+            self._close_ready(child)
+
+    def _close_ready(self, child: Child) -> None:
+        if child._ready_fd is not None:
+            self._selector.unregister(child._ready_fd)
+            os.close(child._ready_fd)
+            child._ready_fd = None
+
+    def _pump(self, child: Child) -> None:
+        """Pass on the complete lines waiting in child's output pipe; at its end, the
+        rest."""
+        if child._out_fd is None:
+            return
+        while True:
+            try:
+                data = os.read(child._out_fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError as e:
+                if e.errno != errno.EIO:
+                    raise
+                data = b""
+            if not data:
+                if child._out_buf:
+                    self._emit(child, child._out_buf)
+                    child._out_buf = b""
+                self._selector.unregister(child._out_fd)
+                child.proc.stdout.close()
+                child._out_fd = None
+                return
+            child._out_buf += data
+            *lines, child._out_buf = child._out_buf.split(b"\n")
+            for line in lines:
+                self._emit(child, line)
+
+    def _emit(self, child: Child, raw: bytes) -> None:
+        out = self.out or sys.stdout
+        text = raw.decode("utf-8", "replace").rstrip("\r\n")
+        out.write(f"{child.prefix}{text}\n")
+        out.flush()
+
+    # --- stopping ---------------------------------------------------------------------
+    def stop(self, children: Optional[Iterable[Child]] = None) -> None:
+        """Stop these children (default: all) and everything in their process groups:
+        SIGTERM, up to `grace` seconds, then SIGKILL to every group still populated.
+        Returns once the children are reaped and their output pumped."""
+        targets = list(self.children if children is None else children)
+        _signal_groups(self._populated(targets), signal.SIGTERM)
+        deadline = time.monotonic() + self.grace
+        try:
+            while self._populated(targets):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._select(min(POLL_S, remaining))
+        except (KeyboardInterrupt, Interrupted):
+            self._note("stopping now (SIGKILL)")
+        _signal_groups(self._populated(targets), signal.SIGKILL)
+        for child in targets:
+            try:
+                child.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._note(f"{child.name}: still running after SIGKILL")
+        self._reap()
+        self._drain(targets)
+        for child in targets:
+            self._close_ready(child)
+            if child.proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    child.proc.stdin.close()
+
+    def _populated(self, targets: Sequence[Child]) -> List[Child]:
+        """Those of targets with a live process (not a zombie) in their process group."""
+        for child in targets:
+            child.proc.poll()  # reap the child itself
+        groups = _live_groups()
+        result = []
+        for child in targets:
+            if groups is not None:
+                if child.pid in groups:
+                    result.append(child)
+            elif child.running():
+                result.append(child)
+        return result
+
+    def _drain(self, targets: Sequence[Child], timeout: float = 1.0) -> None:
+        """Pump what the stopped children left in their pipes (a process outside their
+        groups may hold a pipe open: not longer than `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while any(c._out_fd is not None for c in targets):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._select(remaining)
+        for child in targets:
+            if child._out_fd is not None:
+                self._selector.unregister(child._out_fd)
+                child.proc.stdout.close()
+                child._out_fd = None
+
+    def close(self) -> None:
+        """Stop every child still running and release the supervisor's descriptors."""
+        self.stop()
+        self._reap()
+        self._selector.close()
+
+    def _note(self, line: str) -> None:
+        if self.say is not None:
+            self.say(line)
+        else:
+            sys.stderr.write(f"supervisor: {line}\n")
+            sys.stderr.flush()
+
+    def __enter__(self) -> "Supervisor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+def _die_with_parent(parent: int) -> None:
+    """In the child, before exec: SIGKILL when the launcher dies (Linux), and exit now
+    if it already died between fork and here."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _signal_groups(children: Iterable[Child], sig: int) -> None:
+    for child in children:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, sig)
+
+
+def _live_groups() -> Optional[set]:
+    """The process groups with a process that is not a zombie, from /proc (Linux); None
+    where there is no /proc."""
+    if not os.path.isdir("/proc/self"):
+        return None
+    groups = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[0] != b"Z":
+            groups.add(int(fields[2]))
+    return groups

@@ -1,0 +1,215 @@
+"""launch.supervisor with small real child processes (`python -c`, `sh -c`, `sleep`):
+readiness, waiting, output, stopping whole process groups, and the launcher's death."""
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from launch.supervisor import ChildFailed, Supervisor, free_port
+
+PY = sys.executable
+
+
+def alive(pid):
+    """Running and not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_until(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def read_pids(path, count, timeout=10.0):
+    assert wait_until(lambda: os.path.exists(path) and
+                      len(open(path).read().split()) >= count, timeout), path
+    return [int(p) for p in open(path).read().split()]
+
+
+LISTENER = textwrap.dedent("""\
+    import socket, time
+    from esync import ready
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    ready.announce(s.getsockname()[1])
+    conn, _ = s.accept()
+    conn.sendall(b"hello")
+    time.sleep(60)
+""")
+
+
+def test_readiness_reports_the_port_the_child_bound():
+    with Supervisor() as sup:
+        child = sup.start("listener", [PY, "-c", LISTENER], ready=True)
+        port = sup.wait_ready(child, timeout=30)
+        assert child.port == port and 0 < port < 65536
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            assert conn.recv(5) == b"hello"
+        assert sup.wait(timeout=0) is None  # running: nothing decided yet
+    assert child.returncode is not None  # leaving the block stopped it
+
+
+def test_a_child_dying_before_it_is_ready_is_noticed_at_once():
+    with Supervisor() as sup:
+        child = sup.start("doomed", [PY, "-c", "import sys; sys.exit(3)"], ready=True)
+        start = time.monotonic()
+        with pytest.raises(ChildFailed, match="doomed exited with status 3 before it was ready"):
+            sup.wait_ready(child, timeout=60)
+        assert time.monotonic() - start < 10  # the pipe's end of file, not the timeout
+        assert child.returncode == 3
+
+
+def test_a_silent_child_times_out():
+    with Supervisor() as sup:
+        child = sup.start("silent", ["sleep", "60"], ready=True)
+        with pytest.raises(ChildFailed, match="did not report that it is ready within 0.3 s"):
+            sup.wait_ready(child, timeout=0.3)
+
+
+def test_wait_reports_the_first_failure_and_a_service_that_ends():
+    with Supervisor() as sup:
+        sup.start("fine", ["true"])
+        bad = sup.start("bad", ["sh", "-c", "sleep 0.2; exit 4"])
+        sup.start("slow", ["sleep", "60"])
+        start = time.monotonic()
+        outcome = sup.wait(timeout=30)
+        assert time.monotonic() - start < 10  # woken by the exit
+        assert outcome is not None and outcome.failed is bad and not outcome.ok
+        assert bad.returncode == 4
+    with Supervisor() as sup:
+        service = sup.start("service", ["true"], essential=False)
+        sup.start("job", ["sleep", "60"])
+        outcome = sup.wait(timeout=30)
+        assert outcome.failed is service  # a service that ends fails the job, status 0 too
+    with Supervisor() as sup:
+        service = sup.start("service", ["sleep", "60"], essential=False)
+        sup.start("a", ["true"])
+        sup.start("b", ["sh", "-c", "sleep 0.1"])
+        outcome = sup.wait(timeout=30)
+        assert outcome.ok  # every essential child exited 0; the service is not waited for
+        assert service.running()
+    assert service.returncode is not None
+
+
+def test_wait_times_out_so_that_a_caller_can_refresh():
+    with Supervisor() as sup:
+        sup.start("slow", ["sleep", "60"])
+        start = time.monotonic()
+        assert sup.wait(timeout=0.2) is None
+        assert 0.15 < time.monotonic() - start < 5
+
+
+def test_output_pumped_with_a_prefix_or_written_to_a_log(tmp_path):
+    out = io.StringIO()
+    log = tmp_path / "sub" / "child.log"
+    with Supervisor(out=out) as sup:
+        sup.start("talker", ["sh", "-c", "echo one; echo two 1>&2; printf 'no newline'"],
+                  prefix="[talker] ")
+        sup.start("quiet", ["sh", "-c", "echo to the log"], log=str(log))
+        assert sup.wait(timeout=30).ok
+    assert out.getvalue().splitlines() == ["[talker] one", "[talker] two",
+                                           "[talker] no newline"]
+    assert log.read_text() == "# sh -c 'echo to the log'\nto the log\n"
+
+
+def test_stop_reaches_grandchildren_in_the_group(tmp_path):
+    pids = tmp_path / "pids"
+    script = f"sleep 60 & echo $! > {pids}.tmp; echo $$ >> {pids}.tmp; mv {pids}.tmp {pids}; wait"
+    with Supervisor(grace=5) as sup:
+        child = sup.start("parent", ["sh", "-c", script])
+        grandchild, shell = read_pids(str(pids), 2)
+        assert shell == child.pid and alive(grandchild)
+        start = time.monotonic()
+        sup.stop()
+        assert time.monotonic() - start < 4  # SIGTERM was enough: no grace spent
+        assert not alive(child.pid) and not alive(grandchild)
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_the_grace():
+    stubborn = ("import signal, time\nfrom esync import ready\n"
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nready.announce(0)\n"
+                "time.sleep(60)\n")
+    with Supervisor(grace=0.5) as sup:
+        child = sup.start("stubborn", [PY, "-c", stubborn], ready=True)
+        sup.wait_ready(child, timeout=30)  # SIGTERM is ignored from here on
+        start = time.monotonic()
+        sup.stop()
+        elapsed = time.monotonic() - start
+    assert 0.5 <= elapsed < 4
+    assert child.returncode == -signal.SIGKILL
+
+
+def test_a_second_ctrl_c_during_the_grace_kills_at_once():
+    notes = []
+    stubborn = ("import signal, time\nfrom esync import ready\n"
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nready.announce(0)\n"
+                "time.sleep(60)\n")
+    previous = signal.signal(signal.SIGALRM, signal.default_int_handler)  # as Ctrl-C
+    try:
+        with Supervisor(grace=30, say=notes.append) as sup:
+            child = sup.start("stubborn", [PY, "-c", stubborn], ready=True)
+            sup.wait_ready(child, timeout=30)
+            start = time.monotonic()
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            sup.stop()
+            elapsed = time.monotonic() - start
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert elapsed < 5
+    assert child.returncode == -signal.SIGKILL
+    assert notes == ["stopping now (SIGKILL)"]
+
+
+LAUNCHER = textwrap.dedent("""\
+    import time
+    from launch.supervisor import Supervisor
+    sup = Supervisor()
+    for k in range(2):
+        print(sup.start(f"sleeper{k}", ["sleep", "60"]).pid, flush=True)
+    time.sleep(60)
+""")
+
+
+def test_the_launchers_death_takes_the_children_with_it():
+    launcher = subprocess.Popen([PY, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True)
+    try:
+        kids = [int(launcher.stdout.readline()) for _ in range(2)]
+        assert all(alive(p) for p in kids)
+        launcher.kill()  # SIGKILL: no chance to stop anything itself
+        launcher.wait()
+        assert wait_until(lambda: not any(alive(p) for p in kids)), kids
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def test_a_command_that_cannot_start_raises_and_leaves_nothing():
+    with Supervisor() as sup:
+        with pytest.raises(OSError):
+            sup.start("nothing", ["/no/such/program"], ready=True)
+        assert sup.children == []
+
+
+def test_free_port_is_bindable():
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
