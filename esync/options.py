@@ -12,7 +12,7 @@ import argparse
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Annotated, Optional, Sequence
+from typing import Annotated, Optional, Sequence, Set
 
 from argparse_dataclass import ArgumentParser
 
@@ -160,6 +160,16 @@ def build_parser(prog: str = "esync") -> ArgumentParser:
         description="Train a network with ESync, SSGD, ASGD, DC-ASGD or standalone. "
                     "The role (scheduler, server, worker) comes from DMLC_ROLE; without "
                     "it only -m local runs.")
+
+
+def flags_given(argv: Sequence[str], prog: str = "esync") -> Set[str]:
+    """The settings (Options field names) that `argv` sets itself, as opposed to those
+    left to their defaults; `argv` is checked as parse_options checks it."""
+    parser = build_parser(prog)
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    namespace, _ = argparse.ArgumentParser.parse_known_args(parser, list(argv))
+    return set(vars(namespace))
 
 
 def parse_options(argv: Optional[Sequence[str]] = None, prog: str = "esync") -> Options:

@@ -41,7 +41,7 @@ from tqdm import tqdm
 import config
 from esync import registry
 from esync.errors import UserError
-from esync.options import Options, parse_options
+from esync.options import Options, flags_given, parse_options
 from launch.progress import Progress
 from launch.supervisor import GRACE_S, Child, ChildFailed, Supervisor, interrupt_on
 
@@ -113,29 +113,14 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     return parser
 
 
-#: main.py flags the launcher sets or chooses itself: (flag, two distinct test values)
-_LAUNCHER_SET = {"log_dir": ("-ld", "a", "b"), "device_name": ("--device-name", "a", "b"),
-                 "num_threads": ("--num-threads", "1", "2")}
-
-
 def _worker_options(mode: str, rest: Sequence[str]) -> tuple:
     """main.py's settings from the passed-through flags (with `-m MODE`), parsed by
-    main.py's own parser, and which of the launcher's flags the user gave: each is put
-    in front twice with two values; a user's flag, later, wins both times."""
-    parsed = []
-    for i in (1, 2):
-        front = [w for flag, *values in _LAUNCHER_SET.values() for w in (flag, values[i - 1])]
-        try:
-            parsed.append(parse_options([*front, "-m", mode, *rest], prog="main.py"))
-        except UserError as e:
-            raise LaunchError(f"{e} (a flag passed to main.py)") from None
-    given = {dest for dest in _LAUNCHER_SET
-             if getattr(parsed[0], dest) == getattr(parsed[1], dest)}
-    opts = parsed[0]
-    for dest in _LAUNCHER_SET:
-        if dest not in given:  # back to main.py's default
-            setattr(opts, dest, getattr(Options(), dest))
-    return opts, given
+    main.py's own parser, and the names of the settings those flags give."""
+    argv = ["-m", mode, *rest]
+    try:
+        return parse_options(argv, prog="main.py"), flags_given(argv, prog="main.py")
+    except UserError as e:
+        raise LaunchError(f"{e} (a flag passed to main.py)") from None
 
 
 def plan(argv: Sequence[str], prog: str = PROG) -> Plan:
@@ -306,9 +291,10 @@ class Launcher:
         return fraction, (f"round {rounds}, {elapsed:.0f} s, "
                           f"test accuracy {self._accuracy or 'n/a'}")
 
-    def status_line(self) -> str:
-        """The plain form: `[####....] esync: round 12, 31 s, test accuracy 0.91`."""
-        fraction, text = self.status()
+    def status_line(self, status: Optional[tuple] = None) -> str:
+        """The plain form of `status` (default: now): `[####....] esync: round 12, 31 s,
+        test accuracy 0.91`."""
+        fraction, text = status or self.status()
         bar = ""
         if fraction is not None:
             filled = int(20 * min(1.0, fraction))
@@ -320,15 +306,17 @@ class Launcher:
         while True:
             outcome = self.supervisor.wait(timeout=bar.refresh_s)
             if outcome is None:
-                bar.show(*self.status(), self.status_line())
+                status = self.status()
+                bar.show(*status, self.status_line(status))
                 continue
             if outcome.failed is not None:
                 bar.close()
                 self.say(f"error: {self.describe(outcome.failed)}; stopping the job")
                 return 1
-            line = self.status_line()
+            status = self.status()
+            line = self.status_line(status)
             if bar.terminal:
-                bar.show(*self.status(), line)
+                bar.show(*status, line)
                 if self.nested:
                     bar.write(f"launch: done: {line}")
             else:

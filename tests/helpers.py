@@ -56,6 +56,15 @@ def make_idx_dataset(root: str, name: str = "fashion-mnist", n_train: int = 300,
     return folder
 
 
+def alive(pid):
+    """Whether process `pid` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def run_main(args: Sequence[str], timeout: float = 240, env: Optional[dict] = None,
              cwd: Optional[str] = None) -> subprocess.CompletedProcess:
     """Run `python main.py ARGS` as a new process (one torch thread) and wait for it."""

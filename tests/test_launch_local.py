@@ -12,7 +12,7 @@ import time
 import pytest
 
 from launch import local
-from tests.helpers import REPO
+from tests.helpers import REPO, alive
 
 LAUNCH = os.path.join(REPO, "launch", "local.py")
 
@@ -34,14 +34,6 @@ def children_of(pid):
         if int(fields[1]) == pid:
             found.append(int(stat.split("/")[2]))
     return found
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_gone(pids, timeout=15):

@@ -14,17 +14,9 @@ import time
 import pytest
 
 from launch.supervisor import ChildFailed, Supervisor, free_port
+from tests.helpers import alive
 
 PY = sys.executable
-
-
-def alive(pid):
-    """Running and not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_until(predicate, timeout=10.0):
