@@ -17,7 +17,7 @@ Defaults that live elsewhere, and why:
 """
 
 # --- what to train -------------------------------------------------------------------
-MODE = "local"                 # -m: local | sync | async | esync
+MODE = "local"                 # -m: local | sync | async | esync | ddp
 NETWORK = "lenet"              # -n: see esync.models.NETWORKS
 DATASET = "digits"             # --dataset: digits (embedded) | fashion-mnist | mnist
 DATA_DIR = "data"              # -dd: holds fashion-mnist/ and mnist/ with the IDX files
@@ -40,7 +40,12 @@ BUFFER_RATIO = 0.1             # --buffer-ratio: share of the partition held in 
 SEED = 0                       # --seed: model init, partitions and shuffles
 
 # --- evaluation, logs and stop criteria ----------------------------------------------
-EVAL_DURATION = 1              # -e: evaluate every N rounds (local mode: round = N iterations)
+EVAL_DURATION = 1              # -e: worker 0 evaluates every N rounds (0: never; local
+                               #   mode: a round is N iterations)
+EVAL_INTERVAL = 0.5            # --eval-interval: seconds between the evaluator's
+                               #   evaluations (local mode: between in-process ones)
+TARGET_HOLD = 0.0              # --target-hold: seconds the evaluator must see the target
+                               #   accuracy held before it ends the job
 LOG_DIR = "logs"               # -ld: LOG_DIR/<host>/<device>/iter-<n>.json
 EPOCHS = None                  # --epochs: passes over the partition (None: no limit)
 MAX_ROUNDS = None              # --max-rounds
@@ -52,6 +57,9 @@ USE_CPU = False                # -c: force the CPU even if -g is given
 DEFAULT_GPU_ID = None          # -g: None means CPU; N means cuda:N
 NUM_THREADS = 0                # --num-threads: torch intra-op threads (0: torch's default)
 SLOWDOWN = 1.0                 # --slowdown: behave as a device this many times slower
+BANDWIDTH = None               # --bandwidth: Mbit/s of this worker's emulated link (None:
+                               #   not paced)
+LATENCY = 0.0                  # --latency: ms of one-way delay on this worker's link
 
 # --- ESync state server --------------------------------------------------------------
 STATE_SERVER_IP = "127.0.0.1"  # -ip

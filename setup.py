@@ -36,5 +36,6 @@ setup(
         "esync-experiment = launch.experiment:console_main",
         "esync-summary = logs_tools.summary:console_main",
         "esync-draw = logs_tools.drawer:console_main",
+        "esync-compare = logs_tools.compare:console_main",
     ]},
 )

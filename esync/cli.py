@@ -63,26 +63,46 @@ def configure_logging(verbose: bool = False) -> None:
     logging.getLogger("esync.transport").setLevel(logging.DEBUG if verbose else logging.NOTSET)
 
 
+def _report(env: Optional["ClusterEnv"], error: UserError) -> None:
+    """Bad input before joining a parameter-server job: tell its scheduler, which ends
+    the job rather than wait for this node (nodes that joined tell it themselves:
+    Node.fail). Best effort: with wrong cluster variables there is nobody to tell."""
+    if env is not None and env.role not in ("scheduler", "evaluator"):
+        from esync.transport.node import report_failed_start
+
+        report_failed_start(env, str(error))
+
+
 def _run(argv: Optional[Sequence[str]], prog: str) -> int:
+    from esync import registry
     from esync.options import parse_options
     from esync.transport.cluster import ClusterEnv
 
-    # wrong cluster variables: there is nobody to tell
-    env = ClusterEnv.from_environ() if "DMLC_ROLE" in os.environ else None
-    training = env is None or env.role == "worker"
+    role = os.environ.get("DMLC_ROLE")
     try:
         opts = parse_options(argv, prog)
-        if training:
+    except UserError as e:
+        if role and role != "scheduler":
+            try:
+                _report(ClusterEnv.from_environ(), e)
+            except UserError:
+                pass
+        raise
+    if registry.of_options(opts).backend == "ddp":
+        return _run_ddp(opts, role)
+    # wrong cluster variables: there is nobody to tell
+    env = ClusterEnv.from_environ() if role else None
+    try:
+        if env is None or env.role == "worker":
             from esync import worker  # imports torch: after the cheap checks
 
             plan = worker.check(opts, env)
-    except UserError as e:
-        if env is not None and env.role != "scheduler":
-            # bad input before joining: tell the scheduler, which ends the job rather
-            # than wait for this node (nodes that joined tell it themselves: Node.fail)
-            from esync.transport.node import report_failed_start
+        elif env.role == "evaluator":
+            from esync.worker import select_device
 
-            report_failed_start(env, str(e))
+            device = select_device(opts)
+    except UserError as e:
+        _report(env, e)
         raise
     configure_logging(verbose=env is not None and env.verbose)
     if env is None:
@@ -98,10 +118,34 @@ def _run(argv: Optional[Sequence[str]], prog: str) -> int:
             from esync.server import run_server
 
             return run_server(env)
+        if env.role == "evaluator":
+            from esync.evaluator import run_ps_evaluator
+
+            return run_ps_evaluator(opts, device, env)
         return worker.run_cluster_worker(plan, env)
     except JobAborted as e:
         logging.getLogger(__name__).error("esync: error: job aborted: %s", e)
         return 1
+
+
+def _run_ddp(opts, role: Optional[str]) -> int:
+    """`-m ddp`: a rank of the DDP baseline (torch.distributed's variables), or its
+    evaluator (DMLC_ROLE=evaluator)."""
+    from esync.transport.cluster import DDPEnv
+
+    if role not in (None, "evaluator"):
+        raise UserError(f"DMLC_ROLE={role}: -m ddp runs with torch.distributed's variables "
+                        f"(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); only "
+                        f"DMLC_ROLE=evaluator goes with it")
+    env = DDPEnv.from_environ(evaluator=role == "evaluator")
+    from esync import worker
+
+    configure_logging()
+    if role == "evaluator":
+        from esync.evaluator import run_ddp_evaluator
+
+        return run_ddp_evaluator(opts, worker.select_device(opts), env)
+    return worker.run_ddp_worker(worker.check(opts, None), env)
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:

@@ -24,6 +24,17 @@ def _flatten_into(tensors: List[torch.Tensor], device: torch.device) -> Tuple[to
     return flat, spans
 
 
+def trainable(model: nn.Module) -> List[torch.Tensor]:
+    """The weights a push or pull carries, in the order of the flat `params` vector."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def floating_buffers(model: nn.Module) -> List[Tuple[nn.Module, str, torch.Tensor]]:
+    """(module, name, buffer) of the floating buffers, in the order of `buffers`."""
+    return [(m, name, b) for m in model.modules() for name, b in m._buffers.items()
+            if b is not None and b.is_floating_point()]
+
+
 class FlatModel:
     """`params` (trainable weights) and `buffers` (floating buffers: BatchNorm statistics)
     are flat float32 tensors on the model's device; `host_*` are numpy views of CPU copies
@@ -32,13 +43,12 @@ class FlatModel:
 
     def __init__(self, model: nn.Module, device: torch.device):
         self.device = device
-        params = [p for p in model.parameters() if p.requires_grad]
+        params = trainable(model)
         self.params, self._param_spans = _flatten_into([p.data for p in params], device)
         for p, (start, n) in zip(params, self._param_spans):
             p.data = self.params[start:start + n].view_as(p)
         self._params_list = params
-        owners = [(m, name, b) for m in model.modules() for name, b in m._buffers.items()
-                  if b is not None and b.is_floating_point()]
+        owners = floating_buffers(model)
         self.buffers, spans = _flatten_into([b for _, _, b in owners], device)
         for (module, name, b), (start, n) in zip(owners, spans):
             module._buffers[name] = self.buffers[start:start + n].view_as(b)

@@ -8,11 +8,13 @@ answer, so shards move in parallel; each answer chunk is received straight into 
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import zmq
 
+from esync.link import Link
+from esync.registry import EVALUATOR
 from esync.transport.message import (MessageError, check_payload, chunk_spans,
                                      decode_header, encode, frame_bytes)
 from esync.transport.node import POLL_MS, JobAborted, Node
@@ -26,10 +28,16 @@ def shard_bounds(length: int, num_shards: int) -> List[Tuple[int, int]]:
     return list(zip(cuts[:-1], cuts[1:]))
 
 
+
+
 class KVStore:
-    def __init__(self, node: Node, servers: Sequence[str], rank: int, num_params: int,
-                 num_buffers: int):
+    """`rank` is the worker's rank, or EVALUATOR for the read-only evaluator; `link`
+    paces every byte sent and received (esync.link) when the worker's link is emulated."""
+
+    def __init__(self, node: Node, servers: Sequence[str], rank: Union[int, str],
+                 num_params: int, num_buffers: int, link: Optional[Link] = None):
         self.node, self.rank = node, rank
+        self.link = link or Link()
         self.shards = list(zip(shard_bounds(num_params, len(servers)),
                                shard_bounds(num_buffers, len(servers))))
         self.sockets = []
@@ -44,12 +52,18 @@ class KVStore:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.stop_reason: Optional[str] = None
+        #: from server 0's latest answer: the model's round (its updates so far) and the
+        #: seconds since it was initialised (the job's training clock, near enough)
+        self.model_round: Optional[int] = None
+        self.model_age: Optional[float] = None
 
     # --- sending ------------------------------------------------------------------------
     def _send(self, sock: zmq.Socket, header: Dict, sections=()) -> None:
         frames = encode({"sender": self.rank, **header}, sections)
+        size = sum(frame_bytes(f) for f in frames)
+        self.link.sending(size)
         sock.send_multipart(frames, copy=False)
-        self.bytes_sent += sum(frame_bytes(f) for f in frames)
+        self.bytes_sent += size
 
     def _slices(self, server: int, params: np.ndarray, buffers: np.ndarray):
         (p0, p1), (b0, b1) = self.shards[server]
@@ -67,6 +81,7 @@ class KVStore:
                 raise JobAborted(f"server {server} refused a request: {header.get('error')}")
             if header["type"] != "weights":
                 check_payload(header, [])
+                self.link.received(frame_bytes(raw))
                 return header
             section, offset = header.get("section"), header.get("offset")
             length = (header.get("lengths") or [None])[0]
@@ -83,8 +98,13 @@ class KVStore:
                 raise MessageError("answer chunk has extra frames")
         except MessageError as e:
             raise JobAborted(f"server {server} sent a malformed answer: {e}") from None
+        self.link.received(frame_bytes(raw) + got)
         if "stop" in header:
             self.stop_reason = str(header["stop"])
+        if server == 0 and isinstance(header.get("updates"), int):
+            self.model_round = header["updates"]
+            age = header.get("age")
+            self.model_age = float(age) if isinstance(age, (int, float)) else None
         return header
 
     def _receive(self, expected: List[int], params=None, buffers=None) -> None:
@@ -119,10 +139,13 @@ class KVStore:
                        self._slices(s, params, buffers))
         self._receive([0] * len(self.sockets))
 
-    def pull(self, params: np.ndarray, buffers: np.ndarray, round_: int = 0) -> None:
-        """Write the servers' current weights and buffers into `params` and `buffers`."""
+    def pull(self, params: np.ndarray, buffers: np.ndarray, round_: int = 0,
+             stop: Optional[str] = None) -> None:
+        """Write the servers' current weights and buffers into `params` and `buffers`.
+        `stop` (the evaluator's decision to end the job) is passed on to the workers."""
+        header = {"type": "pull", "round": round_, **({"stop": stop} if stop else {})}
         for s, sock in enumerate(self.sockets):
-            self._send(sock, {"type": "pull", "shard": s, "round": round_})
+            self._send(sock, {**header, "shard": s})
         self._receive([self._values(s) for s in range(len(self.sockets))], params, buffers)
 
     def push_pull(self, round_: int, grads: np.ndarray, buffers: np.ndarray,

@@ -98,8 +98,17 @@ class Options:
     log_dir: str = _opt(["-ld", "--log-dir"], config.LOG_DIR,
                         "where LOG_DIR/<host>/<device>/iter-<n>.json are written")
     eval_every: int = _opt(["-e", "--eval-duration"], config.EVAL_DURATION,
-                              "evaluate test accuracy every N rounds (local mode: a round "
-                              "is N iterations and is evaluated)", type=_positive_int)
+                           "worker 0 evaluates test accuracy every N rounds, 0: never "
+                           "(local mode: a round is N iterations and is evaluated)",
+                           type=_non_negative_int)
+    eval_interval: float = _opt(["--eval-interval"], config.EVAL_INTERVAL,
+                                "seconds between the evaluator's evaluations of the global "
+                                "model (DMLC_ROLE=evaluator); -m local with -e 0: between "
+                                "its own, the clock paused meanwhile",
+                                type=_positive_float)
+    target_hold: float = _opt(["--target-hold"], config.TARGET_HOLD,
+                              "evaluator: end the job once --target-accuracy has held this "
+                              "many seconds", type=_non_negative_float)
     mode: str = _opt(["-m", "--mode"], config.MODE, "training algorithm", choices=MODES)
     use_dcasgd: Switch = _opt(["-dcasgd", "--use-dcasgd"], config.DCASGD,
                               "1: delay-compensated ASGD (with -m async)", type=_switch)
@@ -141,6 +150,13 @@ class Options:
     slowdown: float = _opt(["--slowdown"], config.SLOWDOWN,
                            "act as a device F times slower: after each local iteration "
                            "wait F-1 times the recent iterations' median time", type=_slowdown)
+    bandwidth: Optional[float] = _opt(["--bandwidth"], config.BANDWIDTH,
+                                      "Mbit/s of this worker's emulated link, each way: its "
+                                      "kvstore or all-reduce traffic is paced to it",
+                                      type=_positive_float)
+    latency: float = _opt(["--latency"], config.LATENCY,
+                          "ms of one-way delay of this worker's emulated link",
+                          type=_non_negative_float)
     num_threads: int = _opt(["--num-threads"], config.NUM_THREADS,
                             "torch intra-op threads (0: torch's default)",
                             type=_non_negative_int)

@@ -57,20 +57,27 @@ class Recorder:
             os.remove(old)
         self.start = time.time()
 
-    def restart_clock(self) -> None:
-        """Count `total_time` from now (the start of training, after set-up)."""
-        self.start = time.time()
+    def restart_clock(self, elapsed: float = 0.0) -> None:
+        """Count `total_time` from now (the start of training, after set-up), or from
+        `elapsed` seconds ago."""
+        self.start = time.time() - elapsed
+
+    def pause(self, seconds: float) -> None:
+        """Leave out the last `seconds` from `total_time` (a pause of training)."""
+        self.start += seconds
 
     def write_round(self, round_: int, times: Mapping[int, Phases], num_samples: int,
                     loss: float, bytes_sent: int = 0, bytes_received: int = 0,
-                    accuracy: Optional[float] = None, **extra) -> str:
-        """Write iter-<round>.json atomically (readers never see half a file)."""
+                    accuracy: Optional[float] = None, at: Optional[float] = None,
+                    **extra) -> str:
+        """Write iter-<round>.json atomically (readers never see half a file).
+        `total_time` is now, or `at` (seconds on this recorder's clock) if given."""
         record = {
             "num_iters": round_,
             "time": {str(i): {k: round(v, 6) for k, v in phases.items()}
                      for i, phases in times.items()},
             "num_samples": num_samples,
-            "total_time": round(time.time() - self.start, 6),
+            "total_time": round(time.time() - self.start if at is None else at, 6),
             "loss": loss if math.isfinite(loss) else None,  # JSON has no NaN
             "bytes_sent": bytes_sent,
             "bytes_received": bytes_received,

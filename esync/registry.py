@@ -34,14 +34,20 @@ class Algorithm:
     display: str             # its name in figures and tables
     synchronous: bool = False   # every worker waits for all in each round
     state_server: bool = False  # needs the ESync state server
-    eval_every: int = 1      # launch/experiment.py: evaluate every N rounds (a round
-    #                          differs in length between algorithms; each curve gets
-    #                          tens of points)
+    backend: Optional[str] = "ps"  # how workers talk: "ps" (scheduler, servers and
+    #                                workers: DMLC_* variables), "ddp" (torch.distributed:
+    #                                RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), None
+    #                                (one process trains alone)
 
     @property
     def distributed(self) -> bool:
-        """Runs as a cluster of scheduler, servers and workers (else: one process)."""
-        return self.rule is not None
+        """Runs as several processes (else: one process trains alone)."""
+        return self.backend is not None
+
+    @property
+    def parameter_server(self) -> bool:
+        """Runs as a ps-lite cluster: scheduler, servers (with its rule) and workers."""
+        return self.backend == "ps"
 
     @property
     def flags(self) -> Tuple[str, ...]:
@@ -69,22 +75,27 @@ class Algorithm:
 ALGORITHMS: Dict[str, Algorithm] = {a.key: a for a in (
     Algorithm("esync", "esync", False, "esync.algorithms.esync:ESync",
               "esync.rules:ESyncRule", "esync", "ESync", "ESync",
-              synchronous=True, state_server=True, eval_every=3),
+              synchronous=True, state_server=True),
     Algorithm("sync", "sync", False, "esync.algorithms.pushpull:PushPull",
-              "esync.rules:SyncRule", "sync", "Sync", "SSGD", synchronous=True,
-              eval_every=6),
+              "esync.rules:SyncRule", "sync", "Sync", "SSGD", synchronous=True),
     Algorithm("async", "async", False, "esync.algorithms.pushpull:PushPull",
-              "esync.rules:AsyncRule", "async", "Async", "ASGD", eval_every=25),
+              "esync.rules:AsyncRule", "async", "Async", "ASGD"),
     Algorithm("dcasgd", "async", True, "esync.algorithms.pushpull:PushPull",
-              "esync.rules:DCASGDRule", "dcasgd", "DCASGD", "DC-ASGD", eval_every=25),
+              "esync.rules:DCASGDRule", "dcasgd", "DCASGD", "DC-ASGD"),
+    Algorithm("ddp", "ddp", False, "esync.algorithms.ddp:DDP", None, "ddp", "DDP", "DDP",
+              synchronous=True, backend="ddp"),
     Algorithm("local", "local", False, "esync.algorithms.standalone:StandaloneSGD", None,
-              "local", "Local", "Standalone", eval_every=25),
+              "local", "Local", "Standalone", backend=None),
 )}
 
 #: the speedup table's baseline: other algorithms' times are divided by its time
 BASELINE = "sync"
 #: the algorithm of one device training alone (the figures' dashed line)
 STANDALONE = "local"
+
+#: the device label of the evaluator's log folder (LOG_DIR/<host>/evaluator/): it logs
+#: the global model's test accuracy; it trains on nothing and is no worker
+EVALUATOR = "evaluator"
 
 #: the values `-m` takes, in registry order
 MODES: Tuple[str, ...] = tuple(dict.fromkeys(a.mode for a in ALGORITHMS.values()))

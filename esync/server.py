@@ -13,6 +13,10 @@ Workers talk to it over one ROUTER socket:
   (SSGD: when all workers pushed it; ASGD: at once), so computing and answering one
   chunk overlaps with receiving the next. A push may carry `stop` (worker 0's decision
   to end the job), which every later answer repeats.
+Every `weights` answer says how many times the shard's first chunk was updated
+(`updates`: rounds in SSGD and ESync, pushes in ASGD) and the seconds since `init`
+(`age`). The evaluator (sender `evaluator`) may only pull, never push or init; its pull
+may carry `stop` (it saw the target accuracy held), which ends the job as worker 0's does.
 Anything malformed is answered with `error` (and logged); the server goes on serving.
 """
 from __future__ import annotations
@@ -23,7 +27,10 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import zmq
 
-from esync.rules import Key, Rule, RuleConfig, make_rule
+import time
+
+from esync.registry import EVALUATOR
+from esync.rules import WEIGHTS, Key, Rule, RuleConfig, make_rule
 from esync.transport.cluster import ClusterEnv, advertised_address
 from esync.transport.message import (CHUNK_VALUES, Message, MessageError, chunk_spans,
                                      decode, encode)
@@ -34,6 +41,17 @@ REQUESTS = ("init", "pull", "push")
 log = logging.getLogger(__name__)
 
 
+def weights_header(shard: int, round_: int, key: Key, updates: int, age: float,
+                   stop: Optional[str]) -> Dict:
+    """The header of a `weights` answer chunk (its values follow in one frame)."""
+    section, offset = key
+    header = {"type": "weights", "shard": shard, "round": round_, "section": section,
+              "offset": offset, "updates": updates, "age": round(age, 6)}
+    if stop is not None:
+        header["stop"] = stop
+    return header
+
+
 class ShardServer:
     def __init__(self, rank: int, num_workers: int, sock: zmq.Socket):
         self.rank, self.num_workers, self.sock = rank, num_workers, sock
@@ -42,6 +60,8 @@ class ShardServer:
         self.stop_reason: Optional[str] = None
         self.early_pulls: List[Tuple[bytes, int]] = []
         self.waiting: Dict[Key, List[Tuple[bytes, int, int]]] = {}  # (identity, worker, round)
+        self.updates = 0  # completions of the first weight chunk: the model's round
+        self.initialised_at = 0.0
 
     # --- dispatch ---------------------------------------------------------------------
     def handle(self, frames: List[zmq.Frame]) -> None:
@@ -54,9 +74,12 @@ class ShardServer:
             log.warning("[server %d] rejected a message from %r: %s", self.rank, identity, e)
             self._send(identity, {"type": "error", "error": str(e)})
 
-    def _worker(self, msg: Message) -> int:
+    def _worker(self, msg: Message):
         worker, shard = msg.header["sender"], msg.header.get("shard")
-        if not isinstance(worker, int) or isinstance(worker, bool) \
+        if worker == EVALUATOR:
+            if msg.type != "pull":
+                raise MessageError(f"the evaluator may only pull, not {msg.type}")
+        elif not isinstance(worker, int) or isinstance(worker, bool) \
                 or not 0 <= worker < self.num_workers:
             raise MessageError(f"sender {worker!r} is not a worker rank in "
                                f"0..{self.num_workers - 1}")
@@ -80,6 +103,7 @@ class ShardServer:
                                f"{self.num_workers}")
         self.sections = tuple(self._gather(c, n) for c, n in zip(chunks, msg.header["lengths"]))
         self.rule = make_rule(*self.sections, config)
+        self.initialised_at = time.monotonic()
         log.info("[server %d] shard of %d weights and %d buffer values, rule %s", self.rank,
                  len(self.sections[0]), len(self.sections[1]), config.name)
         self._send(identity, {"type": "ack"})
@@ -87,7 +111,8 @@ class ShardServer:
             self._answer_all(waiter, pulling, 0)
         self.early_pulls.clear()
 
-    def _on_pull(self, identity: bytes, worker: int, msg: Message) -> None:
+    def _on_pull(self, identity: bytes, worker, msg: Message) -> None:
+        self._take_stop(worker, msg.header)
         if self.rule is None:
             self.early_pulls.append((identity, worker))
         else:
@@ -103,15 +128,20 @@ class ShardServer:
         problem = self.rule.check(worker, round_, key)
         if problem:
             raise MessageError(problem)
-        if isinstance(header.get("stop"), str) and self.stop_reason is None:
-            self.stop_reason = header["stop"]
-            log.info("[server %d] worker %d ends the job: %s", self.rank, worker,
-                     self.stop_reason)
+        self._take_stop(worker, header)
         waiting = self.waiting.setdefault(key, [])
         waiting.append((identity, worker, round_))
         if self.rule.add(worker, key, values):
+            if key == (WEIGHTS, 0):
+                self.updates += 1
             for waiter, pusher, pushed_round in self.waiting.pop(key):
                 self._answer(waiter, pusher, pushed_round, key, len(values))
+
+    def _take_stop(self, sender, header: Dict) -> None:
+        if isinstance(header.get("stop"), str) and self.stop_reason is None:
+            self.stop_reason = header["stop"]
+            who = "the evaluator" if sender == EVALUATOR else f"worker {sender}"
+            log.info("[server %d] %s ends the job: %s", self.rank, who, self.stop_reason)
 
     def _chunk_key(self, msg: Message) -> Key:
         """(section, offset) of a pushed chunk, checked against the shard's chunk layout."""
@@ -137,18 +167,19 @@ class ShardServer:
             out[offset:offset + len(chunk)] = chunk
         return out
 
-    def _answer_all(self, identity: bytes, worker: int, round_: int) -> None:
+    def _answer_all(self, identity: bytes, worker, round_: int) -> None:
         for section, values in enumerate(self.sections):
             for offset, length in chunk_spans(len(values)):
                 self._answer(identity, worker, round_, (section, offset), length)
 
-    def _answer(self, identity: bytes, worker: int, round_: int, key: Key, length: int) -> None:
+    def _answer(self, identity: bytes, worker, round_: int, key: Key, length: int) -> None:
         section, offset = key
-        header: Dict = {"type": "weights", "shard": self.rank, "round": round_,
-                        "section": section, "offset": offset}
-        if self.stop_reason is not None:
-            header["stop"] = self.stop_reason
+        header = weights_header(self.rank, round_, key, self.updates,
+                                time.monotonic() - self.initialised_at, self.stop_reason)
         values = self.sections[section][offset:offset + length]
+        if worker == EVALUATOR:  # it reads mid-round: never a view the rule may change
+            self._send(identity, header, [values.copy()])
+            return
         self._send(identity, header, [values.copy() if self.rule.snapshot_replies else values])
         self.rule.sent(worker, key, length)
 

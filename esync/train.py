@@ -6,7 +6,7 @@ import math
 import statistics
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Deque, Dict, Optional, Tuple
 
 import torch
@@ -25,21 +25,40 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StopCriteria:
-    """Whichever limit is reached first ends the run; None means no such limit."""
+    """Whichever limit is reached first ends the run; None means no such limit. The
+    target accuracy counts once it has held `target_hold` seconds (every evaluation in
+    between at or above it)."""
 
     epochs: Optional[float] = None
     max_rounds: Optional[int] = None
     time_limit: Optional[float] = None
     target_accuracy: Optional[float] = None
+    target_hold: float = 0.0
+    _held_since: Optional[float] = field(default=None, repr=False)
 
     def epochs_reached(self, epochs_done: float) -> bool:
         return self.epochs is not None and epochs_done >= self.epochs - 1e-9
 
+    def target_held(self, accuracy: Optional[float], elapsed: float) -> Optional[str]:
+        """After an evaluation (accuracy None: none this time): the reason to stop, if
+        the target has now held long enough."""
+        if self.target_accuracy is None or accuracy is None:
+            return None
+        if accuracy < self.target_accuracy:
+            self._held_since = None
+            return None
+        if self._held_since is None:
+            self._held_since = elapsed
+        if elapsed - self._held_since < self.target_hold:
+            return None
+        held = f" (held {self.target_hold:g} s)" if self.target_hold else ""
+        return f"reached target accuracy {self.target_accuracy}{held}"
+
     def reason(self, rounds: int, epochs_done: float, elapsed: float,
                accuracy: Optional[float]) -> Optional[str]:
-        if self.target_accuracy is not None and accuracy is not None \
-                and accuracy >= self.target_accuracy:
-            return f"reached target accuracy {self.target_accuracy}"
+        reached = self.target_held(accuracy, elapsed)
+        if reached:
+            return reached
         if self.epochs_reached(epochs_done):
             return f"finished {self.epochs:g} epoch{'' if self.epochs == 1 else 's'}"
         if self.max_rounds is not None and rounds >= self.max_rounds:
@@ -107,7 +126,9 @@ def _local_iteration(model: nn.Module, algorithm: Algorithm, batches: BatchStrea
                      device: torch.device, slowdown: Slowdown) -> Tuple[Dict[str, float], float, int]:
     """One batch, forward and backward, the algorithm's update, and the simulated wait.
 
-    Returns the timed phases, the batch's loss and its number of samples.
+    Returns the timed phases, the batch's loss and its number of samples. Communication
+    inside the iteration (DDP's all-reduce during backward) is logged as `global
+    aggregate`, not as computing, and the simulated slowdown scales computing only.
     """
     t0 = time.perf_counter()
     images, labels = batches.next()
@@ -120,31 +141,58 @@ def _local_iteration(model: nn.Module, algorithm: Algorithm, batches: BatchStrea
     algorithm.local_update(model)
     _sync(device)
     t3 = time.perf_counter()
-    phases = {"get_batch": t1 - t0, "forward and backward": t2 - t1, "local update": t3 - t2}
-    waited = slowdown.wait(t3 - t0)
+    communicated = algorithm.communication_seconds()
+    phases = {"get_batch": t1 - t0, "forward and backward": t2 - t1 - communicated,
+              "local update": t3 - t2}
+    if communicated:
+        phases["global aggregate"] = communicated
+    waited = slowdown.wait(t3 - t0 - communicated)
     if waited is not None:
         phases["slowdown"] = waited
     return phases, loss.item(), len(labels)
 
 
+class Clock:
+    """Seconds of training: wall-clock time since `restart`, less the pauses (the
+    in-process evaluations of a run timed by --eval-interval)."""
+
+    def __init__(self) -> None:
+        self.restart()
+
+    def restart(self) -> None:
+        self.start, self.paused = time.perf_counter(), 0.0
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.start - self.paused
+
+    def pause(self, seconds: float) -> None:
+        self.paused += seconds
+
+
 def train(model: nn.Module, algorithm: Algorithm, batches: BatchStream, dataset: Dataset,
           recorder: Recorder, stop: StopCriteria, device: torch.device,
-          slowdown: float = 1.0) -> TrainResult:
+          slowdown: float = 1.0, eval_interval: Optional[float] = None) -> TrainResult:
     """Run rounds until a stop criterion holds.
 
     A round: the algorithm names its number of local iterations; each local iteration
     fetches a batch, runs forward and backward, and lets the algorithm update; then the
     algorithm ends the round (aggregation), the process may evaluate, and the round's
     record is written. With `slowdown` F > 1, each local iteration is followed by a
-    wait of (F-1) times the median of the recent iterations' times (Slowdown), logged
-    as the phase `slowdown`.
+    wait of (F-1) times the median of the recent iterations' computing times
+    (Slowdown), logged as the phase `slowdown`.
+
+    Evaluation: after the rounds the algorithm names (`-e`), or, with `eval_interval`,
+    after the first round that ends `eval_interval` seconds of training after the last
+    evaluation; such an evaluation pauses the clock (the logs' `total_time` and the
+    time limit), as a separate evaluator process would cost training nothing.
     """
     model.train()
     slower = Slowdown(slowdown)
     algorithm.setup(model, device)
+    net = algorithm.training_module(model)
     recorder.restart_clock()
-    start = time.perf_counter()
-    round_, iterations, accuracy = 0, 0, None
+    clock = Clock()
+    round_, iterations, accuracy, last_eval = 0, 0, None, 0.0
     try:
         while True:
             round_ += 1
@@ -154,7 +202,7 @@ def train(model: nn.Module, algorithm: Algorithm, batches: BatchStream, dataset:
             times: Dict[int, Dict[str, float]] = {}
             loss_sum, samples, sent0, received0 = 0.0, 0, *algorithm.traffic()
             for i in range(budget):
-                phases, loss, count = _local_iteration(model, algorithm, batches, device,
+                phases, loss, count = _local_iteration(net, algorithm, batches, device,
                                                        slower)
                 times[i] = {**first_phases, **phases} if i == 0 else phases
                 loss_sum += loss
@@ -166,12 +214,19 @@ def train(model: nn.Module, algorithm: Algorithm, batches: BatchStream, dataset:
             accuracy_now = None
             if algorithm.evaluates(round_):
                 accuracy = accuracy_now = evaluate(model, dataset, device)
+            elif eval_interval is not None and clock() - last_eval >= eval_interval:
+                started = time.perf_counter()
+                accuracy = accuracy_now = evaluate(model, dataset, device)
+                spent = time.perf_counter() - started
+                clock.pause(spent)
+                recorder.pause(spent)
+                last_eval = clock()
             sent, received = algorithm.traffic()
             mean_loss = loss_sum / max(1, len(times))
             recorder.write_round(round_, times, samples, mean_loss, sent - sent0,
                                  received - received0, accuracy_now,
                                  epoch=round(batches.epochs_done, 6), **algorithm.round_record())
-            elapsed = time.perf_counter() - start
+            elapsed = clock()
             if accuracy_now is not None:
                 log.info("[%s] round %d iteration %d epoch %.2f loss %.4f test accuracy %.4f "
                          "time %.1fs", algorithm.name, round_, iterations,
@@ -187,7 +242,7 @@ def train(model: nn.Module, algorithm: Algorithm, batches: BatchStream, dataset:
     finally:
         algorithm.finish()
     log.info("[%s] %s after %d rounds, %d iterations, %.1fs; last test accuracy %s",
-             algorithm.name, reason, round_, iterations, time.perf_counter() - start,
+             algorithm.name, reason, round_, iterations, clock(),
              "n/a" if accuracy is None else f"{accuracy:.4f}")
-    return TrainResult(round_, iterations, batches.epochs_done, time.perf_counter() - start,
-                       accuracy, reason, diverged)
+    return TrainResult(round_, iterations, batches.epochs_done, clock(), accuracy, reason,
+                       diverged)

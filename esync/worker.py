@@ -19,7 +19,7 @@ from esync.algorithms.base import Job
 from esync.errors import UserError
 from esync.options import Options
 from esync.train import StopCriteria, TrainResult, train
-from esync.transport.cluster import REQUIRED, ClusterEnv
+from esync.transport.cluster import REQUIRED, ClusterEnv, DDPEnv
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +48,19 @@ def select_device(opts: Options) -> torch.device:
 
 def check(opts: Options, env: Optional[ClusterEnv]) -> WorkerPlan:
     """Everything about a training process that can be wrong before it starts: the mode
-    against the cluster variables, the device, the state server's patience."""
+    against the cluster variables, the device, the state server's patience. (DDP's
+    variables are checked by esync.cli, which reads them.)"""
     algorithm = registry.of_options(opts)
     standalone = registry.ALGORITHMS[registry.STANDALONE]
-    if env is None and algorithm.distributed:
+    if env is None and algorithm.parameter_server:
         missing = ", ".join(v for v in REQUIRED if v not in os.environ)
         raise UserError(f"-m/--mode {opts.mode} runs in a cluster: set {missing} "
                         f"(or use -m {standalone.mode})")
-    if env is not None and not algorithm.distributed:
+    if env is not None and not algorithm.parameter_server:
         others = ", ".join(dict.fromkeys(a.mode for a in registry.ALGORITHMS.values()
-                                         if a.distributed))
-        raise UserError(f"-m/--mode {opts.mode} trains alone: unset DMLC_ROLE, or pick a "
-                        f"distributed mode ({others})")
+                                         if a.parameter_server))
+        raise UserError(f"-m/--mode {opts.mode} does not run with DMLC_ROLE={env.role}: "
+                        f"unset DMLC_ROLE, or pick a parameter-server mode ({others})")
     device = select_device(opts)
     patience = 0.0
     if algorithm.state_server:
@@ -76,7 +77,8 @@ def device_label(opts: Options, device: torch.device) -> str:
 
 
 def stop_criteria(opts: Options) -> StopCriteria:
-    return StopCriteria(opts.epochs, opts.max_rounds, opts.time_limit, opts.target_accuracy)
+    return StopCriteria(opts.epochs, opts.max_rounds, opts.time_limit, opts.target_accuracy,
+                        opts.target_hold)
 
 
 def _train(plan: WorkerPlan, job: Optional[Job]) -> TrainResult:
@@ -112,8 +114,10 @@ def _train(plan: WorkerPlan, job: Optional[Job]) -> TrainResult:
         if not any(vars(stop).values()):
             log.info("[%s] no stop criterion given (--epochs, --max-rounds, --time-limit, "
                      "--target-accuracy): training until interrupted", algorithm.name)
+        # alone and with -e 0, evaluations go by the clock (there is no evaluator)
+        timed = opts.eval_interval if job is None and opts.eval_every == 0 else None
         return train(model, algorithm, batches, dataset, recorder, stop, device,
-                     opts.slowdown)
+                     opts.slowdown, timed)
 
 
 def _exit_status(result: TrainResult) -> int:
@@ -134,4 +138,42 @@ def run_cluster_worker(plan: WorkerPlan, env: ClusterEnv) -> int:
         job = Job.from_assignment(node, assignment, plan.state_server_patience)
         result = _train(plan, job)
         node.finish()
+    return _exit_status(result)
+
+
+def run_ddp_worker(plan: WorkerPlan, env: DDPEnv) -> int:
+    """`-m ddp`: join torch.distributed's process group (gloo on CPU, nccl on GPU) by
+    its own rendezvous, train this rank's partition, leave the group."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from esync import ready
+
+    backend = "nccl" if plan.device.type == "cuda" else "gloo"
+    store = None
+    if env.master_port == 0:  # rank 0 hosts the store on a free port and reports it
+        store = dist.TCPStore(env.master_addr, 0, env.world_size, is_master=True,
+                              wait_for_workers=False, timeout=timedelta(seconds=120))
+        ready.announce(store.port)
+        dist.init_process_group(backend, store=store, rank=0, world_size=env.world_size)
+    elif "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun: its agent hosts the store
+        dist.init_process_group(backend, init_method="env://", rank=env.rank,
+                                world_size=env.world_size)
+        if env.rank == 0:  # a client of the store, to tell the evaluator where to pull
+            store = dist.TCPStore(env.master_addr, env.master_port, is_master=False,
+                                  timeout=timedelta(seconds=60))
+    else:  # rank 0 hosts the store (on MASTER_PORT, or on the free port it reported)
+        store = dist.TCPStore(env.master_addr, env.master_port, env.world_size,
+                              is_master=env.rank == 0, wait_for_workers=False,
+                              timeout=timedelta(seconds=120))
+        dist.init_process_group(backend, store=store, rank=env.rank,
+                                world_size=env.world_size)
+    try:
+        port = store.port if env.master_port == 0 else env.master_port
+        job = Job(None, env.rank, env.world_size, [], f"ddp-{env.master_addr}-{port}",
+                  store=store, host=env.local_address())
+        result = _train(plan, job)
+    finally:
+        dist.destroy_process_group()
     return _exit_status(result)

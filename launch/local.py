@@ -63,6 +63,8 @@ class Plan:
     workers: int
     servers: int
     slowdowns: List[float]
+    links: List[List[str]]  # per worker: its --bandwidth/--latency flags (may be empty)
+    evaluator: bool         # start an evaluator (DMLC_ROLE=evaluator)
     worker_args: List[str]
     options: Options  # the workers' settings, as main.py will parse them
     folder: str       # OUT/<network>/<log folder>
@@ -105,6 +107,15 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument("--slowdown", default="1",
                         help="one --slowdown factor per worker, comma-separated, or one for "
                              "all (default 1)")
+    parser.add_argument("--bandwidth", default="none",
+                        help="Mbit/s of each worker's emulated link, comma-separated, or "
+                             "one for all; none: not paced (default none)")
+    parser.add_argument("--latency", default="0",
+                        help="ms of one-way delay of each worker's emulated link, "
+                             "comma-separated, or one for all (default 0)")
+    parser.add_argument("--no-evaluator", action="store_true",
+                        help="start no evaluator process (it is started unless -e is given: "
+                             "with -e worker 0 evaluates, as the original did)")
     parser.add_argument("--out", default=config.RUNS_DIR,
                         help=f"base folder: logs go to OUT/<network>/<log folder>/ "
                              f"(default {config.RUNS_DIR})")
@@ -145,14 +156,56 @@ def plan(argv: Sequence[str], prog: str = PROG) -> Plan:
     if len(slowdowns) != workers or any(not f >= 1 for f in slowdowns):
         raise LaunchError(f"--slowdown {args.slowdown!r}: expected {workers} factor(s) >= 1 "
                           f"(one per worker) or one for all")
+    bandwidths = _per_worker("--bandwidth", args.bandwidth, workers, none_ok=True)
+    latencies = _per_worker("--latency", args.latency, workers, low=0.0)
+    if not algorithm.distributed and (any(b is not None for b in bandwidths) or any(latencies)):
+        raise LaunchError(f"--bandwidth/--latency: -m {algorithm.mode} trains alone, with "
+                          f"no link to emulate")
+    for dest in ("bandwidth", "latency"):
+        if dest in given:
+            raise LaunchError(f"--{dest} is per worker here: give the launcher's "
+                              f"--{dest} a comma-separated list")
+    links = [[*(["--bandwidth", f"{b:g}"] if b is not None else []),
+              *(["--latency", f"{lat:g}"] if lat else [])]
+             for b, lat in zip(bandwidths, latencies)]
+    evaluate_by_worker = "eval_every" in given
+    evaluator = algorithm.distributed and not evaluate_by_worker and not args.no_evaluator
+    if not evaluate_by_worker:  # the evaluator (or, alone, the clock) does it
+        rest = [*rest, "-e", "0"]
     folder = os.path.join(args.out, opts.network, algorithm.log_folder(opts.split_by_class))
     if "num_threads" in given:
         threads, extra = opts.num_threads, []
     else:
         threads = max(1, (os.cpu_count() or 1) // workers)
         extra = ["--num-threads", str(threads)]
-    return Plan(algorithm, workers, args.servers, slowdowns, [*rest, *extra], opts, folder,
-                threads)
+    return Plan(algorithm, workers, args.servers, slowdowns, links, evaluator,
+                [*rest, *extra], opts, folder, threads)
+
+
+def _per_worker(flag: str, text: str, workers: int, none_ok: bool = False,
+                low: float = 0.0) -> List[Optional[float]]:
+    """One value per worker from `a,b,...` or one for all; `none` (if allowed): unset."""
+    values: List[Optional[float]] = []
+    for item in text.split(","):
+        item = item.strip().lower()
+        if none_ok and item in ("none", ""):
+            values.append(None)
+            continue
+        try:
+            value = float(item)
+        except ValueError:
+            value = float("nan")
+        if not value >= low or value == float("inf") or (none_ok and value <= 0):
+            raise LaunchError(f"{flag} {text!r}: expected {workers} number(s) "
+                              f"{'> 0 or none' if none_ok else f'>= {low:g}'} "
+                              f"(one per worker) or one for all")
+        values.append(value)
+    if len(values) == 1:
+        values *= workers
+    if len(values) != workers:
+        raise LaunchError(f"{flag} {text!r}: expected {workers} value(s) (one per worker) "
+                          f"or one for all")
+    return values
 
 
 @dataclass
@@ -182,7 +235,9 @@ class Launcher:
 
     def _env(self, **extra: str) -> Dict[str, str]:
         threads = str(self.plan.threads)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")
+               and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                             "LOCAL_RANK")}
         return dict(env, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
                     PYTHONUNBUFFERED="1", **extra)
 
@@ -194,15 +249,29 @@ class Launcher:
         main = [sys.executable, os.path.join(REPO, "main.py")]
         host = p.host_dir
 
-        def worker(k: int, env: Dict[str, str], extra: Sequence[str] = ()) -> None:
+        def worker(k: int, env: Dict[str, str], extra: Sequence[str] = (),
+                   ready: bool = False) -> Child:
             label = p.label(k)
-            sup.start(f"worker{k}", [*main, "-m", p.mode, *p.worker_args, *extra,
-                                     "--slowdown", f"{p.slowdowns[k]:g}",
-                                     "--device-name", label, "-ld", p.folder],
-                      env=env, log=os.path.join(host, label, "worker.log"))
+            return sup.start(f"worker{k}", [*main, "-m", p.mode, *p.worker_args, *extra,
+                                            *p.links[k], "--slowdown", f"{p.slowdowns[k]:g}",
+                                            "--device-name", label, "-ld", p.folder],
+                             env=env, log=os.path.join(host, label, "worker.log"), ready=ready)
+
+        def evaluator(env: Dict[str, str]) -> None:
+            sup.start("evaluator", [*main, "-m", p.mode, *p.worker_args, "-ld", p.folder],
+                      env=env, log=os.path.join(host, f"{registry.EVALUATOR}.log"))
 
         if not p.algorithm.distributed:
             worker(0, self._env())
+            return
+        if not p.algorithm.parameter_server:  # DDP: torch.distributed's rendezvous
+            ddp = {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": str(p.workers)}
+            rank0 = worker(0, self._env(RANK="0", MASTER_PORT="0", **ddp), ready=True)
+            ddp["MASTER_PORT"] = str(sup.wait_ready(rank0))
+            for k in range(1, p.workers):
+                worker(k, self._env(RANK=str(k), **ddp))
+            if p.evaluator:
+                evaluator(self._env(DMLC_ROLE="evaluator", **ddp))
             return
         state = None
         if p.algorithm.state_server:
@@ -223,6 +292,8 @@ class Launcher:
         if state is not None:
             state_args = ["-ip", "127.0.0.1", "-port", str(sup.wait_ready(state))]
         cluster["DMLC_PS_ROOT_PORT"] = str(sup.wait_ready(scheduler))
+        if p.evaluator:
+            evaluator(self._env(DMLC_ROLE="evaluator", **cluster))
         for s in range(p.servers):
             sup.start(f"server{s}", [*main, "-m", p.mode, "-c", "1"],
                       env=self._env(DMLC_ROLE="server", **cluster),
@@ -261,7 +332,8 @@ class Launcher:
         in the same folder, until the new run replaces them, do not count)."""
         rounds = 0
         try:
-            devices = [e.path for e in os.scandir(self.plan.host_dir) if e.is_dir()]
+            devices = [e.path for e in os.scandir(self.plan.host_dir)
+                       if e.is_dir() and e.name != registry.EVALUATOR]
         except OSError:
             return 0
         for folder in devices:
@@ -279,7 +351,7 @@ class Launcher:
         """(fraction done or None, `round R, E s, test accuracy A`)."""
         rounds = self._rounds()
         for child in self.children:
-            if child.name.startswith("worker"):
+            if child.name.startswith("worker") or child.name == "evaluator":
                 self._read_accuracy(child)
         elapsed = time.monotonic() - self._start
         p = self.plan
@@ -329,7 +401,7 @@ class Launcher:
         p = self.plan
         self.say(f"{p.mode} with {p.workers} worker(s) (slowdown "
                  f"{','.join(f'{f:g}' for f in p.slowdowns)})"
-                 + (f" and {p.servers} server(s)" if p.algorithm.distributed else "")
+                 + (f" and {p.servers} server(s)" if p.algorithm.parameter_server else "")
                  + f"; logs in {p.folder}")
         bar = Progress(self.out, os.path.basename(p.folder), live=self.progress,
                        bounded=bool(p.stop_rounds or p.stop_seconds),

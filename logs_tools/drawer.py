@@ -6,19 +6,32 @@ record}}``, each record a set of per-round lists) and writes into OUTDIR (defaul
 ``BASE/NETWORK``):
 
 * ``accuracy_iid.png``, ``accuracy_noniid.png``: test accuracy against wall-clock time of
-  ESync, SSGD, ASGD and DC-ASGD (IID / non-IID data), the standalone best as a dashed line;
+  the distributed algorithms (ESync, SSGD, ASGD, DC-ASGD, DDP; IID / non-IID data), the
+  standalone best as a dashed line; the time axis is logarithmic (curves otherwise pile
+  up in the first seconds; times of 0 are drawn at half the smallest positive time),
+  linear with ``--linear-time``;
 * ``throughput.png``: samples/s per algorithm (IID modes and Standalone);
 * ``traffic.png``: network traffic in MB/s per algorithm (IID modes);
 * ``computing_ratio.png``: computing time / wall-clock time per device and algorithm;
 * ``speedup.md`` and ``speedup.json``: time to the target accuracy, speedup over SSGD,
   final and best accuracy and final accuracy minus the standalone's best.
 
-Usage: ``python logs_tools/drawer.py -b BASE -n NETWORK [-o OUTDIR] [--target 0.8] [--show]``.
-Missing or unreadable summaries are left out with a note on stderr; every output file is
-always written. The algorithms, their folders and their display names come from
-``esync.registry`` (nothing else of esync, no torch); the file names from ``summary.py``.
+A job's accuracy (curve, time to target, final and best) is its *evaluating device*'s:
+the evaluator (the device named ``registry.EVALUATOR``, which tests the global model
+every few hundred ms) when the summary has one with an accuracy, else the device with
+the most accuracies (worker 0 in runs without an evaluator). The evaluator trains on
+nothing: throughput, traffic, the job's duration and the computing ratios count the
+other devices (the workers) only.
 
-Library use (the experiment): ``draw(base, network, outdir=None, target=0.8) -> table``.
+Usage: ``python logs_tools/drawer.py -b BASE -n NETWORK [-o OUTDIR] [--target 0.8]
+[--linear-time] [--show]``. Missing or unreadable summaries are left out with a note on
+stderr; every output file is always written. The algorithms, their folders and their
+display names come from ``esync.registry`` (nothing else of esync, no torch); the file
+names from ``summary.py``.
+
+Library use (the experiment, compare.py): ``draw(base, network, outdir=None, target=0.8,
+linear_time=False) -> table``, and the metrics below (``evaluating_device``,
+``accuracy_curve``, ``time_to_target``, ``throughput``, ``training_records``, ...).
 """
 
 import argparse
@@ -28,6 +41,7 @@ import os
 import sys
 
 import matplotlib
+import matplotlib.ticker
 
 from esync import registry
 from logs_tools.summary import output_path
@@ -43,6 +57,8 @@ def _mode(algorithm, niid):
 # the distributed algorithms on IID data, then on non-IID data (the registry's order)
 RUNS = [_mode(a, niid) for a, niid in registry.all_folders() if a.distributed]
 STANDALONE_RUN = _mode(registry.ALGORITHMS[registry.STANDALONE], False)
+# the tables' row order: IID runs, Standalone, then non-IID runs
+TABLE_ORDER = [m for m in RUNS if not m[2]] + [STANDALONE_RUN] + [m for m in RUNS if m[2]]
 STANDALONE = STANDALONE_RUN[1]
 BASELINE = registry.ALGORITHMS[registry.BASELINE].display
 
@@ -105,20 +121,29 @@ def validate(summary):
                 raise InvalidSummary(f"{where}: lists of different lengths")
 
 
-def load_mode(base, network, mode):
-    """The summary of one mode as a dict, or None (with a note) if absent or invalid."""
+def read_summary(path):
+    """The validated summary in path; OSError or ValueError (InvalidSummary, bad JSON,
+    not UTF-8) if it cannot be used."""
+    with open(path, encoding="utf-8") as f:
+        summary = json.load(f)
+    validate(summary)
+    return summary
+
+
+def load_mode(base, network, mode, warn=None):
+    """The summary of one mode as a dict, or None (with a note, through warn: a function
+    of the message, default note) if absent or invalid."""
+    warn = warn or note
     folder, label, niid = mode
     path = output_path(base, network, folder)  # where summary.py wrote it
     what = _display(label, niid)
     if not os.path.isfile(path):
-        note(f"no {path}; {what} left out")
+        warn(f"no {path}; {what} left out")
         return None
     try:
-        with open(path, encoding="utf-8") as f:
-            summary = json.load(f)
-        validate(summary)
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        note(f"cannot use {path} ({e}); {what} left out")
+        summary = read_summary(path)
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        warn(f"cannot use {path} ({e}); {what} left out")
         return None
     return summary
 
@@ -140,14 +165,31 @@ def records(summary):
     return [(h, d, r) for h, devs in summary.items() for d, r in devs.items()]
 
 
-def evaluating_device(summary):
-    """(host, device, record) with the most non-null accuracies (first on a tie), or None."""
+def is_evaluator(device):
+    """The device folder of the evaluator (it tests the global model, trains on nothing)."""
+    return device == registry.EVALUATOR
+
+
+def training_records(summary):
+    """[(host, device, record)] of the devices that train (all but the evaluator)."""
+    return [(h, d, r) for h, d, r in records(summary) if not is_evaluator(d)]
+
+
+def _most_accuracies(recs):
     best, best_n = None, 0
-    for host, dev, rec in records(summary):
+    for host, dev, rec in recs:
         n = sum(a is not None for a in rec["accuracy_list"])
         if n > best_n:
             best, best_n = (host, dev, rec), n
     return best
+
+
+def evaluating_device(summary):
+    """(host, device, record) whose accuracies are the job's, or None if none evaluated:
+    the evaluator when the summary has one with an accuracy, else the device with the
+    most non-null accuracies (first on a tie)."""
+    evaluator = _most_accuracies([r for r in records(summary) if is_evaluator(r[1])])
+    return evaluator or _most_accuracies(records(summary))
 
 
 def accuracy_curve(summary):
@@ -167,34 +209,40 @@ def best_accuracy(summary):
 
 
 def duration(summary):
-    """The job's wall-clock time: the largest last elapsed time among its devices."""
-    ends = [r["elapsed_time_list"][-1] for _, _, r in records(summary)
+    """The job's wall-clock time: the largest last elapsed time among its training
+    devices (the evaluator may go on testing after the last round)."""
+    ends = [r["elapsed_time_list"][-1] for _, _, r in training_records(summary)
             if r["elapsed_time_list"]]
     return max(ends) if ends else None
+
+
+def total(summary, key):
+    """The sum of one per-round list over the training devices (nulls skipped)."""
+    return sum(v for _, _, r in training_records(summary) for v in r[key] if v is not None)
 
 
 def _rate(summary, key, scale=1.0):
     dur = duration(summary)
     if not dur or dur <= 0:
         return None
-    total = sum(v for _, _, r in records(summary) for v in r[key] if v is not None)
-    return total / dur / scale
+    return total(summary, key) / dur / scale
 
 
 def throughput(summary):
-    """Samples per second of all devices together."""
+    """Samples per second of all training devices together."""
     return _rate(summary, "num_samples_list")
 
 
 def traffic(summary):
-    """Network traffic of all devices together, MB/s (1 MB = 1e6 bytes)."""
+    """Network traffic of all training devices together, MB/s (1 MB = 1e6 bytes)."""
     return _rate(summary, "bytes_list", 1e6)
 
 
 def computing_ratios(summary):
-    """{(host, device): sum(compute time) / last elapsed time} of the devices that ran."""
+    """{(host, device): sum(compute time) / last elapsed time} of the training devices
+    that ran."""
     out = {}
-    for host, dev, rec in records(summary):
+    for host, dev, rec in training_records(summary):
         el = rec["elapsed_time_list"]
         if el and el[-1] > 0:
             out[(host, dev)] = sum(v for v in rec["compute_time_list"] if v is not None) / el[-1]
@@ -224,6 +272,32 @@ def _save(fig, path, show):
     return path
 
 
+def log_floor(times):
+    """Where a log time axis draws times <= 0: half the smallest positive time (1 s if
+    there is none)."""
+    positive = [t for t in times if t > 0]
+    return min(positive) / 2 if positive else 1.0
+
+
+def on_log_axis(xs, floor):
+    """xs with the times <= 0 moved to floor."""
+    return [x if x > 0 else floor for x in xs]
+
+
+def time_axis(ax, times, linear_time=False, label="Wall-clock time (s)"):
+    """Label ax's time axis and make it logarithmic unless linear_time (or there are no
+    times to draw); return the function that maps a curve's times onto the axis."""
+    if linear_time or not times:
+        ax.set_xlabel(label)
+        return list
+    ax.set_xscale("log")
+    ax.set_xlabel(f"{label}, log scale")
+    for axis_set in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
+        axis_set(matplotlib.ticker.LogFormatter(labelOnlyBase=False))  # 3, 10, not 3e0
+    floor = log_floor(times)
+    return lambda xs: on_log_axis(xs, floor)
+
+
 def _display(label, niid):
     """'ESync', or 'ESync (non-IID)' for a split-by-class run."""
     return label + (registry.NIID_DISPLAY_SUFFIX if niid else "")
@@ -234,24 +308,22 @@ def _iid_labels(data):
     return [m[1] for m in RUNS if not m[2] and (m[1], False) in data]
 
 
-def draw_accuracy(data, niid, path, network="", show=False):
+def draw_accuracy(data, niid, path, network="", show=False, linear_time=False):
     plt = pyplot(show)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    drawn = False
-    for _, label, m_niid in RUNS:
-        if m_niid != niid or (label, niid) not in data:
-            continue
-        xs, ys = accuracy_curve(data[(label, niid)])
-        if xs:
-            ax.plot(xs, ys, marker="o", markersize=3, label=label)
-            drawn = True
+    curves = [(label, accuracy_curve(data[(label, niid)])) for _, label, m_niid in RUNS
+              if m_niid == niid and (label, niid) in data]
+    curves = [(label, xs, ys) for label, (xs, ys) in curves if xs]
+    place = time_axis(ax, [t for _, xs, _ in curves for t in xs], linear_time)
+    for label, xs, ys in curves:
+        ax.plot(place(xs), ys, marker="o", markersize=3, label=label)
+    drawn = bool(curves)
     local = data.get((STANDALONE, False))
     best = best_accuracy(local) if local is not None else None
     if best is not None:
         ax.axhline(best, linestyle="--", color="gray", label=f"{STANDALONE} ({best:.3f})")
     kind = "non-IID" if niid else "IID"
     ax.set_title(f"Test accuracy, {kind} data" + (f" ({network})" if network else ""))
-    ax.set_xlabel("Wall-clock time (s)")
     ax.set_ylabel("Test accuracy")
     if drawn or best is not None:
         ax.legend(loc="lower right")
@@ -342,9 +414,8 @@ def speedup_rows(data, target):
     """One dict per present algorithm: IID rows, Standalone, then non-IID rows."""
     local = data.get((STANDALONE, False))
     standalone_best = best_accuracy(local) if local is not None else None
-    order = [m for m in RUNS if not m[2]] + [STANDALONE_RUN] + [m for m in RUNS if m[2]]
     rows = []
-    for folder, label, niid in order:
+    for folder, label, niid in TABLE_ORDER:
         summary = data.get((label, niid))
         if summary is None:
             continue
@@ -421,10 +492,11 @@ class DrawError(Exception):
     """Nothing can be drawn: the folder is missing or OUTDIR cannot be created."""
 
 
-def draw(base, network, outdir=None, target=0.8, show=False):
+def draw(base, network, outdir=None, target=0.8, show=False, linear_time=False):
     """Write the five figures, speedup.md and speedup.json of BASE/NETWORK into OUTDIR
-    (default BASE/NETWORK); return the Markdown table. DrawError if there is no
-    BASE/NETWORK or OUTDIR cannot be created; a missing summary is only noted."""
+    (default BASE/NETWORK); return the Markdown table. The accuracy figures have a log
+    time axis unless linear_time. DrawError if there is no BASE/NETWORK or OUTDIR cannot
+    be created; a missing summary is only noted."""
     folder = os.path.join(base, network)
     if not os.path.isdir(folder):
         raise DrawError(f"no such folder: {folder}")
@@ -438,8 +510,8 @@ def draw(base, network, outdir=None, target=0.8, show=False):
         note(f"no usable summary under {folder}; writing empty figures")
     pyplot(show)
     out = lambda name: os.path.join(outdir, name)  # noqa: E731
-    draw_accuracy(data, False, out("accuracy_iid.png"), network, show)
-    draw_accuracy(data, True, out("accuracy_noniid.png"), network, show)
+    draw_accuracy(data, False, out("accuracy_iid.png"), network, show, linear_time)
+    draw_accuracy(data, True, out("accuracy_noniid.png"), network, show, linear_time)
     draw_throughput(data, out("throughput.png"), show)
     draw_traffic(data, out("traffic.png"), show)
     draw_computing_ratio(data, out("computing_ratio.png"), show)
@@ -453,6 +525,8 @@ def parse_args(argv, prog=PROG):
     p.add_argument("-o", "--outdir", help="output folder (default BASE/NETWORK)")
     p.add_argument("--target", type=float, default=0.8,
                    help="target accuracy of the speedup table (default 0.8)")
+    p.add_argument("--linear-time", action="store_true",
+                   help="linear time axis in the accuracy figures (default: log scale)")
     p.add_argument("--show", action="store_true", help="also open the figures in windows")
     return p.parse_args(argv)
 
@@ -460,7 +534,8 @@ def parse_args(argv, prog=PROG):
 def main(argv=None, prog=PROG) -> int:
     args = parse_args(argv, prog)
     try:
-        table = draw(args.base, args.network, args.outdir, args.target, args.show)
+        table = draw(args.base, args.network, args.outdir, args.target, args.show,
+                     args.linear_time)
     except DrawError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

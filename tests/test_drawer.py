@@ -209,8 +209,10 @@ def test_names_from_the_registry_and_no_torch():
     assert imported == "['esync', 'esync.registry']"
     assert modes == ("[('esync', 'ESync', False), ('sync', 'SSGD', False), "
                      "('async', 'ASGD', False), ('dcasgd', 'DC-ASGD', False), "
+                     "('ddp', 'DDP', False), "
                      "('esync-niid', 'ESync', True), ('sync-niid', 'SSGD', True), "
-                     "('async-niid', 'ASGD', True), ('dcasgd-niid', 'DC-ASGD', True)] "
+                     "('async-niid', 'ASGD', True), ('dcasgd-niid', 'DC-ASGD', True), "
+                     "('ddp-niid', 'DDP', True)] "
                      "('local', 'Standalone', False) SSGD")
 
 
@@ -258,3 +260,148 @@ def test_missing_base_is_an_error(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("drawer.py: error: ")
     assert not (tmp_path / "nowhere").exists()
+
+
+# ---------------------------------------------------------------- evaluator, DDP, log axis
+
+EVALUATOR = "evaluator"  # esync.registry.EVALUATOR (checked below)
+
+
+def workers(elapsed, acc0=None, compute=2.0):
+    """hostA/cpu0 (with accuracies acc0, worker 0 of a run that evaluates itself) and
+    hostB/gpu0, each 100 samples, 1 MB and `compute` s a round."""
+    return {"hostA": {"cpu0": record(elapsed, acc0, compute=compute)},
+            "hostB": {"gpu0": record(elapsed, compute=compute)}}
+
+
+def with_evaluator(summary, elapsed, acc, host="hostA"):
+    """summary plus host/evaluator: no samples, no compute, 5 MB a round (had it been
+    counted, throughput, traffic and ratios would show it)."""
+    summary[host][EVALUATOR] = record(elapsed, acc, samples=0, compute=0.0,
+                                      nbytes=5_000_000)
+    return summary
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory):
+    """SSGD and DDP measured by an evaluator, IID and non-IID; target 0.8."""
+    base = tmp_path_factory.mktemp("evaluated")
+    # SSGD: workers end at 40 s, the evaluator tests from 0 s to 45 s; 0.82 at 30 s
+    write(base, "sync", "Sync", with_evaluator(
+        workers([10, 20, 30, 40]), [0, 15, 30, 45], [0.1, 0.5, 0.82, 0.9]))
+    # DDP: worker 0 also evaluates, more often (0.81 at 10 s), but the evaluator is
+    # preferred: 0.85 at 20 s -> speedup 30 / 20 over SSGD
+    write(base, "ddp", "DDP", with_evaluator(
+        workers([10, 20, 30], [0.81, 0.83, 0.86], compute=3.0), [5, 20], [0.5, 0.85]))
+    # non-IID: SSGD without an evaluator (worker 0 evaluates: 0.8 at 50 s), DDP with
+    # one on hostB (0.8 at 25 s) -> 2x
+    write(base, "sync-niid", "Sync-Non-IID", workers([25, 50, 75], [0.5, 0.8, 0.82]))
+    write(base, "ddp-niid", "DDP-Non-IID", with_evaluator(
+        workers([25, 50]), [0, 25, 60], [0.2, 0.8, 0.84], host="hostB"))
+    out = base / "out"
+    proc = run("-b", base, "-n", NET, "-o", out, "--target", 0.8)
+    assert proc.returncode == 0, proc.stderr
+    return {"base": base, "out": out, "proc": proc,
+            "doc": json.loads((out / "speedup.json").read_text())}
+
+
+def test_evaluator_name_is_the_registry_s():
+    from esync import registry
+    assert registry.EVALUATOR == EVALUATOR
+
+
+def test_ddp_rows_iid_and_non_iid(evaluated):
+    rows = rows_by_name(evaluated["doc"])
+    assert list(rows) == ["SSGD", "DDP", "SSGD (non-IID)", "DDP (non-IID)"]
+    assert rows["DDP"]["mode"] == "ddp" and rows["DDP"]["data"] == "IID"
+    assert rows["DDP (non-IID)"]["mode"] == "ddp-niid"
+    assert rows["DDP (non-IID)"]["data"] == "non-IID"
+    expect = {"SSGD": (30, 1.0), "DDP": (20, 1.5),
+              "SSGD (non-IID)": (50, 1.0), "DDP (non-IID)": (25, 2.0)}
+    for name, (t, s) in expect.items():
+        assert rows[name]["time_to_target_s"] == t, name
+        assert rows[name]["speedup_vs_ssgd"] == pytest.approx(s), name
+    md = (evaluated["out"] / "speedup.md").read_text()
+    assert "| DDP | 20.00 | 1.50x | 0.8500 | 0.8500 | n/a |" in md
+    assert "| DDP (non-IID) | 25.00 | 2.00x | 0.8400 | 0.8400 | n/a |" in md
+    assert_pngs(evaluated["out"])
+
+
+def test_evaluator_preferred(evaluated):
+    rows = rows_by_name(evaluated["doc"])
+    assert rows["SSGD"]["evaluating_device"] == "hostA/evaluator"
+    # worker 0 has more accuracies (3 against 2), the evaluator still wins
+    assert rows["DDP"]["evaluating_device"] == "hostA/evaluator"
+    assert rows["DDP"]["final_accuracy"] == pytest.approx(0.85)
+    assert rows["DDP (non-IID)"]["evaluating_device"] == "hostB/evaluator"
+    # without an evaluator, worker 0 evaluates as before
+    assert rows["SSGD (non-IID)"]["evaluating_device"] == "hostA/cpu0"
+
+
+def test_evaluator_not_in_throughput_traffic_ratios(evaluated):
+    doc = evaluated["doc"]
+    # SSGD: 2 workers x 4 rounds x 100 samples over 40 s (the workers' end, not the
+    # evaluator's 45 s); 8 MB over 40 s (the evaluator's 20 MB not counted)
+    assert doc["throughput_samples_per_s"] == {"SSGD": pytest.approx(20.0),
+                                               "DDP": pytest.approx(600 / 30)}
+    assert doc["traffic_MB_per_s"] == {"SSGD": pytest.approx(0.2),
+                                       "DDP": pytest.approx(6 / 30)}
+    ratio = doc["computing_ratio"]
+    assert ratio == {"SSGD": {"hostA/cpu0": pytest.approx(8 / 40),
+                              "hostB/gpu0": pytest.approx(8 / 40)},
+                     "DDP": {"hostA/cpu0": pytest.approx(9 / 30),
+                             "hostB/gpu0": pytest.approx(9 / 30)}}
+
+
+def test_evaluator_metrics_in_process():
+    from logs_tools import drawer
+    s = with_evaluator(workers([10, 20]), [0, 30], [0.5, 0.9])
+    assert drawer.duration(s) == 20
+    assert [d for _, d, _ in drawer.training_records(s)] == ["cpu0", "gpu0"]
+    assert drawer.total(s, "bytes_list") == 4_000_000
+    assert drawer.accuracy_curve(s) == ([0, 30], [0.5, 0.9])
+    # an evaluator that never evaluated is passed over
+    s["hostA"][EVALUATOR]["accuracy_list"] = [None, None]
+    assert drawer.evaluating_device(s) is None
+    s["hostB"]["gpu0"]["accuracy_list"] = [None, 0.7]
+    assert drawer.evaluating_device(s)[:2] == ("hostB", "gpu0")
+
+
+def _drawn_axes(monkeypatch, tmp_path, **kwargs):
+    """Draw the IID accuracy figure of an evaluated SSGD run starting at 0 s; return
+    (x scale, x data of the curve, x limits)."""
+    from logs_tools import drawer
+    seen = []
+
+    def save(fig, path, show):
+        ax = fig.axes[0]
+        seen.append((ax.get_xscale(), list(ax.lines[0].get_xdata()), ax.get_xlim()))
+        drawer.pyplot().close(fig)
+        return path
+
+    monkeypatch.setattr(drawer, "_save", save)
+    data = {("SSGD", False): with_evaluator(workers([10, 20]), [0, 0.5, 4, 30],
+                                            [0.1, 0.3, 0.6, 0.9])}
+    drawer.draw_accuracy(data, False, str(tmp_path / "a.png"), **kwargs)
+    (result,) = seen
+    return result
+
+
+def test_accuracy_time_axis_is_log_and_zero_is_clipped(monkeypatch, tmp_path):
+    scale, xs, (lo, hi) = _drawn_axes(monkeypatch, tmp_path)
+    assert scale == "log"
+    assert xs == [0.25, 0.5, 4, 30]  # 0 s drawn at half the smallest positive time
+    assert 0 < lo <= 0.25 and hi >= 30
+
+
+def test_accuracy_time_axis_linear_on_request(monkeypatch, tmp_path):
+    scale, xs, _ = _drawn_axes(monkeypatch, tmp_path, linear_time=True)
+    assert scale == "linear"
+    assert xs == [0, 0.5, 4, 30]
+
+
+def test_linear_time_flag(evaluated, tmp_path):
+    proc = run("-b", evaluated["base"], "-n", NET, "-o", tmp_path, "--linear-time")
+    assert proc.returncode == 0, proc.stderr
+    assert_pngs(tmp_path)
+    assert proc.stdout == evaluated["proc"].stdout  # the table does not change

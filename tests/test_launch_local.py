@@ -138,11 +138,15 @@ def test_the_plan_comes_from_the_one_parser_and_the_registry(tmp_path):
     assert plan.algorithm.key == "dcasgd" and plan.folder == os.path.join(out, "lenet",
                                                                           "dcasgd-niid")
     assert plan.worker_args[-2:] == ["--num-threads", str(plan.threads)]
+    assert plan.evaluator and "-e" in plan.worker_args  # accuracy by the evaluator
     plan = local.plan(["-m", "local", "--workers", "3", "--out", out, "--num-threads", "0",
                        "--max-rounds", "7"])
-    assert plan.workers == 1 and not plan.algorithm.distributed
+    assert plan.workers == 1 and not plan.algorithm.distributed and not plan.evaluator
     assert plan.folder == os.path.join(out, "lenet", "local")
-    assert plan.worker_args == ["--num-threads", "0", "--max-rounds", "7"]  # the user's
+    # the user's, and evaluations by the clock
+    assert plan.worker_args == ["--num-threads", "0", "--max-rounds", "7", "-e", "0"]
+    plan = local.plan(["-m", "sync", "--out", out, "-e", "5"])
+    assert not plan.evaluator and "0" not in plan.worker_args  # worker 0 evaluates
     assert plan.stop_rounds == 7 and plan.stop_seconds is None
     plan = local.plan(["-m", "esync", "--out", out, "--time-limit", "9"])
     assert plan.algorithm.state_server and plan.stop_seconds == 9.0

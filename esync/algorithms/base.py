@@ -25,12 +25,15 @@ class Job:
     """What a worker of a distributed job knows once it has joined (the scheduler's
     assignment), handed to its algorithm."""
 
-    node: "Node"
+    node: Optional["Node"]      # None where there is no ps-lite cluster (DDP)
     rank: int
     num_workers: int
     servers: List[str]          # address of server 0, 1, ...
     id: str                     # the job id the scheduler drew
     state_server_patience: float = 0.0  # ESYNC_STATE_SERVER_PATIENCE, where it matters
+    store: Any = None           # DDP, rank 0: torch.distributed's rendezvous store, where
+    #                             it tells the evaluator its address
+    host: str = "127.0.0.1"     # the address other processes reach this one at
 
     @classmethod
     def from_assignment(cls, node: "Node", assignment: Dict[str, Any],
@@ -53,6 +56,16 @@ class Algorithm:
 
     def setup(self, model: nn.Module, device: torch.device) -> None:
         """Called once before the first round, with the model on its device."""
+
+    def training_module(self, model: nn.Module) -> nn.Module:
+        """The module the loop runs forward and backward through (after `setup`): the
+        model itself, or a wrapper of it (DDP's DistributedDataParallel)."""
+        return model
+
+    def communication_seconds(self) -> float:
+        """Seconds the last local iteration spent communicating inside forward and
+        backward (DDP's all-reduce): logged as `global aggregate`, not as computing."""
+        return 0.0
 
     def begin_round(self, round_: int) -> Tuple[int, Phases]:
         """Number of local iterations of round `round_` (from 1), and timed phases

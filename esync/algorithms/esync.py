@@ -25,6 +25,7 @@ from torch import nn
 from esync import registry
 from esync.algorithms.base import Job, Phases
 from esync.algorithms.pushpull import PushPull
+from esync.link import Link, link_of
 from esync.rules import RuleConfig
 from esync.stateclient import PendingBudget, StateClient
 
@@ -34,9 +35,9 @@ log = logging.getLogger(__name__)
 class ESync(PushPull):
     def __init__(self, job: Job, state: StateClient, local_lr: float, momentum: float,
                  weight_decay: float, global_lr: float, max_local_steps: int,
-                 eval_every: int, key: str):
+                 eval_every: int, key: str, link: Optional[Link] = None):
         rule = RuleConfig(key, job.num_workers, lr=global_lr)
-        super().__init__(rule, job, eval_every, synchronous=True)
+        super().__init__(rule, job, eval_every, synchronous=True, link=link)
         self.state = state
         self.local = (local_lr, momentum, weight_decay)
         self.max_local_steps = max_local_steps
@@ -55,7 +56,7 @@ class ESync(PushPull):
             log.info("[esync] job %s; budgets at %s/jobs/%s/", job.id, state.url, job.id)
         return cls(job, state, opts.local_lr, opts.momentum, opts.weight_decay,
                    opts.global_lr, opts.max_local_steps, opts.eval_every,
-                   registry.of_options(opts).key)
+                   registry.of_options(opts).key, link_of(opts))
 
     def setup(self, model: nn.Module, device: torch.device) -> None:
         if self.rank == 0:  # before the barrier: the job is known when others first ask

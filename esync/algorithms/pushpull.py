@@ -19,17 +19,20 @@ from esync import registry
 from esync.algorithms.base import Algorithm, Job, Phases
 from esync.flat import FlatModel
 from esync.kvstore import KVStore
+from esync.link import Link, link_of
 from esync.rules import RuleConfig
 
 
 class PushPull(Algorithm):
-    def __init__(self, rule: RuleConfig, job: Job, eval_every: int, synchronous: bool):
+    def __init__(self, rule: RuleConfig, job: Job, eval_every: int, synchronous: bool,
+                 link: Optional[Link] = None):
         self.name = rule.name
         self.rule, self.node = rule, job.node
         self.rank = job.rank
         self.servers = job.servers
         self.eval_every = eval_every
         self.synchronous = synchronous  # every worker waits for all in each round
+        self.link = link
         self.flat: Optional[FlatModel] = None
         self.kv: Optional[KVStore] = None
         self._announced: Optional[str] = None
@@ -39,12 +42,12 @@ class PushPull(Algorithm):
         algorithm = registry.of_options(opts)
         rule = RuleConfig(algorithm.key, job.num_workers, opts.learning_rate, opts.momentum,
                           opts.weight_decay, opts.dcasgd_lamda if algorithm.dcasgd else 0.0)
-        return cls(rule, job, opts.eval_every, algorithm.synchronous)
+        return cls(rule, job, opts.eval_every, algorithm.synchronous, link_of(opts))
 
     def setup(self, model: nn.Module, device: torch.device) -> None:
         self.flat = FlatModel(model, device)
         self.kv = KVStore(self.node, self.servers, self.rank, self.flat.params.numel(),
-                          self.flat.buffers.numel())
+                          self.flat.buffers.numel(), self.link)
         params, buffers = self.flat.host_state()
         if self.rank == 0:
             self.kv.init(self.rule.to_header(), params, buffers)
@@ -72,7 +75,7 @@ class PushPull(Algorithm):
         return {self.aggregate_phase: time.perf_counter() - start}
 
     def evaluates(self, round_: int) -> bool:
-        return self.rank == 0 and round_ % self.eval_every == 0
+        return self.rank == 0 and self.eval_every > 0 and round_ % self.eval_every == 0
 
     @property
     def decides_stop(self) -> bool:

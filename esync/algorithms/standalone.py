@@ -11,7 +11,9 @@ from esync.algorithms.base import Algorithm, Job, Phases
 
 
 class StandaloneSGD(Algorithm):
-    """A round is `eval_every` SGD iterations, each round ends with an evaluation."""
+    """A round is `eval_every` SGD iterations, each round ends with an evaluation; with
+    `eval_every` 0 a round is one iteration and the loop evaluates by the clock
+    (--eval-interval)."""
 
     def __init__(self, lr: float, momentum: float, weight_decay: float, eval_every: int):
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
@@ -29,10 +31,10 @@ class StandaloneSGD(Algorithm):
                                          weight_decay=self.weight_decay)
 
     def begin_round(self, round_: int) -> Tuple[int, Phases]:
-        return self.eval_every, {}
+        return max(1, self.eval_every), {}
 
     def local_update(self, model: nn.Module) -> None:
         self.optimizer.step()
 
     def evaluates(self, round_: int) -> bool:
-        return True
+        return self.eval_every > 0

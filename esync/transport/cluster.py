@@ -11,7 +11,7 @@ from typing import Mapping, Optional
 import config
 from esync.errors import UserError
 
-ROLES = ("scheduler", "server", "worker")
+ROLES = ("scheduler", "server", "worker", "evaluator")
 REQUIRED = ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
             "DMLC_NUM_WORKER")
 
@@ -100,11 +100,68 @@ def advertised_address(env: ClusterEnv) -> str:
         return resolve(os.environ["DMLC_NODE_HOST"], "DMLC_NODE_HOST")
     if env.interface:
         return interface_address(env.interface)
+    return _route_address(resolve(env.root_uri, "DMLC_PS_ROOT_URI"), env.root_port or 1)
+
+
+def _route_address(host: str, port: int) -> str:
+    """The local address of the route to host:port (127.0.0.1 if there is none)."""
     route = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        route.connect((resolve(env.root_uri, "DMLC_PS_ROOT_URI"), env.root_port))
+        route.connect((host, port))
         return route.getsockname()[0]
     except OSError:
         return "127.0.0.1"
     finally:
         route.close()
+
+
+#: torch.distributed's variables (torchrun sets them): the DDP baseline's rendezvous
+DDP_REQUIRED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class DDPEnv:
+    """The DDP baseline's job from torch.distributed's variables. MASTER_PORT=0 (rank 0
+    only) makes rank 0 host the rendezvous store on a free port, reported through
+    ESYNC_READY_FD as the scheduler does; torchrun gives a real port. The evaluator
+    (DMLC_ROLE=evaluator) needs only MASTER_ADDR and MASTER_PORT."""
+
+    master_addr: str
+    master_port: int
+    rank: int = 0
+    world_size: int = 1
+
+    @classmethod
+    def from_environ(cls, evaluator: bool = False,
+                     environ: Mapping[str, str] = os.environ) -> "DDPEnv":
+        needed = DDP_REQUIRED[2:] if evaluator else DDP_REQUIRED
+        missing = [name for name in needed if not environ.get(name)]
+        if missing:
+            raise UserError(f"-m/--mode ddp runs with torch.distributed's variables: set "
+                            f"{', '.join(missing)} (or start it with torchrun)")
+        values = {}
+        for name, low in (("RANK", 0), ("WORLD_SIZE", 1), ("MASTER_PORT", 0)):
+            text = environ.get(name, "0" if name == "RANK" else "1")
+            try:
+                values[name] = int(text)
+            except ValueError:
+                raise UserError(f"{name}={text!r}: expected an integer >= {low}") from None
+            if values[name] < low:
+                raise UserError(f"{name}={text!r}: expected an integer >= {low}")
+        if values["MASTER_PORT"] > 65535:
+            raise UserError(f"MASTER_PORT={values['MASTER_PORT']}: expected a port number")
+        if not evaluator and values["RANK"] >= values["WORLD_SIZE"]:
+            raise UserError(f"RANK={values['RANK']}: expected 0..WORLD_SIZE-1 "
+                            f"(WORLD_SIZE={values['WORLD_SIZE']})")
+        if values["MASTER_PORT"] == 0 and (evaluator or values["RANK"] != 0):
+            raise UserError("MASTER_PORT=0: only rank 0 can pick a free port (it reports it "
+                            "through ESYNC_READY_FD); give the others its port")
+        return cls(resolve(environ["MASTER_ADDR"], "MASTER_ADDR"), values["MASTER_PORT"],
+                   values["RANK"], values["WORLD_SIZE"])
+
+    def local_address(self) -> str:
+        """This process's address as the others reach it: DMLC_NODE_HOST, or the local
+        address of the route to MASTER_ADDR."""
+        if os.environ.get("DMLC_NODE_HOST"):
+            return resolve(os.environ["DMLC_NODE_HOST"], "DMLC_NODE_HOST")
+        return _route_address(self.master_addr, self.master_port or 1)

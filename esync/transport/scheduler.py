@@ -1,5 +1,10 @@
 """The scheduler: registration, ranks, the servers' address book, barriers, heartbeats,
-and the end of the job (ps-lite's scheduler node)."""
+and the end of the job (ps-lite's scheduler node).
+
+Besides DMLC_NUM_SERVER servers and DMLC_NUM_WORKER workers, any number of evaluators
+(DMLC_ROLE=evaluator) may join, before the job starts or while it runs: they get the
+servers' address book, are not waited for, and their death does not end the job; they
+are shut down with the servers."""
 from __future__ import annotations
 
 import logging
@@ -12,6 +17,7 @@ import zmq
 
 from esync import ready
 from esync.errors import UserError
+from esync.registry import EVALUATOR
 from esync.transport.cluster import ClusterEnv, resolve
 from esync.transport.message import MessageError, decode, encode
 
@@ -88,7 +94,8 @@ class Scheduler:
                     return code
             if self.closing_since is not None:
                 now = time.monotonic()
-                left = [m for m in self.members.values() if m.role == "server" and not m.finished]
+                left = [m for m in self.members.values()
+                        if m.role in ("server", EVALUATOR) and not m.finished]
                 if not left:
                     log.info("[scheduler] all %d nodes are done", len(self.members))
                     return 0
@@ -102,7 +109,11 @@ class Scheduler:
                     last_notice = now
                 continue
             dead = self._dead_member()
-            if dead is not None:
+            if dead is not None and dead.role == EVALUATOR:  # an observer: the job goes on
+                log.warning("[scheduler] %s sent no heartbeat for %g s; the job goes on "
+                            "without it", dead.describe(), self.env.heartbeat_timeout)
+                dead.finished = True
+            elif dead is not None:
                 return self._abort(f"{dead.describe()} sent no heartbeat for "
                                    f"{self.env.heartbeat_timeout:g} s", exclude=dead.uid)
 
@@ -141,6 +152,11 @@ class Scheduler:
         if msg.type == "bye":  # a server confirms the shutdown
             member.finished = True
             return None
+        if member.role == EVALUATOR:  # an observer failed: the job goes on without it
+            log.warning("[scheduler] %s left: %s", member.describe(),
+                        msg.header.get("reason", "failed"))
+            member.finished = True
+            return None
         # abort: a node failed and asks to end the job
         return self._abort(str(msg.header.get("reason", f"{member.describe()} failed")),
                            exclude=uid)
@@ -148,6 +164,8 @@ class Scheduler:
     def _register(self, identity: bytes, uid: str, header: Dict) -> Optional[int]:
         role = header.get("role")
         wanted = {"server": self.env.num_servers, "worker": self.env.num_workers}
+        if role == EVALUATOR:
+            return self._register_evaluator(identity, uid, header)
         if role not in wanted:
             self._send(identity, {"type": "error", "error": f"unknown role {role!r}"})
             return None
@@ -174,16 +192,32 @@ class Scheduler:
             self._assign()
         return None
 
+    def _register_evaluator(self, identity: bytes, uid: str, header: Dict) -> None:
+        """An evaluator joins at any time; it is answered once the servers are known."""
+        member = Member(uid, EVALUATOR, str(header.get("hostname", "?")),
+                        int(header.get("pid", 0)) if isinstance(header.get("pid"), int) else 0,
+                        None, {k: header.get(k) for k in ("mode", "network")},
+                        rank=sum(1 for m in self.members.values() if m.role == EVALUATOR))
+        self.members[uid] = member
+        log.info("[scheduler] evaluator registered: pid %d on %s", member.pid, member.hostname)
+        if self.assigned:
+            self._send_assignment(member)
+        else:
+            self.barriers.setdefault("register", []).append(uid)
+        return None
+
+    def _send_assignment(self, member: Member) -> None:
+        servers = [m.address for m in self.members.values() if m.role == "server"]
+        self._send(f"{member.uid}/ctl".encode(), {
+            "type": "assign", "rank": member.rank, "servers": servers, "job": self.job,
+            "num_servers": self.env.num_servers, "num_workers": self.env.num_workers})
+
     def _assign(self) -> None:
         for role in ("server", "worker"):
             for rank, m in enumerate(m for m in self.members.values() if m.role == role):
                 m.rank = rank
-        servers = [m.address for m in self.members.values() if m.role == "server"]
         for uid in self.barriers.pop("register"):
-            m = self.members[uid]
-            self._send(f"{uid}/ctl".encode(), {
-                "type": "assign", "rank": m.rank, "servers": servers, "job": self.job,
-                "num_servers": self.env.num_servers, "num_workers": self.env.num_workers})
+            self._send_assignment(self.members[uid])
         self.assigned = True
         log.info("[scheduler] all %d nodes registered; ranks assigned; job id %s",
                  len(self.members), self.job)

@@ -1,0 +1,172 @@
+"""The evaluator (DMLC_ROLE=evaluator): measures every mode on one clock.
+
+A process apart from training (as the "evaluator" of TensorFlow's parameter-server
+jobs): every `--eval-interval` seconds of wall-clock time it pulls the global model,
+read-only, evaluates it on the test set and logs (seconds since training started, the
+model's round, accuracy) to LOG_DIR/<host>/evaluator/iter-<n>.json, in the workers'
+format (esync.recorder; `num_samples` 0, `round` the model's round). No worker waits for
+an evaluation, and every mode is evaluated at the same pace.
+
+- Parameter-server modes: it joins the job at the scheduler (at any time; it is not
+  waited for, and its death does not end the job), gets the servers' addresses and
+  pulls from them (servers accept only pulls from it); a server not ready yet holds the
+  pull until worker 0 initialised it. It ends when the scheduler shuts the job down.
+- DDP (`-m ddp`): rank 0 answers its pulls (esync.publish) at the address it left in
+  torch.distributed's rendezvous store (MASTER_ADDR:MASTER_PORT); it ends when rank 0
+  says the job is done or the store is gone.
+
+Its clock: the first answer says how long ago the servers (or rank 0) started, so it
+logs the time since training started even if it joined late. With `--target-accuracy`
+it ends the job once that accuracy has held `--target-hold` seconds: its next pull
+carries `stop`, which the servers (rank 0) pass to every worker.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import time
+from datetime import timedelta
+from typing import Callable, Optional
+
+import torch
+import zmq
+
+from esync import registry
+from esync.errors import UserError
+from esync.options import Options
+from esync.publish import STORE_ADDRESS, STORE_FINISHED
+from esync.transport.cluster import ClusterEnv, DDPEnv
+
+log = logging.getLogger(__name__)
+
+
+
+class JobEnded(Exception):
+    """The job is over (shut down, or its rank 0 is gone): the evaluator ends too."""
+
+
+class _Source:
+    """What the kvstore needs of a node: a ZeroMQ context and a `check` that raises
+    while it waits, here when the job has ended."""
+
+    def __init__(self, context: zmq.Context, check: Callable[[], None]):
+        self.context, self.check = context, check
+
+
+def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
+                  ended: Callable[[], bool]) -> int:
+    """Pull, evaluate and log every opts.eval_interval seconds until the job ends."""
+    from esync.data.datasets import load_dataset
+    from esync.flat import FlatModel
+    from esync.kvstore import KVStore
+    from esync.models import build_network
+    from esync.recorder import Recorder
+    from esync.train import StopCriteria, evaluate
+
+    if opts.num_threads:
+        torch.set_num_threads(opts.num_threads)
+    dataset = load_dataset(opts.dataset, opts.data_dir)
+    model = build_network(opts.network).to(device)
+    flat = FlatModel(model, device)
+    kv = KVStore(source, servers, registry.EVALUATOR, flat.params.numel(),
+                 flat.buffers.numel())
+    stop = StopCriteria(target_accuracy=opts.target_accuracy, target_hold=opts.target_hold)
+    decided: Optional[str] = None  # the stop this evaluator asked for
+    n, next_at, evaluations = 0, time.monotonic(), 0
+    with Recorder(opts.log_dir, socket.gethostname(), registry.EVALUATOR) as recorder:
+        log.info("[evaluator] evaluating %s on %s every %g s; logs in %s", opts.network,
+                 opts.dataset, opts.eval_interval, recorder.path)
+        try:
+            while not ended():
+                while time.monotonic() < next_at:
+                    if ended():
+                        raise JobEnded()
+                    time.sleep(min(0.05, max(0.0, next_at - time.monotonic())))
+                sent0, received0 = kv.bytes_sent, kv.bytes_received
+                t0 = time.monotonic()
+                kv.pull(flat.host("params"), flat.host("buffers"), stop=decided)
+                flat.load_host_state()
+                t1 = time.monotonic()
+                if n == 0:  # the training clock, from the servers' age
+                    recorder.restart_clock(kv.model_age or 0.0)
+                    clock0 = t1 - (kv.model_age or 0.0)
+                accuracy = evaluate(model, dataset, device)
+                t2 = time.monotonic()
+                n += 1
+                at = t1 - clock0
+                recorder.write_round(n, {0: {"pull": t1 - t0, "evaluate": t2 - t1}}, 0,
+                                     math.nan, kv.bytes_sent - sent0,
+                                     kv.bytes_received - received0, accuracy, at=at,
+                                     round=kv.model_round)
+                log.info("[evaluator] %.2fs round %s test accuracy %.4f", at,
+                         kv.model_round, accuracy)
+                evaluations += 1
+                reason = stop.target_held(accuracy, at) if decided is None else None
+                if reason:
+                    decided = f"the evaluator {reason}"
+                    log.info("[evaluator] %s at %.2fs: ending the job", reason, at)
+                    next_at = time.monotonic()  # carry the stop at once
+                    continue
+                next_at = max(next_at + opts.eval_interval, time.monotonic())
+        except JobEnded:
+            pass
+        finally:
+            kv.close()
+    log.info("[evaluator] the job ended; %d evaluations", evaluations)
+    return 0
+
+
+def run_ps_evaluator(opts: Options, device: torch.device, env: ClusterEnv) -> int:
+    """Join a parameter-server job as its evaluator."""
+    from esync.transport.node import Node
+
+    node = Node(env, registry.EVALUATOR)
+    try:
+        assignment = node.register(mode=registry.of_options(opts).key, network=opts.network)
+
+        def check() -> None:
+            node.check()
+            if node.shutdown_requested:
+                raise JobEnded()
+
+        return evaluate_loop(opts, device, assignment["servers"], _Source(node.context, check),
+                             lambda: node.shutdown_requested)
+    finally:
+        node.close()
+
+
+def run_ddp_evaluator(opts: Options, device: torch.device, env: DDPEnv) -> int:
+    """Evaluate a DDP job: find rank 0's publisher through the rendezvous store."""
+    import torch.distributed as dist
+
+    try:
+        store = dist.TCPStore(env.master_addr, env.master_port, is_master=False,
+                              timeout=timedelta(seconds=60))
+    except (RuntimeError, OSError) as e:
+        raise UserError(f"MASTER_ADDR/MASTER_PORT: cannot reach the DDP job's store at "
+                        f"{env.master_addr}:{env.master_port}: {e}") from None
+    store.wait([STORE_ADDRESS], timedelta(seconds=300))
+    address = store.get(STORE_ADDRESS).decode()
+    finished = [False]
+    last_look = [0.0]
+
+    def ended() -> bool:
+        now = time.monotonic()
+        if not finished[0] and now - last_look[0] >= 0.5:
+            last_look[0] = now
+            try:
+                finished[0] = store.check([STORE_FINISHED])
+            except (RuntimeError, OSError):  # the store went with rank 0
+                finished[0] = True
+        return finished[0]
+
+    def check() -> None:
+        if ended():
+            raise JobEnded()
+
+    context = zmq.Context()
+    try:
+        return evaluate_loop(opts, device, [address], _Source(context, check), ended)
+    finally:
+        context.destroy(linger=0)

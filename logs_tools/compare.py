@@ -1,0 +1,612 @@
+#!/usr/bin/env python3
+"""Medians and spreads over many runs: every algorithm, several seeds, several
+configurations.
+
+One training run is noisy (a seed, a slow start, a busy host), so the experiment runs
+every job with several seeds and in several *configurations* (``plain``: no link
+emulation; ``links``: the slow devices on emulated slow links; ...) and lays them out as
+
+    OUT/<config>/seed<k>/<network>/<mode folder>/<Summary name>.json
+
+(``summary.py``'s output; mode folders and summary names come from ``esync.registry``).
+This tool reads only those summaries (never the iteration files, never torch) and writes
+into OUT:
+
+* ``results.md``: per configuration, a table with one row per algorithm (IID runs,
+  Standalone, non-IID runs, the registry's order): time to each target accuracy as
+  ``median [min-max]`` seconds over the seeds, ESync's speedup over the row at the middle
+  target, the final accuracy, traffic in bytes per training sample and throughput in
+  samples/s; under each table one line with each row's number of seeds and the targets;
+* ``results.json``: the same numbers, machine-readable (see ``results``);
+* ``accuracy-<config>.png`` (every seed's accuracy curve, log time axis),
+  ``time_to_target-<config>.png`` (median time per target and algorithm, min-max error
+  bars) and ``traffic-<config>.png`` (bytes per sample, min-max error bars).
+
+How the numbers are made (per configuration, per algorithm, over the seeds that have a
+usable summary of it):
+
+* time to a target: drawer.py's ``time_to_target`` of each seed (the evaluator's
+  accuracy when the run has one, else the device that evaluated most). A seed that never
+  reached the target counts as slower than every seed that did; the median is over all
+  seeds (with an even number, the mean of the two middle times, or the lower one when
+  the upper one was not reached), so it exists when at least half of the seeds reached
+  the target. Cells: ``2.31 [1.90-3.02]`` (all reached), ``4.10 [3.20-n/r] (2/3)`` (one
+  of three did not), ``not reached (1/3)`` (fewer than half did);
+* ESync's speedup over a row: for each seed where both reached the middle target,
+  t_row / t_ESync (ESync on the same data: non-IID rows against ESync (non-IID)); the
+  median and min-max of those ratios;
+* final accuracy: each seed's last evaluation; median [min-max];
+* traffic: the workers' bytes (sent + received) / the workers' training samples, the
+  evaluator left out; throughput: the workers' samples / the job's duration (the largest
+  last elapsed time among the workers); the median over the seeds.
+
+Missing or invalid summaries are left out with one ``compare.py: note: ...`` line each
+(an algorithm that no seed of a configuration ran is silently absent).
+
+Usage: ``python logs_tools/compare.py --out OUT -n NETWORK [--targets 0.90,0.95,0.97]
+[--configs plain,links]`` (``esync-compare``). Bad input (a target outside (0, 1], a
+missing OUT, nothing usable in OUT) is one ``compare.py: error: ...`` line and exit
+status 2.
+
+Library use (the experiment, tests): ``compare(out, network, targets, configs=None) ->
+markdown`` (raises CompareError), ``collect``, ``results``, ``time_to_target``,
+``markdown``, ``draw_figures``, ``parse_targets``. Standard library, matplotlib,
+esync.registry and the other log tools (drawer.py's metrics, summary.py's file names).
+"""
+
+import argparse
+import os
+import re
+import statistics
+import sys
+
+from esync import registry
+from logs_tools import drawer
+from logs_tools.summary import output_path, write_json
+
+PROG = "compare.py"
+DEFAULT_TARGETS = (0.90, 0.95, 0.97)
+#: the algorithm whose speedup over every row is shown
+PROPOSED = "esync"
+OUTPUTS = ("results.md", "results.json")
+FIGURES = ("accuracy-{}.png", "time_to_target-{}.png", "traffic-{}.png")
+
+_SEED = re.compile(r"seed([0-9]+)")
+
+
+class CompareError(Exception):
+    """Nothing to compare: OUT is missing or holds no usable summary (the message names
+    the folder), or the targets are wrong."""
+
+
+def note(msg):
+    print(f"{PROG}: note: {msg}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- names
+
+def _algorithm(mode):
+    """(registry entry, non-IID?) of a drawer mode tuple (folder, label, niid)."""
+    return registry.from_folder(mode[0])
+
+
+def display(mode):
+    """'ESync', 'DDP (non-IID)', ... of a drawer mode tuple."""
+    algorithm, niid = _algorithm(mode)
+    return algorithm.display_name(niid)
+
+
+def reference_mode(mode):
+    """The mode ESync's speedup over `mode` is measured against: ESync on the same data."""
+    proposed = registry.ALGORITHMS[PROPOSED]
+    return next(m for m in drawer.TABLE_ORDER
+                if m[0] == proposed.log_folder(mode[2] and proposed.distributed))
+
+
+def target_label(target):
+    """'0.90', '0.95', '0.975': two decimals at least, more where the target has them."""
+    label = f"{target:.2f}"
+    return label if float(label) == target else f"{target:g}"
+
+
+def parse_targets(text):
+    """Sorted distinct targets of '0.90,0.95,0.97'; ValueError unless each is in (0, 1]."""
+    targets = []
+    for part in str(text).split(","):
+        part = part.strip()
+        try:
+            value = float(part)
+        except ValueError:
+            raise ValueError(f"target {part!r} is not a number") from None
+        if not 0 < value <= 1:  # also rejects nan
+            raise ValueError(f"target {part} is not in (0, 1]")
+        targets.append(value)
+    return sorted(set(targets))
+
+
+def _check_targets(targets):
+    if isinstance(targets, str):
+        return parse_targets(targets)
+    targets = list(targets)
+    if not targets:
+        raise ValueError("no target accuracy")
+    return parse_targets(",".join(repr(float(t)) for t in targets))
+
+
+def middle_target(targets):
+    """The target the speedup is measured at: the middle one (the lower of two)."""
+    return targets[(len(targets) - 1) // 2]
+
+
+# ---------------------------------------------------------------- reading
+
+def _subdirs(path):
+    try:
+        with os.scandir(path) as it:
+            return sorted(e.name for e in it
+                          if not e.name.startswith(".") and e.is_dir(follow_symlinks=True))
+    except OSError:
+        return []
+
+
+def seed_folders(out, config, network):
+    """The seed<k> folders of OUT/<config> that have a <network>/ folder, by k."""
+    root = os.path.join(out, config)
+    found = [(int(m.group(1)), name) for name in _subdirs(root)
+             for m in [_SEED.fullmatch(name)]
+             if m and os.path.isdir(os.path.join(root, name, network))]
+    return [name for _, name in sorted(found)]
+
+
+def find_configs(out, network):
+    """The sorted names of OUT's folders that have a seed<k>/<network>/ folder."""
+    return [c for c in _subdirs(out) if seed_folders(out, c, network)]
+
+
+def collect(out, network, configs=None, warn=None):
+    """{config: {"seeds": [seed folders], "runs": {mode: {seed: summary}}}}, modes being
+    drawer.TABLE_ORDER's tuples (folder, label, niid) in that order, only those with a
+    usable summary; configs in the order given (default: find_configs). A summary that
+    is invalid, or missing where the algorithm ran (its mode folder exists, or another
+    seed has its summary), is noted through warn (default: a note on stderr); a
+    configuration without any usable summary is noted and left out."""
+    warn = warn or note
+    configs = find_configs(out, network) if configs is None else list(configs)
+    data = {}
+    for config in configs:
+        root = os.path.join(out, config)
+        seeds = seed_folders(out, config, network)
+        if not seeds:
+            warn(f"no seed<k>/{network}/ folder in {root}; {config} left out")
+            continue
+        runs = {}
+        for mode in drawer.TABLE_ORDER:
+            found, missing = {}, []
+            for seed in seeds:
+                path = output_path(os.path.join(root, seed), network, mode[0])
+                what = f"{display(mode)} of {config}/{seed}"
+                if not os.path.isfile(path):
+                    missing.append((path, what, os.path.isdir(os.path.dirname(path))))
+                    continue
+                try:
+                    found[seed] = drawer.read_summary(path)
+                except (OSError, ValueError) as e:
+                    warn(f"cannot use {path} ({e}); {what} left out")
+                    found[seed] = None
+            ran = bool(found)
+            for path, what, folder in missing:
+                if ran or folder:
+                    warn(f"no {path}; {what} left out")
+            usable = {s: v for s, v in found.items() if v is not None}
+            if usable:
+                runs[mode] = usable
+        if not runs:
+            warn(f"no usable summary in {root}/seed<k>/{network}/; {config} left out")
+            continue
+        data[config] = {"seeds": seeds, "runs": runs}
+    return data
+
+
+# ---------------------------------------------------------------- numbers
+
+def final_accuracy(summary):
+    """The last accuracy of the evaluating device, or None if it never evaluated."""
+    _, accs = drawer.accuracy_curve(summary)
+    return accs[-1] if accs else None
+
+
+def bytes_per_sample(summary):
+    """The workers' bytes sent + received per training sample (evaluator left out);
+    None if they trained on no sample."""
+    samples = drawer.total(summary, "num_samples_list")
+    return drawer.total(summary, "bytes_list") / samples if samples > 0 else None
+
+
+def spread(values):
+    """{"per_seed": values, "median", "min", "max"} over the values that are not None
+    (all None where there is none)."""
+    present = [v for v in values if v is not None]
+    return {"per_seed": list(values),
+            "median": statistics.median(present) if present else None,
+            "min": min(present) if present else None,
+            "max": max(present) if present else None}
+
+
+def censored_median(times):
+    """The median of times where None means 'not reached' (slower than any time): None
+    when fewer than half reached; with an even count, the mean of the two middle times,
+    or the lower one when the upper one was not reached."""
+    n = len(times)
+    reached = sorted(t for t in times if t is not None)
+    if not n or 2 * len(reached) < n:
+        return None
+    if n % 2:
+        return reached[n // 2]
+    if n // 2 < len(reached):
+        return (reached[n // 2 - 1] + reached[n // 2]) / 2
+    return reached[n // 2 - 1]
+
+
+def time_stats(times):
+    """{"per_seed", "reached", "median", "min", "max"} of per-seed times to a target
+    (None: not reached): the censored median, the fastest seed's time, and the slowest
+    seed's (None if a seed did not reach it)."""
+    reached = [t for t in times if t is not None]
+    return {"per_seed": list(times),
+            "reached": len(reached),
+            "median": censored_median(times),
+            "min": min(reached) if reached else None,
+            "max": max(reached) if reached and len(reached) == len(times) else None}
+
+
+def time_to_target(summaries, target):
+    """time_stats of {seed: summary}'s times to target, seeds in the dict's order."""
+    return time_stats([drawer.time_to_target(s, target) for s in summaries.values()])
+
+
+def speedup(summaries, reference, target):
+    """ESync's speedup over a row: spread of t_row / t_reference per seed of summaries,
+    None where the reference has no such seed or either did not reach target."""
+    ratios = []
+    for seed, summary in summaries.items():
+        t = drawer.time_to_target(summary, target)
+        ref = reference.get(seed)
+        t_ref = drawer.time_to_target(ref, target) if ref is not None else None
+        ratios.append(t / t_ref if t is not None and t_ref else None)
+    return spread(ratios)
+
+
+def algorithm_results(summaries, reference, targets):
+    """The results.json entry of one algorithm in one configuration."""
+    sp_target = middle_target(targets)
+    per = list(summaries.values())
+    return {
+        "time_to_target": {target_label(t): time_to_target(summaries, t) for t in targets},
+        "speedup": dict(target=sp_target,
+                        **speedup(summaries, reference or {}, sp_target)),
+        "final_accuracy": spread([final_accuracy(s) for s in per]),
+        "traffic_bytes_per_sample": spread([bytes_per_sample(s) for s in per]),
+        "throughput_samples_per_s": spread([drawer.throughput(s) for s in per]),
+    }
+
+
+def results(data, network, targets):
+    """The results.json document of collect's data:
+
+    {"network": NETWORK, "targets": [0.9, ...], "speedup_target": 0.95,
+     "configs": {config: {"seeds": [seed folders],
+                          "algorithms": {display name: {
+                              "mode": folder, "data": "IID" | "non-IID",
+                              "speedup_of": "ESync" | "ESync (non-IID)",
+                              "seeds": [seeds with a usable summary],
+                              "time_to_target": {"0.90": time_stats, ...},
+                              "speedup": {"target": 0.95, **spread},
+                              "final_accuracy": spread,
+                              "traffic_bytes_per_sample": spread,
+                              "throughput_samples_per_s": spread}}}}}
+
+    every per_seed list in the order of that algorithm's "seeds".
+    """
+    doc = {"network": network, "targets": list(targets),
+           "speedup_target": middle_target(targets), "configs": {}}
+    for config, entry in data.items():
+        algorithms = {}
+        for mode, summaries in entry["runs"].items():
+            ref = reference_mode(mode)
+            algorithms[display(mode)] = {
+                "mode": mode[0],
+                "data": "non-IID" if mode[2] else "IID",
+                "speedup_of": display(ref),
+                "seeds": list(summaries),
+                **algorithm_results(summaries, entry["runs"].get(ref), targets),
+            }
+        doc["configs"][config] = {"seeds": list(entry["seeds"]), "algorithms": algorithms}
+    return doc
+
+
+# ---------------------------------------------------------------- Markdown
+
+def _count(k, n):
+    return f" ({k}/{n})" if k < n else ""
+
+
+def time_cell(stats):
+    """'2.31 [1.90-3.02]', '4.10 [3.20-n/r] (2/3)', 'not reached (1/3)'."""
+    n, k = len(stats["per_seed"]), stats["reached"]
+    if stats["median"] is None:
+        return f"not reached ({k}/{n})"
+    top = "n/r" if stats["max"] is None else f"{stats['max']:.2f}"
+    return f"{stats['median']:.2f} [{stats['min']:.2f}-{top}]{_count(k, n)}"
+
+
+def spread_cell(stats, spec, unit=""):
+    """'0.9712 [0.9700-0.9730]', with '(k/n)' if only k of n seeds have a value."""
+    n = len(stats["per_seed"])
+    k = sum(v is not None for v in stats["per_seed"])
+    if not k:
+        return "n/a"
+    return (f"{stats['median']:{spec}}{unit} [{stats['min']:{spec}}-{stats['max']:{spec}}]"
+            f"{_count(k, n)}")
+
+
+def number(v):
+    """A median for the table: whole numbers from 100 up, three significant digits below."""
+    if v is None:
+        return "n/a"
+    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def config_markdown(config, entry, targets):
+    """The table of one configuration (results' entry) and its line of seeds."""
+    proposed = registry.ALGORITHMS[PROPOSED].display
+    sp = target_label(middle_target(targets))
+    head = ([f"Time to {target_label(t)} (s)" for t in targets]
+            + [f"{proposed} speedup at {sp}", "Final accuracy", "Traffic (B/sample)",
+               "Throughput (samples/s)"])
+    lines = [f"## {config}", "",
+             "| Algorithm | " + " | ".join(head) + " |",
+             "|---|" + "---:|" * len(head)]
+    for name, a in entry["algorithms"].items():
+        cells = [time_cell(a["time_to_target"][target_label(t)]) for t in targets]
+        cells += [spread_cell(a["speedup"], ".2f", "x"),
+                  spread_cell(a["final_accuracy"], ".4f"),
+                  number(a["traffic_bytes_per_sample"]["median"]),
+                  number(a["throughput_samples_per_s"]["median"])]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    seeds = ", ".join(f"{name} {len(a['seeds'])}" for name, a in entry["algorithms"].items())
+    lines += ["", f"Seeds per row (of {len(entry['seeds'])}): {seeds}. Targets "
+              f"{', '.join(target_label(t) for t in targets)}: median [min-max] s over "
+              f"the seeds, n/r: not reached; {proposed}'s speedup t_row / t_{proposed} "
+              f"at {sp}; traffic and throughput: medians.", ""]
+    return "\n".join(lines)
+
+
+def markdown(doc):
+    """results.md of a results document."""
+    targets = doc["targets"]
+    parts = [f"# Results, {doc['network']}", ""]
+    parts += [config_markdown(c, e, targets) for c, e in doc["configs"].items()]
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------- figures
+
+def colour(mode):
+    """One colour per algorithm (its registry position), the same on IID and non-IID
+    data; non-IID curves are dashed."""
+    return f"C{list(registry.ALGORITHMS).index(_algorithm(mode)[0].key) % 10}"
+
+
+def bar_style(mode):
+    """Bars of an algorithm: its colour, lighter and dotted on non-IID data."""
+    if mode[2]:
+        return {"facecolor": colour(mode), "alpha": 0.55, "hatch": "..", "edgecolor": "white"}
+    return {"facecolor": colour(mode)}
+
+
+def _legend_handles(modes):
+    from matplotlib.patches import Patch
+    return [Patch(label=display(m), **bar_style(m)) for m in modes]
+
+
+def draw_accuracy(entry, targets, path, title, linear_time=False):
+    plt = drawer.pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    curves = [(mode, drawer.accuracy_curve(s)) for mode, per in entry["runs"].items()
+              for s in per.values()]
+    curves = [(mode, xs, ys) for mode, (xs, ys) in curves if xs]
+    place = drawer.time_axis(ax, [t for _, xs, _ in curves for t in xs], linear_time,
+                             "Time since training start (s)")
+    labelled = set()
+    for mode, xs, ys in curves:
+        ax.plot(place(xs), ys, color=colour(mode), linewidth=0.8, alpha=0.8,
+                linestyle="--" if mode[2] else "-",
+                label=None if mode in labelled else display(mode))
+        labelled.add(mode)
+    for t in targets:
+        ax.axhline(t, linestyle=":", color="gray", linewidth=0.8)
+        ax.text(1.0, t, f" {target_label(t)}", transform=ax.get_yaxis_transform(),
+                va="center", fontsize="x-small", color="gray")
+    if curves:
+        ax.legend(loc="lower right", fontsize="small")
+        ax.grid(True, alpha=0.3)
+    else:
+        drawer._no_data(ax)
+    ax.set_title(title)
+    ax.set_ylabel("Test accuracy")
+    return drawer._save(fig, path, False)
+
+
+def _span_is_wide(values):
+    values = [v for v in values if v is not None and v > 0]
+    return bool(values) and max(values) > 10 * min(values)
+
+
+def _unreached_handle():
+    from matplotlib.patches import Patch
+    return Patch(facecolor="none", edgecolor="gray", hatch="//",
+                 label="reached by fewer than half the seeds (n/r)")
+
+
+def draw_time_to_target(entry, doc_entry, targets, path, title):
+    plt = drawer.pyplot()
+    modes = list(entry["runs"])
+    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(targets) * max(1, len(modes)) / 3), 5))
+    stats = {m: doc_entry["algorithms"][display(m)]["time_to_target"] for m in modes}
+    finite = [v for m in modes for t in targets
+              for v in (stats[m][target_label(t)][k] for k in ("median", "min", "max"))
+              if v is not None]
+    log = _span_is_wide(finite)
+    top = (max(finite) * (2 if log else 1.15)) if finite else 1.0
+    bottom = min(v for v in finite if v > 0) / 2 if log and any(v > 0 for v in finite) else 0
+    width = 0.8 / max(1, len(modes))
+    for i, mode in enumerate(modes):
+        for j, t in enumerate(targets):
+            s = stats[mode][target_label(t)]
+            x = j + (i - (len(modes) - 1) / 2) * width
+            n = len(s["per_seed"])
+            if s["median"] is None:  # fewer than half reached it
+                ax.bar(x, top - bottom, width, bottom=bottom, color="none",
+                       edgecolor=colour(mode), hatch="//")
+                ax.text(x, top, "n/r", ha="center", va="bottom", fontsize="small")
+                continue
+            upper = (s["max"] if s["max"] is not None else
+                     max(v for v in s["per_seed"] if v is not None))
+            median = max(s["median"], bottom)  # a time of 0 on a log axis: at its bottom
+            ax.bar(x, median - bottom, width, bottom=bottom, **bar_style(mode),
+                   yerr=[[median - max(s["min"], bottom)], [max(upper, bottom) - median]],
+                   capsize=3)
+            if s["reached"] < n:
+                ax.text(x, upper, f"{s['reached']}/{n}", ha="center", va="bottom",
+                        fontsize="small")
+    ax.set_xticks(range(len(targets)), [f"accuracy {target_label(t)}" for t in targets])
+    if log:
+        ax.set_yscale("log")
+        ax.set_ylim(bottom, top * 1.5)
+    else:
+        ax.set_ylim(0, top * 1.1)
+    ax.set_ylabel("Time to target (s), median [min-max]" + (", log scale" if log else ""))
+    ax.set_title(title)
+    if modes:
+        ax.legend(handles=_legend_handles(modes) + [_unreached_handle()], fontsize="small")
+        ax.grid(True, axis="y", alpha=0.3)
+    else:
+        drawer._no_data(ax)
+    return drawer._save(fig, path, False)
+
+
+def draw_traffic(entry, doc_entry, path, title):
+    plt = drawer.pyplot()
+    rows = [(m, doc_entry["algorithms"][display(m)]["traffic_bytes_per_sample"])
+            for m in entry["runs"]]
+    rows = [(m, s) for m, s in rows if s["median"] is not None]
+    fig, ax = plt.subplots(figsize=(max(6.5, 1.1 * len(rows) + 2), 4.5))
+    if rows:
+        xs = range(len(rows))
+        for x, (m, s) in zip(xs, rows):
+            bars = ax.bar(x, s["median"], **bar_style(m),
+                          yerr=[[s["median"] - s["min"]], [s["max"] - s["median"]]],
+                          capsize=3)
+            ax.bar_label(bars, labels=[number(s["median"])], padding=3)
+        ax.set_xticks(list(xs), [display(m) for m, _ in rows],
+                      rotation=30 if len(rows) > 4 else 0)
+        ax.margins(y=0.15)
+        ax.grid(True, axis="y", alpha=0.3)
+    else:
+        drawer._no_data(ax)
+    ax.set_title(title)
+    ax.set_ylabel("Bytes per training sample, median [min-max]")
+    return drawer._save(fig, path, False)
+
+
+def draw_figures(out, network, data, doc, linear_time=False):
+    """Write the three figures of every configuration into OUT; return their paths."""
+    paths = []
+    for config, entry in data.items():
+        doc_entry = doc["configs"][config]
+        name = lambda pattern: os.path.join(out, pattern.format(config))  # noqa: E731
+        where = f"{network}, {config}, {len(entry['seeds'])} seed(s)"
+        paths.append(draw_accuracy(entry, doc["targets"], name(FIGURES[0]),
+                                   f"Test accuracy ({where})", linear_time))
+        paths.append(draw_time_to_target(entry, doc_entry, doc["targets"],
+                                         name(FIGURES[1]), f"Time to target ({where})"))
+        paths.append(draw_traffic(entry, doc_entry, name(FIGURES[2]),
+                                  f"Traffic ({where})"))
+    return paths
+
+
+# ---------------------------------------------------------------- main
+
+def compare(out, network, targets=DEFAULT_TARGETS, configs=None, warn=None,
+            linear_time=False):
+    """Read OUT/<config>/seed<k>/NETWORK/<mode>/<Name>.json, write results.md,
+    results.json and the figures into OUT; return the Markdown. targets: numbers or
+    '0.90,0.95'; configs: names in the wanted order (default: every folder of OUT with a
+    seed<k>/NETWORK/ folder, sorted). CompareError if OUT is missing, a target is not in
+    (0, 1], or no configuration has a usable summary; OSError if OUT cannot be written."""
+    try:
+        targets = _check_targets(targets)
+    except ValueError as e:
+        raise CompareError(str(e)) from None
+    if not os.path.isdir(out):
+        raise CompareError(f"no such folder: {out}")
+    data = collect(out, network, configs, warn)
+    if not data:
+        raise CompareError(f"no <config>/seed<k>/{network}/ with a usable summary in {out}")
+    doc = results(data, network, targets)
+    text = markdown(doc)
+    write_json(os.path.join(out, "results.json"), doc)
+    with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
+        f.write(text)
+    draw_figures(out, network, data, doc, linear_time)
+    return text
+
+
+def _folder_names(text):
+    names = [n.strip() for n in text.split(",")]
+    for n in names:
+        if not n or n in (".", "..") or "/" in n or os.sep in n:
+            raise ValueError(f"--configs wants folder names, got {n!r}")
+    return list(dict.fromkeys(names))
+
+
+def parse_args(argv, prog=PROG):
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True,
+                   help="the experiment's folder: OUT/<config>/seed<k>/NETWORK/<mode>/")
+    p.add_argument("-n", "--network", required=True, help="network (model) folder name")
+    p.add_argument("--targets", default=",".join(target_label(t) for t in DEFAULT_TARGETS),
+                   help="target accuracies, comma-separated (default: %(default)s)")
+    p.add_argument("--configs",
+                   help="configurations, comma-separated, in table order (default: every "
+                        "folder of OUT with seed<k>/NETWORK/, sorted)")
+    p.add_argument("--linear-time", action="store_true",
+                   help="linear time axis in the accuracy figures (default: log scale)")
+    return p.parse_args(argv)
+
+
+def main(argv=None, prog=PROG) -> int:
+    args = parse_args(argv, prog)
+    try:
+        targets = parse_targets(args.targets)
+        configs = _folder_names(args.configs) if args.configs is not None else None
+        text = compare(args.out, args.network, targets, configs,
+                       linear_time=args.linear_time)
+    except (ValueError, CompareError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"{PROG}: error: cannot write into {args.out}: {e.strerror or e}",
+              file=sys.stderr)
+        return 1
+    print(text, end="")
+    return 0
+
+
+def console_main() -> int:
+    """The `esync-compare` command."""
+    return main(prog="esync-compare")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
