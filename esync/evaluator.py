@@ -15,8 +15,10 @@ an evaluation, and every mode is evaluated at the same pace.
   torch.distributed's rendezvous store (MASTER_ADDR:MASTER_PORT); it ends when rank 0
   says the job is done or the store is gone.
 
-Its clock: the first answer says how long ago the servers (or rank 0) started, so it
-logs the time since training started even if it joined late. With `--target-accuracy`
+Its clock: each answer says how long training had run when the model was sent (the
+servers, or rank 0, count from when worker 0 said every worker had joined), so it logs
+the time since training started whoever's clock it runs on and even if it joined late;
+before training starts it evaluates the initial model once. With `--target-accuracy`
 it ends the job once that accuracy has held `--target-hold` seconds: its next pull
 carries `stop`, which the servers (rank 0) pass to every worker.
 """
@@ -88,13 +90,13 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
                 kv.pull(flat.host("params"), flat.host("buffers"), stop=decided)
                 flat.load_host_state()
                 t1 = time.monotonic()
-                if n == 0:  # the training clock, from the servers' age
-                    recorder.restart_clock(kv.model_age or 0.0)
-                    clock0 = t1 - (kv.model_age or 0.0)
+                at = kv.model_age or 0.0  # seconds of training behind this model
+                if at == 0.0 and n > 0:  # training has not started: the model is as before
+                    next_at = max(next_at + opts.eval_interval, time.monotonic())
+                    continue
                 accuracy = evaluate(model, dataset, device)
                 t2 = time.monotonic()
                 n += 1
-                at = t1 - clock0
                 recorder.write_round(n, {0: {"pull": t1 - t0, "evaluate": t2 - t1}}, 0,
                                      math.nan, kv.bytes_sent - sent0,
                                      kv.bytes_received - received0, accuracy, at=at,

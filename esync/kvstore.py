@@ -140,10 +140,12 @@ class KVStore:
         self._receive([0] * len(self.sockets))
 
     def pull(self, params: np.ndarray, buffers: np.ndarray, round_: int = 0,
-             stop: Optional[str] = None) -> None:
+             stop: Optional[str] = None, start: bool = False) -> None:
         """Write the servers' current weights and buffers into `params` and `buffers`.
-        `stop` (the evaluator's decision to end the job) is passed on to the workers."""
-        header = {"type": "pull", "round": round_, **({"stop": stop} if stop else {})}
+        `stop` (the evaluator's decision to end the job) is passed on to the workers;
+        `start` (worker 0) tells the servers that training starts now (their clock)."""
+        header = {"type": "pull", "round": round_, **({"stop": stop} if stop else {}),
+                  **({"start": True} if start else {})}
         for s, sock in enumerate(self.sockets):
             self._send(sock, {**header, "shard": s})
         self._receive([self._values(s) for s in range(len(self.sockets))], params, buffers)

@@ -14,8 +14,9 @@ Workers talk to it over one ROUTER socket:
   chunk overlaps with receiving the next. A push may carry `stop` (worker 0's decision
   to end the job), which every later answer repeats.
 Every `weights` answer says how many times the shard's first chunk was updated
-(`updates`: rounds in SSGD and ESync, pushes in ASGD) and the seconds since `init`
-(`age`). The evaluator (sender `evaluator`) may only pull, never push or init; its pull
+(`updates`: rounds in SSGD and ESync, pushes in ASGD) and the seconds since training
+started (`age`; 0 until then): worker 0 marks the start with a pull carrying `start`
+once every worker has joined. The evaluator (sender `evaluator`) may only pull, never push or init; its pull
 may carry `stop` (it saw the target accuracy held), which ends the job as worker 0's does.
 Anything malformed is answered with `error` (and logged); the server goes on serving.
 """
@@ -61,7 +62,7 @@ class ShardServer:
         self.early_pulls: List[Tuple[bytes, int]] = []
         self.waiting: Dict[Key, List[Tuple[bytes, int, int]]] = {}  # (identity, worker, round)
         self.updates = 0  # completions of the first weight chunk: the model's round
-        self.initialised_at = 0.0
+        self.started_at: Optional[float] = None  # when worker 0 said training started
 
     # --- dispatch ---------------------------------------------------------------------
     def handle(self, frames: List[zmq.Frame]) -> None:
@@ -103,7 +104,6 @@ class ShardServer:
                                f"{self.num_workers}")
         self.sections = tuple(self._gather(c, n) for c, n in zip(chunks, msg.header["lengths"]))
         self.rule = make_rule(*self.sections, config)
-        self.initialised_at = time.monotonic()
         log.info("[server %d] shard of %d weights and %d buffer values, rule %s", self.rank,
                  len(self.sections[0]), len(self.sections[1]), config.name)
         self._send(identity, {"type": "ack"})
@@ -113,6 +113,8 @@ class ShardServer:
 
     def _on_pull(self, identity: bytes, worker, msg: Message) -> None:
         self._take_stop(worker, msg.header)
+        if msg.header.get("start") is True and worker != EVALUATOR and self.started_at is None:
+            self.started_at = time.monotonic()
         if self.rule is None:
             self.early_pulls.append((identity, worker))
         else:
@@ -174,8 +176,8 @@ class ShardServer:
 
     def _answer(self, identity: bytes, worker, round_: int, key: Key, length: int) -> None:
         section, offset = key
-        header = weights_header(self.rank, round_, key, self.updates,
-                                time.monotonic() - self.initialised_at, self.stop_reason)
+        age = 0.0 if self.started_at is None else time.monotonic() - self.started_at
+        header = weights_header(self.rank, round_, key, self.updates, age, self.stop_reason)
         values = self.sections[section][offset:offset + length]
         if worker == EVALUATOR:  # it reads mid-round: never a view the rule may change
             self._send(identity, header, [values.copy()])

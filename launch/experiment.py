@@ -1,21 +1,25 @@
-"""The paper's experiment in one command: ESync, SSGD, ASGD and DC-ASGD on IID and on
-split-by-class data, plus one standalone run, with the same network, data,
-heterogeneity and time budget; then the summaries, figures and speedup table.
+"""The comparison in one command: ESync against SSGD, ASGD, DC-ASGD, PyTorch DDP and
+standalone training, each job repeated with several seeds, on plain loopback and with
+the slow devices on emulated slow links; then medians, spreads, figures and tables.
 
-    python launch/experiment.py -n lenet --dataset digits --time-limit 60 --out runs
-                                                         (or: esync-experiment ...)
+    python launch/experiment.py --out runs              (or: esync-experiment ...)
 
-Jobs run one after the other on this machine through launch/local.py, into
-OUT/<network>/<log folder>/ (the algorithms and their folders come from esync.registry:
-esync, sync, async, dcasgd; the same with -niid for split-by-class data; local).
-Every job's flags are checked before the first one starts. After each job its logs are
-summarised (logs_tools.summary), and at the end the figures and the speedup table are
-drawn into OUT/<network>/ (logs_tools.drawer), both in this process. Flags not listed
-here are passed to every worker (e.g. -dd, -b, -ll). Each algorithm evaluates at its
-own pace in rounds (its registry entry's `eval_every`: a round is one iteration in SSGD
-and ASGD, a budget of iterations in ESync), chosen so that every curve has tens of
-points; `-e N` sets one value for all. On a terminal, a bar counts the jobs and a second
-one follows the running job (tqdm).
+Every job runs through launch/local.py with the same network, data, heterogeneity
+(--slowdown, default 1,1,4,4), batch size and time budget, and an evaluator that
+measures every mode on one clock (DMLC_ROLE=evaluator; standalone training evaluates by
+the same clock in-process, the clock paused meanwhile). A job ends once the evaluator has
+seen the highest target held for --hold seconds, or at its --time-limit. Jobs go seed by
+seed, configuration by configuration, mode by mode, so that a slow spell of the machine
+falls on every mode alike. Job logs go to OUT/<config>/seed<k>/<network>/<log folder>/;
+each is summarised (logs_tools.summary) after it ends, and at the end logs_tools.compare
+writes OUT/results.md (printed), OUT/results.json and the figures
+(accuracy-<config>.png, time_to_target-<config>.png, traffic-<config>.png).
+
+Configurations: `plain` (loopback, no pacing) and `links` (each worker's link from
+--links-bandwidth and --links-latency, default: the two slow devices on 100 Mbit/s and
+5 ms; standalone training has no link and is left out). Flags not listed here are
+passed to every worker (e.g. -b, -ll, --max-local-steps). On a terminal, a bar counts
+the jobs and a second one follows the running job (tqdm).
 """
 from __future__ import annotations
 
@@ -30,30 +34,31 @@ from tqdm import tqdm
 import config
 from esync import registry
 from launch import local
-from logs_tools import drawer, summary
+from logs_tools import compare, summary
 
 PROG = "launch/experiment.py"
+PLAIN, LINKS = "plain", "links"
+CONFIGS = (PLAIN, LINKS)
+DEFAULT_MODES = ",".join(a.folder for a in registry.ALGORITHMS.values())
 
 
-def jobs() -> Dict[str, Tuple[List[str], int]]:
-    """{log folder: (main.py flags, evaluate every N rounds)}, in the experiment's order."""
-    return {algorithm.log_folder(split): ([*algorithm.flags, *(["-s", "1"] if split else [])],
-                                          algorithm.eval_every)
+def jobs() -> Dict[str, List[str]]:
+    """{log folder: its main.py flags} of every run the experiment knows, in order."""
+    return {algorithm.log_folder(split): [*algorithm.flags, *(["-s", "1"] if split else [])]
             for algorithm, split in registry.all_folders()}
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Run ESync, SSGD, ASGD, DC-ASGD (IID and split by class) and standalone "
-                    "training with one time budget, then summarise and draw. Flags not "
-                    "listed here are passed to every worker's main.py.")
+        description="Run ESync, SSGD, ASGD, DC-ASGD, DDP and standalone training with "
+                    "several seeds, on loopback and on emulated slow links, then write "
+                    "medians, spreads and figures. Flags not listed here are passed to "
+                    "every worker's main.py.")
     parser.add_argument("-n", "--network", default=config.NETWORK,
                         help=f"network (default {config.NETWORK})")
     parser.add_argument("--dataset", default=config.DATASET,
                         help=f"data set (default {config.DATASET})")
-    parser.add_argument("--time-limit", type=float, default=60.0,
-                        help="seconds of training per job (default 60)")
     parser.add_argument("--out", default=config.RUNS_DIR,
                         help=f"base folder (default {config.RUNS_DIR})")
     parser.add_argument("--workers", type=int, default=4, help="workers per job (default 4)")
@@ -61,23 +66,81 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument("--slowdown", default="1,1,4,4",
                         help="one factor per worker (default 1,1,4,4); the standalone run "
                              "uses the first")
-    parser.add_argument("--modes", default=",".join(jobs()),
-                        help="which of the jobs to run, comma-separated (default: all)")
-    parser.add_argument("--target", type=float, default=0.8,
-                        help="accuracy for the time-to-accuracy table (default 0.8)")
-    parser.add_argument("-e", "--eval-duration", type=int,
-                        help="evaluate every N rounds in every mode (default: per mode)")
+    parser.add_argument("--modes", default=DEFAULT_MODES,
+                        help=f"which runs, comma-separated log folders (default "
+                             f"{DEFAULT_MODES}; add e.g. esync-niid for split-by-class data)")
+    parser.add_argument("--configs", default=",".join(CONFIGS),
+                        help=f"which configurations (default {','.join(CONFIGS)})")
+    parser.add_argument("--seeds", type=_count, default=3,
+                        help="runs of each job, with seeds 0..N-1 (default 3)")
+    parser.add_argument("--targets", type=compare.parse_targets,
+                        default=compare.DEFAULT_TARGETS,
+                        help="accuracy targets of the tables, comma-separated (default "
+                             + ",".join(f"{t:g}" for t in compare.DEFAULT_TARGETS) + ")")
+    parser.add_argument("--hold", type=float, default=1.0,
+                        help="a job ends once the highest target has held this many "
+                             "seconds (default 1)")
+    parser.add_argument("--time-limit", type=float, default=25.0,
+                        help="most seconds of training per job (default 25)")
+    parser.add_argument("--eval-interval", type=float, default=config.EVAL_INTERVAL,
+                        help=f"seconds between the evaluator's evaluations (default "
+                             f"{config.EVAL_INTERVAL:g})")
+    parser.add_argument("--links-bandwidth", default="none,none,100,100",
+                        help="the links configuration: Mbit/s per worker (default "
+                             "none,none,100,100)")
+    parser.add_argument("--links-latency", default="0,0,5,5",
+                        help="the links configuration: ms per worker (default 0,0,5,5)")
     return parser
 
 
-def _job_args(args, folder: str, flags: List[str], eval_every: int,
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _job_args(args, folder: str, flags: List[str], cfg: str, seed: int,
               extra: Sequence[str]) -> List[str]:
     distributed = registry.from_folder(folder)[0].distributed
     slowdown = args.slowdown if distributed else args.slowdown.split(",")[0]
+    links = ["--bandwidth", args.links_bandwidth, "--latency", args.links_latency] \
+        if cfg == LINKS else []
     return [*flags, "--workers", str(args.workers), "--servers", str(args.servers),
-            "--slowdown", slowdown, "--out", args.out, "-n", args.network,
+            "--slowdown", slowdown, *links,
+            "--out", os.path.join(args.out, cfg, f"seed{seed}"), "-n", args.network,
             "--dataset", args.dataset, "--time-limit", f"{args.time_limit:g}",
-            "-e", str(args.eval_duration or eval_every), *extra]
+            "--seed", str(seed), "--target-accuracy", f"{max(args.targets):g}",
+            "--target-hold", f"{args.hold:g}", "--eval-interval", f"{args.eval_interval:g}",
+            *extra]
+
+
+def plan(args, extra: Sequence[str]) -> List[Tuple[str, str, int, List[str]]]:
+    """(config, log folder, seed, launcher argv) of every job, in the order they run;
+    ValueError (one line) on bad input."""
+    known = jobs()
+    chosen = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in chosen if m not in known]
+    if unknown or not chosen:
+        raise ValueError(f"--modes: unknown {', '.join(unknown) or 'none'} "
+                         f"(choose from {', '.join(known)})")
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if not configs or any(c not in CONFIGS for c in configs):
+        raise ValueError(f"--configs {args.configs!r}: choose from {', '.join(CONFIGS)}")
+    if not args.hold >= 0 or not args.time_limit > 0 or not args.eval_interval > 0:
+        raise ValueError("--hold must be >= 0, --time-limit and --eval-interval > 0")
+    planned = []
+    for seed in range(args.seeds):
+        for cfg in configs:
+            for folder in chosen:
+                if cfg == LINKS and not registry.from_folder(folder)[0].distributed:
+                    continue  # training alone has no link to emulate
+                planned.append((cfg, folder, seed,
+                                _job_args(args, folder, known[folder], cfg, seed, extra)))
+    return planned
 
 
 class _Jobs:
@@ -106,36 +169,31 @@ class _Jobs:
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
     args, extra = build_parser(prog).parse_known_args(sys.argv[1:] if argv is None else argv)
-    known = jobs()
-    chosen = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in chosen if m not in known]
-    if unknown or not chosen:
-        print(f"{prog}: error: --modes: unknown {', '.join(unknown) or 'none'} "
-              f"(choose from {', '.join(known)})", file=sys.stderr)
-        return 2
-    argvs = {folder: _job_args(args, folder, *known[folder], extra) for folder in chosen}
     try:
-        for job_argv in argvs.values():  # every job's flags, before anything starts
+        planned = plan(args, extra)
+        for *_, job_argv in planned:  # every job's flags, before anything starts
             local.plan(job_argv)
-    except local.LaunchError as e:
+    except (ValueError, local.LaunchError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     failed = []
     start = time.monotonic()
-    progress = _Jobs(len(chosen))
+    progress = _Jobs(len(planned))
     try:
-        for i, folder in enumerate(chosen, 1):
-            progress.say(f"experiment: job {i} of {len(chosen)}: {folder}")
-            code = local.run(argvs[folder], position=1, nested=progress.bar is not None)
+        for i, (cfg, folder, seed, job_argv) in enumerate(planned, 1):
+            name = f"{cfg}/seed{seed}/{folder}"
+            progress.say(f"experiment: job {i} of {len(planned)}: {name}")
+            code = local.run(job_argv, position=1, nested=progress.bar is not None)
             progress.done_one()
             if code == 130:
                 progress.say("experiment: interrupted")
                 return 130
             if code != 0:
-                failed.append(folder)
+                failed.append(name)
                 continue
+            base = os.path.join(args.out, cfg, f"seed{seed}")
             try:
-                out, result = summary.write_summary(args.out, args.network, folder)
+                out, result = summary.write_summary(base, args.network, folder)
                 progress.say(summary.wrote_line(out, result), file=sys.stdout)
             except summary.SummaryError as e:
                 progress.say(f"{summary.PROG}: error: {e}")
@@ -143,18 +201,19 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
                 progress.say(f"{summary.PROG}: error: cannot write: {e.strerror or e}")
     finally:
         progress.close()
-    drawn = True
+    compared = True
     try:
-        print(drawer.draw(args.out, args.network, target=args.target), end="")
-    except drawer.DrawError as e:
-        print(f"{drawer.PROG}: error: {e}", file=sys.stderr)
-        drawn = False
+        print(compare.compare(args.out, args.network, args.targets,
+                              [c.strip() for c in args.configs.split(",") if c.strip()]),
+              end="")
+    except compare.CompareError as e:
+        print(f"{compare.PROG}: error: {e}", file=sys.stderr)
+        compared = False
     minutes = (time.monotonic() - start) / 60
-    print(f"experiment: {len(chosen) - len(failed)} of {len(chosen)} jobs done in "
-          f"{minutes:.1f} min; figures and speedup table in "
-          f"{os.path.join(args.out, args.network)}"
+    print(f"experiment: {len(planned) - len(failed)} of {len(planned)} jobs done in "
+          f"{minutes:.1f} min; tables and figures in {args.out}"
           + (f"; failed: {', '.join(failed)}" if failed else ""), file=sys.stderr)
-    return 1 if failed or not drawn else 0
+    return 1 if failed or not compared else 0
 
 
 def console_main() -> int:

@@ -162,7 +162,7 @@ BAD_ENV = [
     ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}, ["-m", "ddp"],
      "-m/--mode ddp runs with torch.distributed's variables: set MASTER_PORT"),
     ({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "5"},
-     ["-m", "ddp"], "RANK='2': expected 0..WORLD_SIZE-1"),
+     ["-m", "ddp"], "RANK=2: expected 0..WORLD_SIZE-1"),
     ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"},
      ["-m", "ddp"], "MASTER_PORT=0: only rank 0 can pick a free port"),
     ({**CLUSTER, "DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_URI": "no.such.host.invalid"}, [],

@@ -145,11 +145,11 @@ def test_the_plan_comes_from_the_one_parser_and_the_registry(tmp_path):
     assert plan.folder == os.path.join(out, "lenet", "local")
     # the user's, and evaluations by the clock
     assert plan.worker_args == ["--num-threads", "0", "--max-rounds", "7", "-e", "0"]
-    plan = local.plan(["-m", "sync", "--out", out, "-e", "5"])
-    assert not plan.evaluator and "0" not in plan.worker_args  # worker 0 evaluates
     assert plan.stop_rounds == 7 and plan.stop_seconds is None
     plan = local.plan(["-m", "esync", "--out", out, "--time-limit", "9"])
     assert plan.algorithm.state_server and plan.stop_seconds == 9.0
+    plan = local.plan(["-m", "sync", "--out", out, "-e", "5"])
+    assert not plan.evaluator and "0" not in plan.worker_args  # worker 0 evaluates
     assert not os.listdir(tmp_path)
 
 

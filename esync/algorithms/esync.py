@@ -61,10 +61,11 @@ class ESync(PushPull):
     def setup(self, model: nn.Module, device: torch.device) -> None:
         if self.rank == 0:  # before the barrier: the job is known when others first ask
             self.state.init_job(self.rule.num_workers, self.max_local_steps)
-        super().setup(model, device)
         lr, momentum, weight_decay = self.local
+        # before the clocks start: torch's first optimizer costs about a second of imports
         self.optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
                                          weight_decay=weight_decay)
+        super().setup(model, device)
         self.round_start_weights = torch.empty_like(self.flat.params)
 
     def begin_round(self, round_: int) -> Tuple[int, Phases]:

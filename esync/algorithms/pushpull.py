@@ -55,6 +55,9 @@ class PushPull(Algorithm):
             self.kv.pull(params, buffers)
             self.flat.load_host_state()
         self.node.barrier("workers")  # start the clocks together
+        if self.rank == 0:  # and the servers' (the evaluator reads it)
+            self.kv.pull(params, buffers, start=True)
+            self.flat.load_host_state()
 
     def begin_round(self, round_: int) -> Tuple[int, Phases]:
         return 1, {}

@@ -50,15 +50,32 @@ def _make(name: str, train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarra
                    as_labels(test_y), float(pixels.mean()), float(pixels.std()) or 1.0)
 
 
+def _digits_file():
+    """(pixels as float32 [n, 64], labels as int64) from scikit-learn's digits.csv.gz,
+    read directly: importing sklearn.datasets costs most of a second per process (scipy),
+    as much as importing torch, and every worker and the evaluator load the digits."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    path = os.path.join(os.path.dirname(spec.origin), "datasets", "data", "digits.csv.gz") \
+        if spec and spec.origin else None
+    if path is None or not os.path.isfile(path):
+        from sklearn.datasets import load_digits as sklearn_digits
+
+        bunch = sklearn_digits()
+        return bunch.data.astype(np.float32), bunch.target.astype(np.int64)
+    with gzip.open(path, "rt") as f:
+        table = np.loadtxt(f, delimiter=",", dtype=np.float32)
+    return table[:, :-1], table[:, -1].astype(np.int64)
+
+
 def load_digits() -> Dataset:
     """scikit-learn's 1797 8x8 digits, upsampled to 28x28, split 80/20 by a fixed seed."""
-    from sklearn.datasets import load_digits as sklearn_digits
-
-    bunch = sklearn_digits()
-    small = torch.from_numpy(bunch.images.astype(np.float32) / 16.0).unsqueeze(1)
+    pixels, labels = _digits_file()
+    small = torch.from_numpy(pixels.reshape(-1, 8, 8) / 16.0).unsqueeze(1)
     big = F.interpolate(small, size=(28, 28), mode="bilinear", align_corners=False)
     images = (big.clamp(0, 1) * 255).round().to(torch.uint8).squeeze(1).numpy()
-    labels = bunch.target.astype(np.int64)
     order = np.random.RandomState(DIGITS_SPLIT_SEED).permutation(len(labels))
     n_test = int(round(len(labels) * DIGITS_TEST_SHARE))
     test, train = order[:n_test], order[n_test:]
