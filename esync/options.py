@@ -173,9 +173,10 @@ class _OneLineParser(ArgumentParser):
 def build_parser(prog: str = "esync") -> ArgumentParser:
     return _OneLineParser(
         Options, prog=prog,
-        description="Train a network with ESync, SSGD, ASGD, DC-ASGD or standalone. "
-                    "The role (scheduler, server, worker) comes from DMLC_ROLE; without "
-                    "it only -m local runs.")
+        description="Train a network with ESync, SSGD, ASGD, DC-ASGD, DDP or standalone. "
+                    "The role (scheduler, server, worker, evaluator) comes from DMLC_ROLE; "
+                    "-m ddp takes torch.distributed's RANK, WORLD_SIZE, MASTER_ADDR and "
+                    "MASTER_PORT; without either only -m local runs.")
 
 
 def flags_given(argv: Sequence[str], prog: str = "esync") -> Set[str]:

@@ -93,8 +93,9 @@ BASELINE = "sync"
 #: the algorithm of one device training alone (the figures' dashed line)
 STANDALONE = "local"
 
-#: the device label of the evaluator's log folder (LOG_DIR/<host>/evaluator/): it logs
-#: the global model's test accuracy; it trains on nothing and is no worker
+#: the evaluator (esync.evaluator): its DMLC_ROLE, the device label of its log folder
+#: (LOG_DIR/<host>/evaluator/) and the `sender` of its pulls. It logs the global model's
+#: test accuracy; it trains on nothing and is no worker
 EVALUATOR = "evaluator"
 
 #: the values `-m` takes, in registry order

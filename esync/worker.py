@@ -70,10 +70,13 @@ def check(opts: Options, env: Optional[ClusterEnv]) -> WorkerPlan:
     return WorkerPlan(opts, algorithm, device, patience)
 
 
-def device_label(opts: Options, device: torch.device) -> str:
+def device_label(opts: Options, device: torch.device, rank: Optional[int] = None) -> str:
+    """--device-name, or cpu / gpu<N> (with `-rank<k>` for a DDP rank: torchrun starts
+    them all with the same flags)."""
     if opts.device_name:
         return opts.device_name
-    return "cpu" if device.type == "cpu" else f"gpu{device.index}"
+    label = "cpu" if device.type == "cpu" else f"gpu{device.index}"
+    return label if rank is None else f"{label}-rank{rank}"
 
 
 def stop_criteria(opts: Options) -> StopCriteria:
@@ -107,7 +110,9 @@ def _train(plan: WorkerPlan, job: Optional[Job]) -> TrainResult:
     model = build_network(opts.network).to(device)
     algorithm = plan.algorithm.worker_class().from_options(opts, job)
     stop = stop_criteria(opts)
-    with Recorder(opts.log_dir, socket.gethostname(), device_label(opts, device)) as recorder:
+    ddp_rank = job.rank if job is not None and not plan.algorithm.parameter_server else None
+    with Recorder(opts.log_dir, socket.gethostname(),
+                  device_label(opts, device, ddp_rank)) as recorder:
         log.info("[%s] training %s on %s (%d samples, rank %d of %d) on %s; logs in %s",
                  algorithm.name, opts.network, opts.dataset, len(indices), rank, num_workers,
                  device, recorder.path)

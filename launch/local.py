@@ -1,6 +1,10 @@
 """Start a whole job on this machine with one command: the ESync state server (for
-`-m esync`), the scheduler, S servers and N workers, as child processes on loopback,
-each configured by the DMLC_* variables as on a real cluster.
+`-m esync`), the scheduler, S servers, N workers and the evaluator, as child processes
+on loopback, each configured by the DMLC_* variables as on a real cluster (`-m ddp`: N
+ranks with torch.distributed's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, rank 0
+hosting the store on a free port it reports, and the evaluator). Unless `-e` is given,
+workers get `-e 0` and the evaluator measures accuracy (`-m local`: by the clock, in
+process). `--bandwidth`/`--latency` give each worker its emulated link.
 
     python launch/local.py -m esync --workers 4 --servers 1 --slowdown 1,1,4,4 \\
         -n lenet --time-limit 60            (or: esync-launch ...)

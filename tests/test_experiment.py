@@ -1,5 +1,5 @@
-"""launch/experiment.py end to end on a small scale: jobs through the launcher, then
-summary.py and drawer.py on their logs."""
+"""launch/experiment.py end to end on a small scale: jobs through the launcher with
+seeds and configurations, then summary.py and compare.py on their logs."""
 import json
 import os
 import subprocess
@@ -10,30 +10,39 @@ import pytest
 from tests.helpers import REPO
 
 EXPERIMENT = os.path.join(REPO, "launch", "experiment.py")
-FIGURES = ("accuracy_iid.png", "accuracy_noniid.png", "throughput.png", "traffic.png",
-           "computing_ratio.png")
+PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow
-def test_a_small_experiment_gives_summaries_figures_and_the_table(tmp_path):
+def test_a_small_experiment_gives_summaries_figures_and_the_tables(tmp_path):
     result = subprocess.run(
-        [sys.executable, EXPERIMENT, "--modes", "esync,sync,local", "--time-limit", "1",
-         "--workers", "2", "--slowdown", "1,3", "--out", str(tmp_path), "-e", "2"],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    network = tmp_path / "lenet"
-    for mode, name in (("esync", "ESync"), ("sync", "Sync"), ("local", "Local")):
-        summary = json.loads((network / mode / f"{name}.json").read_text())
-        devices = [d for host in summary.values() for d in host]
-        assert len(devices) == (1 if mode == "local" else 2)
-    for figure in FIGURES:
-        assert (network / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    table = json.loads((network / "speedup.json").read_text())
-    rows = {row["algorithm"]: row for row in table["rows"]}
-    assert {"ESync", "SSGD", "Standalone"} <= set(rows)
-    assert rows["SSGD"]["speedup_vs_ssgd"] in (1.0, None)
-    assert "note: no" in result.stderr and "ASGD left out" in result.stderr
-    assert "3 of 3 jobs done" in result.stderr
+        [sys.executable, EXPERIMENT, "--modes", "ddp,local", "--seeds", "2",
+         "--time-limit", "2", "--workers", "2", "--slowdown", "1,3",
+         "--links-bandwidth", "none,50", "--links-latency", "0,2", "--targets", "0.5,0.8",
+         "--hold", "0.3", "--eval-interval", "0.2", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for seed in ("seed0", "seed1"):
+        for config, modes in (("plain", ("ddp", "local")), ("links", ("ddp",))):
+            for mode in modes:
+                folder = tmp_path / config / seed / "lenet" / mode
+                name = {"ddp": "DDP", "local": "Local"}[mode]
+                summary = json.loads((folder / f"{name}.json").read_text())
+                devices = {d for host in summary.values() for d in host}
+                # distributed jobs have their evaluator; training alone evaluates itself
+                assert ("evaluator" in devices) == (mode != "local"), devices
+                assert len(devices) == (1 if mode == "local" else 3)
+        assert not (tmp_path / "links" / seed / "lenet" / "local").exists()
+    doc = json.loads((tmp_path / "results.json").read_text())
+    for config in ("plain", "links"):
+        rows = doc["configs"][config]["algorithms"]
+        assert "DDP" in rows
+        assert len(rows["DDP"]["time_to_target"]["0.50"]["per_seed"]) == 2
+        for name in ("accuracy", "time_to_target", "traffic"):
+            assert (tmp_path / f"{name}-{config}.png").read_bytes()[:8] == PNG
+    assert "Standalone" in doc["configs"]["plain"]["algorithms"]
+    assert "## plain" in result.stdout and "## links" in result.stdout
+    assert "6 of 6 jobs done" in result.stderr
 
 
 def test_a_bad_worker_flag_is_refused_before_any_job(tmp_path):
@@ -46,23 +55,35 @@ def test_a_bad_worker_flag_is_refused_before_any_job(tmp_path):
     assert not os.listdir(tmp_path)
 
 
-def test_jobs_come_from_the_registry():
-    from esync import registry
+def test_jobs_and_their_order_come_from_the_registry():
     from launch import experiment
+
     jobs = experiment.jobs()
-    assert list(jobs) == ["esync", "sync", "async", "dcasgd", "esync-niid", "sync-niid",
-                          "async-niid", "dcasgd-niid", "local"]
-    assert jobs["dcasgd-niid"] == (["-m", "async", "-dcasgd", "1", "-s", "1"], 25)
-    assert jobs["esync"] == (["-m", "esync"], registry.ALGORITHMS["esync"].eval_every)
-    args = experiment.build_parser().parse_args([])
-    import config
-    assert (args.network, args.dataset, args.out) == (config.NETWORK, config.DATASET,
-                                                      config.RUNS_DIR)
+    assert list(jobs) == ["esync", "sync", "async", "dcasgd", "ddp", "esync-niid",
+                          "sync-niid", "async-niid", "dcasgd-niid", "ddp-niid", "local"]
+    assert jobs["dcasgd-niid"] == ["-m", "async", "-dcasgd", "1", "-s", "1"]
+    args, extra = experiment.build_parser().parse_known_args(["--seeds", "2", "-b", "32"])
+    planned = experiment.plan(args, extra)
+    # seed by seed, configuration by configuration; no standalone run on emulated links
+    assert [(c, f, s) for c, f, s, _ in planned][:7] == [
+        ("plain", m, 0) for m in ("esync", "sync", "async", "dcasgd", "ddp", "local")] + [
+        ("links", "esync", 0)]
+    assert len(planned) == 2 * (6 + 5)
+    links_ddp = next(argv for c, f, s, argv in planned if (c, f, s) == ("links", "ddp", 1))
+    assert links_ddp[links_ddp.index("--bandwidth") + 1] == "none,none,100,100"
+    assert links_ddp[links_ddp.index("--out") + 1] == os.path.join("runs", "links", "seed1")
+    assert links_ddp[links_ddp.index("--target-accuracy") + 1] == "0.97"
+    assert links_ddp[-2:] == ["-b", "32"]
 
 
-def test_unknown_modes_are_refused(tmp_path):
-    result = subprocess.run([sys.executable, EXPERIMENT, "--modes", "esync,fast",
-                             "--out", str(tmp_path)], cwd=REPO, capture_output=True,
-                            text=True, timeout=60)
-    assert result.returncode == 2 and "--modes: unknown fast" in result.stderr
+@pytest.mark.parametrize("args,message", [
+    (["--modes", "esync,fast"], "--modes: unknown fast"),
+    (["--configs", "plain,moon"], "--configs 'plain,moon': choose from plain, links"),
+    (["--links-bandwidth", "1,2"], "--bandwidth '1,2': expected 4 value(s)"),
+])
+def test_bad_input_is_refused_before_any_job(tmp_path, args, message):
+    result = subprocess.run([sys.executable, EXPERIMENT, *args, "--out", str(tmp_path)],
+                            cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.splitlines()) == 1
     assert not os.listdir(tmp_path)
