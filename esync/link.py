@@ -29,6 +29,12 @@ import time
 from typing import Optional
 
 
+#: an answer read within this many seconds of the end of the previous one's hold is
+#: taken to have waited in the queue during that hold (the sleep's overshoot and the
+#: loop back to the socket take a few ms on a busy machine)
+QUEUED_S = 0.02
+
+
 class Link:
     def __init__(self, bandwidth_mbit: Optional[float] = None, latency_ms: float = 0.0):
         if bandwidth_mbit is not None and not bandwidth_mbit > 0:
@@ -39,6 +45,8 @@ class Link:
         self.latency = latency_ms / 1000.0
         self._up_free = 0.0    # when the uplink has sent everything handed to it
         self._down_free = 0.0  # when the downlink has delivered everything it carried
+        self._read_at: Optional[float] = None  # when the last answer was really read
+        self._held_until = 0.0                 # and until when it was held
         self.waited = 0.0      # seconds spent waiting for the emulated link, in all
 
     @property
@@ -63,11 +71,19 @@ class Link:
         self._sleep_until(self._up_free)
 
     def received(self, nbytes: int) -> None:
-        """Call when an answer of `nbytes` has arrived: returns when it would have."""
+        """Call when an answer of `nbytes` has been read: returns when it would have
+        arrived. An answer read straight after the previous one's hold came in during
+        that hold, at the latest when the previous one was read: it counts from then, so
+        that answers arriving together share one round trip of latency."""
         if not self.paced:
             return
-        start = max(time.monotonic() + 2 * self.latency, self._down_free)
+        now = time.monotonic()
+        arrived = now
+        if self._read_at is not None and now - self._held_until < QUEUED_S:
+            arrived = self._read_at
+        start = max(arrived + 2 * self.latency, self._down_free)
         self._down_free = start + self._transfer(nbytes)
+        self._read_at, self._held_until = arrived, self._down_free
         self._sleep_until(self._down_free)
 
     @staticmethod
