@@ -65,7 +65,9 @@ def test_a_small_cluster_runs_to_the_end_in_the_summary_layout(tmp_path):
     hosts = os.listdir(folder)
     assert len(hosts) == 1
     host = folder / hosts[0]
-    assert sorted(p.name for p in host.iterdir() if p.is_dir()) == ["w0", "w1-x2"]
+    assert sorted(p.name for p in host.iterdir() if p.is_dir()) == ["evaluator", "w0",
+                                                                     "w1-x2"]
+    assert (host / "evaluator" / "iter-1.json").exists()  # the job's evaluator
     for device in ("w0", "w1-x2"):
         assert (host / device / "iter-1.json").exists()
         assert "--device-name" in (host / device / "worker.log").read_text()
@@ -82,7 +84,7 @@ def test_the_job_stops_and_no_process_is_left(tmp_path, how):
     try:
         wait_for_rounds(tmp_path / "lenet" / "esync")
         kids = children_of(proc.pid)
-        assert len(kids) == 5  # state server, scheduler, server, two workers
+        assert len(kids) == 6  # state server, scheduler, evaluator, server, two workers
         start = time.monotonic()
         if how == "ctrl-c":
             proc.send_signal(signal.SIGINT)

@@ -496,3 +496,94 @@ def test_names_come_from_the_registry():
 def test_base_dir_defaults_to_config_log_dir():
     import config
     assert summary.build_parser().parse_args(["-n", "x", "-m", "y"]).base_dir == config.LOG_DIR
+
+
+# --- the evaluator's device folder, and the drawer on top (DDP and the evaluator) --------
+
+def write_evaluator(device_dir, evaluations):
+    """An evaluator's folder as esync/evaluator.py writes it: one file per evaluation
+    (time on the training clock, the model's round, its accuracy), no samples, no loss,
+    the phases `pull` and `evaluate`, the bytes of one pull."""
+    for n, (at, model_round, accuracy) in enumerate(evaluations, 1):
+        write_round(device_dir, n, time={"0": {"pull": 0.01, "evaluate": 0.05}},
+                    num_samples=0, total_time=at, loss=None, bytes_sent=40,
+                    bytes_received=250_000, accuracy=accuracy, round=model_round,
+                    epoch=None)
+
+
+def write_job(base, folder, worker_times, evaluations, worker0_accuracies=None):
+    """BASE/lenet/FOLDER/h: workers w0 and w1 (64 samples, 1.5 s of computing, 0.5 s of
+    aggregation and 30 bytes a round, ending at worker_times[-1]; w0 with
+    worker0_accuracies if given) and the evaluator."""
+    host = base / "lenet" / folder / "h"
+    for device in ("w0", "w1"):
+        accuracies = worker0_accuracies if device == "w0" and worker0_accuracies \
+            else [None] * len(worker_times)
+        for n, (at, accuracy) in enumerate(zip(worker_times, accuracies), 1):
+            write_round(str(host / device), n, total_time=at, accuracy=accuracy)
+    write_evaluator(str(host / "evaluator"), evaluations)
+
+
+def test_evaluator_is_summarised_as_a_device_with_an_accuracy_every_round(tmp_path):
+    evaluations = [(0.0, 0, 0.1), (0.5, 3, 0.6), (1.0, 7, 0.85), (1.5, 7, 0.9), (3.5, 12, 0.95)]
+    write_job(tmp_path, "sync", [1.0, 2.0, 3.0], evaluations)
+    lines = []
+    out, data = summary.write_summary(str(tmp_path), "lenet", "sync", warn=lines.append)
+    assert lines == []
+    assert out == str(tmp_path / "lenet" / "sync" / "Sync.json")
+    assert json.loads(open(out).read()) == data
+    assert sorted(data["h"]) == ["evaluator", "w0", "w1"]
+    evaluator = data["h"]["evaluator"]
+    assert list(evaluator) == FIELDS
+    assert evaluator == {
+        "accuracy_list": [a for _, _, a in evaluations],  # every round has one
+        "num_samples_list": [0] * 5,                     # it trains on nothing
+        "self_iters_list": [1] * 5,
+        "elapsed_time_list": [at for at, _, _ in evaluations],  # may outlast the workers
+        "aggregate_time_list": [0.0] * 5,  # `pull` is neither aggregation ...
+        "compute_time_list": [0.0] * 5,    # ... nor `evaluate` computing
+        "bytes_list": [250_040] * 5,
+        "loss_list": [None] * 5,
+        "rounds_list": [1, 2, 3, 4, 5],    # its evaluations (the model's round aside)
+    }
+    for device in ("w0", "w1"):
+        assert data["h"][device]["accuracy_list"] == [None] * 3
+        assert data["h"][device]["num_samples_list"] == [64] * 3
+    assert "1 host(s), 3 device(s), 11 round(s)" in summary.wrote_line(out, data)
+
+
+def test_drawer_times_ddp_by_its_evaluator(tmp_path):
+    from logs_tools import drawer
+
+    # SSGD: its evaluator sees 0.8 first at 5 s
+    write_job(tmp_path, "sync", [2.0, 4.0, 6.0],
+              [(0.0, 0, 0.1), (2.5, 5, 0.6), (5.0, 9, 0.82), (6.0, 11, 0.9)])
+    # DDP: worker 0 evaluates too, and would say 0.8 at 1 s; the evaluator, 0.8 at
+    # 2.5 s, is the job's measure: 5 / 2.5 = 2x over SSGD. It goes on after the workers
+    # end at 3 s (not counted in throughput).
+    write_job(tmp_path, "ddp", [1.0, 2.0, 3.0],
+              [(0.0, 0, 0.1), (1.0, 4, 0.5), (2.5, 9, 0.81), (3.0, 11, 0.86), (4.0, 11, 0.87)],
+              worker0_accuracies=[0.8, 0.9, 0.95])
+    for mode in ("sync", "ddp"):
+        summary.write_summary(str(tmp_path), "lenet", mode, warn=lambda line: None)
+    table = drawer.draw(str(tmp_path), "lenet", target=0.8)
+
+    rows = {r["algorithm"]: r for r in
+            json.loads((tmp_path / "lenet" / "speedup.json").read_text())["rows"]}
+    assert sorted(rows) == ["DDP", "SSGD"]
+    ddp = rows["DDP"]
+    assert ddp["evaluating_device"] == "h/evaluator"
+    assert ddp["time_to_target_s"] == 2.5
+    assert ddp["speedup_vs_ssgd"] == 2.0
+    assert ddp["final_accuracy"] == 0.87 and ddp["best_accuracy"] == 0.87
+    assert rows["SSGD"]["time_to_target_s"] == 5.0
+    assert "| DDP | 2.50 | 2.00x | 0.8700 | 0.8700 | n/a |" in table.splitlines()
+    assert table == (tmp_path / "lenet" / "speedup.md").read_text().split("\n\n", 1)[1]
+    doc = json.loads((tmp_path / "lenet" / "speedup.json").read_text())
+    # two workers, 3 rounds of 64 samples each, over their 3 s (the evaluator's 4 s and
+    # its bytes left out)
+    assert doc["throughput_samples_per_s"]["DDP"] == pytest.approx(2 * 3 * 64 / 3.0)
+    assert doc["traffic_MB_per_s"]["DDP"] == pytest.approx(2 * 3 * 30 / 3.0 / 1e6)
+    assert sorted(doc["computing_ratio"]["DDP"]) == ["h/w0", "h/w1"]
+    for name in drawer.OUTPUTS:
+        assert (tmp_path / "lenet" / name).stat().st_size > 0
