@@ -149,6 +149,7 @@ def run_cluster_worker(plan: WorkerPlan, env: ClusterEnv) -> int:
 def run_ddp_worker(plan: WorkerPlan, env: DDPEnv) -> int:
     """`-m ddp`: join torch.distributed's process group (gloo on CPU, nccl on GPU) by
     its own rendezvous, train this rank's partition, leave the group."""
+    import gc
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -181,4 +182,5 @@ def run_ddp_worker(plan: WorkerPlan, env: DDPEnv) -> int:
         result = _train(plan, job)
     finally:
         dist.destroy_process_group()
+        gc.collect()  # the group's last work objects, before the interpreter exits
     return _exit_status(result)

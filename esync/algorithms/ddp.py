@@ -22,6 +22,7 @@ sends (and receives) 2(W-1)/W of their bytes per step.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from typing import Optional, Tuple
@@ -143,6 +144,11 @@ class DDP(Algorithm):
         return self.bytes, self.bytes
 
     def finish(self) -> None:
+        # let the DDP module (and its hook, which refers back to this object) go now,
+        # not at interpreter exit: collected then, gloo's thread still finishing its
+        # last work aborts the process ("terminate called without an active exception")
+        self.module = self.optimizer = None
+        gc.collect()
         if self.publisher is not None:
             from esync.publish import STORE_FINISHED
 
