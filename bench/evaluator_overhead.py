@@ -36,11 +36,12 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import config
 from esync import registry
 from launch import local  # the jobs run through the launcher
+from nodes import length_flags, parse_rounds
 from logs_tools.summary import summarize  # and are read by summary.py
 
 SLOWDOWNS = "1,1,4,4"
@@ -52,36 +53,6 @@ SLOWDOWNS = "1,1,4,4"
 ROUNDS = {"sync": "25", "esync": "20", "async": "4s", "dcasgd": "4s", "ddp": "25"}
 FAST_INTERVAL = 0.25
 CONFIGS = ("a", "b", "c")
-
-
-def parse_rounds(text: str, modes: Sequence[str]) -> Dict[str, str]:
-    """Each mode's length, `N` (rounds) or `Ns` (seconds), from `LENGTH` (every mode) or
-    `MODE=LENGTH,...` (the others keep ROUNDS's)."""
-    rounds = {mode: ROUNDS.get(mode, "25") for mode in modes}
-    for item in filter(None, (i.strip() for i in text.split(","))):
-        mode, _, length = item.rpartition("=")
-        try:
-            length_flags(length)
-        except ValueError:
-            length = ""
-        if not length or (mode and mode not in rounds):
-            raise ValueError("expected N (rounds >= 2), Ns (seconds > 0), or MODE=N or "
-                             "MODE=Ns,... with MODE one of --modes")
-        for m in ([mode] if mode else rounds):
-            rounds[m] = length
-    return rounds
-
-
-def length_flags(length: str) -> List[str]:
-    """`N`: --max-rounds N; `Ns`: --time-limit N (ValueError if neither)."""
-    if length.endswith("s"):
-        seconds = float(length[:-1])
-        if not 0 < seconds < float("inf"):
-            raise ValueError(length)
-        return ["--time-limit", f"{seconds:g}"]
-    if not length.isdigit() or int(length) < 2:
-        raise ValueError(length)
-    return ["--max-rounds", length]
 
 
 def config_title(cfg: str) -> str:
@@ -212,7 +183,7 @@ def main() -> int:
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     try:
-        rounds = parse_rounds(args.rounds, modes)
+        rounds = parse_rounds(args.rounds, modes, ROUNDS, "25")
     except ValueError as e:
         parser.error(f"--rounds {args.rounds!r}: {e}")
     made_base = args.out is None

@@ -50,11 +50,11 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 from esync import registry
 from launch import local  # the jobs run through the launcher
-from launch.supervisor import Supervisor
+from nodes import NodeRun, length_flags, parse_rounds
 from logs_tools.summary import summarize  # and are read by summary.py
 
 SCRIPT = os.path.abspath(__file__)
@@ -71,53 +71,11 @@ ROUNDS = {"esync": "15", "sync": "20", "async": "3s", "dcasgd": "3s", "ddp": "20
 
 
 # --- (i) the model's accuracy: the parent ---------------------------------------------
-class _Run:
-    """Child nodes under one supervisor, logs and results in a temp dir."""
-
-    def __init__(self):
-        self.tmp = tempfile.TemporaryDirectory(prefix="esync-links-")
-        self.sup = Supervisor()
-        self.results: List[str] = []
-
-    def start(self, name: str, kind: str, args: Sequence[str], env: Dict[str, str] = None,
-              ready_: bool = False, result: bool = False):
-        argv = [sys.executable, SCRIPT, "--node", kind, *args]
-        if result:
-            path = os.path.join(self.tmp.name, f"{name}.json")
-            self.results.append(path)
-            argv += ["--result", path]
-        return self.sup.start(name, argv, env=dict(os.environ, OMP_NUM_THREADS="1",
-                                                   **(env or {})),
-                              log=os.path.join(self.tmp.name, f"{name}.log"), ready=ready_)
-
-    def results_after_wait(self) -> List[dict]:
-        outcome = self.sup.wait(timeout=TIMEOUT_S)
-        if outcome is None:
-            raise RuntimeError(f"the nodes did not finish within {TIMEOUT_S:g} s")
-        if outcome.failed is not None:
-            with open(outcome.failed.log, errors="replace") as f:
-                lines = [line.rstrip() for line in f if line.strip()]
-            raise RuntimeError(f"{outcome.failed.name} exited with status "
-                               f"{outcome.failed.returncode}: {lines[-1] if lines else ''}")
-        results = []
-        for path in self.results:
-            with open(path) as f:
-                results.append(json.load(f))
-        return results
-
-    def __enter__(self) -> "_Run":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.sup.close()
-        self.tmp.cleanup()
-
-
 def kvstore_times(values: int, mbit: float, repeats: int) -> dict:
     """push_pull times, paced and not, alternately, from one worker of a real job."""
     cluster = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_NUM_SERVER": "1",
                "DMLC_NUM_WORKER": "1", "PS_HEARTBEAT_TIMEOUT": "60"}
-    with _Run() as run:
+    with NodeRun(SCRIPT, "esync-links-", TIMEOUT_S) as run:
         scheduler = run.start("scheduler", "scheduler", [], ready_=True,
                               env={**cluster, "DMLC_ROLE": "scheduler",
                                    "DMLC_PS_ROOT_PORT": "0"})
@@ -132,7 +90,7 @@ def kvstore_times(values: int, mbit: float, repeats: int) -> dict:
 def allreduce_times(values: int, mbit: float, repeats: int) -> List[dict]:
     """All-reduce times of each of 2 gloo ranks, with and without the link, alternately."""
     args = ["--values", str(values), "--mbit", f"{mbit:g}", "--repeats", str(repeats)]
-    with _Run() as run:
+    with NodeRun(SCRIPT, "esync-links-", TIMEOUT_S) as run:
         rank0 = run.start("rank0", "allreduce", [*args, "--rank", "0"], ready_=True,
                           result=True)
         port = run.sup.wait_ready(rank0)
@@ -373,36 +331,6 @@ def report_jobs(mode: str, runs: Dict[str, List[Dict]], length: str, repeats: in
 
 
 # --- the command line -----------------------------------------------------------------
-def parse_rounds(text: str, modes: Sequence[str]) -> Dict[str, str]:
-    """Each mode's length, `N` (rounds) or `Ns` (seconds), from `LENGTH` (every mode) or
-    `MODE=LENGTH,...` (the others keep ROUNDS's)."""
-    rounds = {mode: ROUNDS.get(mode, "20") for mode in modes}
-    for item in filter(None, (i.strip() for i in text.split(","))):
-        mode, _, length = item.rpartition("=")
-        try:
-            length_flags(length)
-        except ValueError:
-            length = ""
-        if not length or (mode and mode not in rounds):
-            raise ValueError("expected N (rounds >= 2), Ns (seconds > 0), or MODE=N or "
-                             "MODE=Ns,... with MODE one of --modes")
-        for m in ([mode] if mode else rounds):
-            rounds[m] = length
-    return rounds
-
-
-def length_flags(length: str) -> List[str]:
-    """`N`: --max-rounds N; `Ns`: --time-limit N (ValueError if neither)."""
-    if length.endswith("s"):
-        seconds = float(length[:-1])
-        if not 0 < seconds < float("inf"):
-            raise ValueError(length)
-        return ["--time-limit", f"{seconds:g}"]
-    if not length.isdigit() or int(length) < 2:
-        raise ValueError(length)
-    return ["--max-rounds", length]
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3,
@@ -450,7 +378,7 @@ def main() -> int:
         if algorithm is None or not algorithm.distributed:
             parser.error(f"--modes: {mode!r} is not a distributed mode")
     try:
-        rounds = parse_rounds(args.rounds, modes)
+        rounds = parse_rounds(args.rounds, modes, ROUNDS, "20")
     except ValueError as e:
         parser.error(f"--rounds {args.rounds!r}: {e}")
     started = time.monotonic()
@@ -489,7 +417,7 @@ def main() -> int:
                     shutil.rmtree(folder, ignore_errors=True)
                 if made_base:
                     shutil.rmtree(base, ignore_errors=True)
-        print(f"\n(ii) plain vs emulated links for the two slow workers"
+        print("\n(ii) plain vs emulated links for the two slow workers"
               + ("" if args.no_evaluator else " (with the evaluator)"))
         for mode in modes:
             report_jobs(mode, runs[mode], rounds[mode], args.repeats)

@@ -34,16 +34,15 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
-from typing import Dict, List, Sequence
+from typing import List, Sequence
 
 import numpy as np
 import zmq
 
 from esync import ready
 from esync.transport.message import CHUNK_VALUES
-from launch.supervisor import Supervisor
+from nodes import NodeRun
 
 WARMUP = 2
 TIMEOUT_S = 600.0
@@ -51,62 +50,13 @@ SCRIPT = os.path.abspath(__file__)
 
 
 # --- the parent: start the nodes, collect their times ------------------------------------
-class _Run:
-    """One measurement: its nodes under one supervisor, logs and results in a temp dir."""
-
-    def __init__(self):
-        self.tmp = tempfile.TemporaryDirectory(prefix="esync-pushpull-")
-        self.sup = Supervisor()
-        self.results: List[str] = []
-
-    def start(self, name: str, kind: str, args: Sequence[str], env: Dict[str, str] = None,
-              ready_: bool = False, result: bool = False):
-        argv = [sys.executable, SCRIPT, "--node", kind, *args]
-        if result:
-            path = os.path.join(self.tmp.name, f"{name}.json")
-            self.results.append(path)
-            argv += ["--result", path]
-        return self.sup.start(name, argv, env=dict(os.environ, OMP_NUM_THREADS="1",
-                                                   **(env or {})),
-                              log=os.path.join(self.tmp.name, f"{name}.log"), ready=ready_)
-
-    def port(self, child) -> int:
-        return self.sup.wait_ready(child)
-
-    def mean_of_medians(self) -> float:
-        """Wait for every node; the mean over workers of their median round."""
-        outcome = self.sup.wait(timeout=TIMEOUT_S)
-        if outcome is None:
-            raise RuntimeError(f"the nodes did not finish within {TIMEOUT_S:g} s")
-        if outcome.failed is not None:
-            raise RuntimeError(_failure(outcome.failed))
-        medians = []
-        for path in self.results:
-            with open(path) as f:
-                medians.append(statistics.median(json.load(f)))
-        return statistics.mean(medians)
-
-    def __enter__(self) -> "_Run":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.sup.close()
-        self.tmp.cleanup()
-
-
-def _failure(child) -> str:
-    with open(child.log, errors="replace") as f:
-        lines = [line.rstrip() for line in f if line.strip()]
-    return f"{child.name} exited with status {child.returncode}: {lines[-1] if lines else ''}"
-
-
 def framework_round(values: int, workers: int, servers: int, rounds: int,
                     rule: str = "sync") -> float:
     """(a): the mean over workers of their median round through the real runtime."""
     cluster = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_NUM_SERVER": str(servers),
                "DMLC_NUM_WORKER": str(workers), "PS_HEARTBEAT_TIMEOUT": "60"}
     args = ["--values", str(values), "--rounds", str(rounds), "--rule", rule]
-    with _Run() as run:
+    with NodeRun(SCRIPT, "esync-pushpull-", TIMEOUT_S) as run:
         scheduler = run.start("scheduler", "scheduler", [], ready_=True,
                               env={**cluster, "DMLC_ROLE": "scheduler",
                                    "DMLC_PS_ROOT_PORT": "0"})
@@ -116,7 +66,7 @@ def framework_round(values: int, workers: int, servers: int, rounds: int,
         for w in range(workers):
             run.start(f"worker{w}", "worker", args, result=True,
                       env={**cluster, "DMLC_ROLE": "worker"})
-        return run.mean_of_medians()
+        return statistics.mean(statistics.median(r) for r in run.results_after_wait())
 
 
 def bare_round(values: int, workers: int, servers: int, rounds: int,
@@ -125,7 +75,7 @@ def bare_round(values: int, workers: int, servers: int, rounds: int,
     bounds = np.linspace(0, values, servers + 1).astype(int)
     chunks = [len(range(0, b - a, CHUNK_VALUES)) for a, b in zip(bounds[:-1], bounds[1:])]
     kind = "bare-stream-server" if streamed else "bare-echo-server"
-    with _Run() as run:
+    with NodeRun(SCRIPT, "esync-pushpull-", TIMEOUT_S) as run:
         started = [run.start(f"server{s}", kind, ["--workers", str(workers), "--chunks",
                                                   str(n), "--rounds", str(rounds)],
                              ready_=True)
@@ -135,7 +85,7 @@ def bare_round(values: int, workers: int, servers: int, rounds: int,
             run.start(f"worker{w}", "bare-worker",
                       ["--ports", ports, "--values", str(values), "--rounds", str(rounds),
                        *([] if streamed else ["--echo"])], result=True)
-        return run.mean_of_medians()
+        return statistics.mean(statistics.median(r) for r in run.results_after_wait())
 
 
 # --- the nodes ------------------------------------------------------------------------------

@@ -10,9 +10,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from esync.errors import UserError
+
+if TYPE_CHECKING:
+    from esync.transport.cluster import ClusterEnv
 
 #: the handlers this module installs, so that configuring again replaces them
 _HANDLERS: list = []

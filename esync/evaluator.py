@@ -75,7 +75,7 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
                  flat.buffers.numel())
     stop = StopCriteria(target_accuracy=opts.target_accuracy, target_hold=opts.target_hold)
     decided: Optional[str] = None  # the stop this evaluator asked for
-    n, next_at, evaluations = 0, time.monotonic(), 0
+    n, next_at = 0, time.monotonic()  # n: evaluations logged
     with Recorder(opts.log_dir, socket.gethostname(), registry.EVALUATOR) as recorder:
         log.info("[evaluator] evaluating %s on %s every %g s; logs in %s", opts.network,
                  opts.dataset, opts.eval_interval, recorder.path)
@@ -103,7 +103,6 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
                                      round=kv.model_round)
                 log.info("[evaluator] %.2fs round %s test accuracy %.4f", at,
                          kv.model_round, accuracy)
-                evaluations += 1
                 reason = stop.target_held(accuracy, at) if decided is None else None
                 if reason:
                     decided = f"the evaluator {reason}"
@@ -115,7 +114,7 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
             pass
         finally:
             kv.close()
-    log.info("[evaluator] the job ended; %d evaluations", evaluations)
+    log.info("[evaluator] the job ended; %d evaluations", n)
     return 0
 
 

@@ -14,7 +14,6 @@ import numpy as np
 import zmq
 
 from esync.link import Link
-from esync.registry import EVALUATOR
 from esync.transport.message import (MessageError, check_payload, chunk_spans,
                                      decode_header, encode, frame_bytes)
 from esync.transport.node import POLL_MS, JobAborted, Node

@@ -150,16 +150,7 @@ def plan(argv: Sequence[str], prog: str = PROG) -> Plan:
         raise LaunchError("--workers and --servers must be at least 1")
     algorithm = registry.of_options(opts)
     workers = args.workers if algorithm.distributed else 1
-    try:
-        slowdowns = [float(f) for f in args.slowdown.split(",")]
-    except ValueError:
-        raise LaunchError(f"--slowdown {args.slowdown!r}: expected numbers >= 1, "
-                          f"comma-separated") from None
-    if len(slowdowns) == 1:
-        slowdowns *= workers
-    if len(slowdowns) != workers or any(not f >= 1 for f in slowdowns):
-        raise LaunchError(f"--slowdown {args.slowdown!r}: expected {workers} factor(s) >= 1 "
-                          f"(one per worker) or one for all")
+    slowdowns = _per_worker("--slowdown", args.slowdown, workers, low=1.0, noun="factor")
     bandwidths = _per_worker("--bandwidth", args.bandwidth, workers, none_ok=True)
     latencies = _per_worker("--latency", args.latency, workers, low=0.0)
     if not algorithm.distributed and (any(b is not None for b in bandwidths) or any(latencies)):
@@ -187,7 +178,7 @@ def plan(argv: Sequence[str], prog: str = PROG) -> Plan:
 
 
 def _per_worker(flag: str, text: str, workers: int, none_ok: bool = False,
-                low: float = 0.0) -> List[Optional[float]]:
+                low: float = 0.0, noun: str = "value") -> List[Optional[float]]:
     """One value per worker from `a,b,...` or one for all; `none` (if allowed): unset."""
     values: List[Optional[float]] = []
     for item in text.split(","):
@@ -200,14 +191,14 @@ def _per_worker(flag: str, text: str, workers: int, none_ok: bool = False,
         except ValueError:
             value = float("nan")
         if not value >= low or value == float("inf") or (none_ok and value <= 0):
-            raise LaunchError(f"{flag} {text!r}: expected {workers} number(s) "
+            raise LaunchError(f"{flag} {text!r}: expected {workers} {noun}(s) "
                               f"{'> 0 or none' if none_ok else f'>= {low:g}'} "
                               f"(one per worker) or one for all")
         values.append(value)
     if len(values) == 1:
         values *= workers
     if len(values) != workers:
-        raise LaunchError(f"{flag} {text!r}: expected {workers} value(s) (one per worker) "
+        raise LaunchError(f"{flag} {text!r}: expected {workers} {noun}(s) (one per worker) "
                           f"or one for all")
     return values
 

@@ -1,0 +1,96 @@
+"""What the benchmarks share (imported by the scripts beside it; `bench/` is on their
+path when run as `python bench/NAME.py`).
+
+- `NodeRun`: one measurement's child nodes (the benchmark script itself, run with
+  `--node KIND`) under one supervisor, with their logs and JSON results in a temp dir;
+- `parse_rounds` / `length_flags`: a job's length per mode, `N` rounds or `Ns` seconds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from typing import Dict, List, Mapping, Sequence
+
+from launch.supervisor import Supervisor
+
+
+def failure(child) -> str:
+    """`NAME exited with status S: <its last log line>`."""
+    with open(child.log, errors="replace") as f:
+        lines = [line.rstrip() for line in f if line.strip()]
+    return f"{child.name} exited with status {child.returncode}: {lines[-1] if lines else ''}"
+
+
+class NodeRun:
+    def __init__(self, script: str, prefix: str, timeout: float):
+        self.script, self.timeout = script, timeout
+        self.tmp = tempfile.TemporaryDirectory(prefix=prefix)
+        self.sup = Supervisor()
+        self.results: List[str] = []
+
+    def start(self, name: str, kind: str, args: Sequence[str], env: Dict[str, str] = None,
+              ready_: bool = False, result: bool = False):
+        argv = [sys.executable, self.script, "--node", kind, *args]
+        if result:
+            path = os.path.join(self.tmp.name, f"{name}.json")
+            self.results.append(path)
+            argv += ["--result", path]
+        return self.sup.start(name, argv, env=dict(os.environ, OMP_NUM_THREADS="1",
+                                                   **(env or {})),
+                              log=os.path.join(self.tmp.name, f"{name}.log"), ready=ready_)
+
+    def port(self, child) -> int:
+        return self.sup.wait_ready(child)
+
+    def results_after_wait(self) -> List:
+        """Wait for every node; the results they wrote, in the order they were started."""
+        outcome = self.sup.wait(timeout=self.timeout)
+        if outcome is None:
+            raise RuntimeError(f"the nodes did not finish within {self.timeout:g} s")
+        if outcome.failed is not None:
+            raise RuntimeError(failure(outcome.failed))
+        results = []
+        for path in self.results:
+            with open(path) as f:
+                results.append(json.load(f))
+        return results
+
+    def __enter__(self) -> "NodeRun":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.sup.close()
+        self.tmp.cleanup()
+
+
+def length_flags(length: str) -> List[str]:
+    """`N`: --max-rounds N; `Ns`: --time-limit N (ValueError if neither)."""
+    if length.endswith("s"):
+        seconds = float(length[:-1])
+        if not 0 < seconds < float("inf"):
+            raise ValueError(length)
+        return ["--time-limit", f"{seconds:g}"]
+    if not length.isdigit() or int(length) < 2:
+        raise ValueError(length)
+    return ["--max-rounds", length]
+
+
+def parse_rounds(text: str, modes: Sequence[str], defaults: Mapping[str, str],
+                 fallback: str) -> Dict[str, str]:
+    """Each mode's length, `N` (rounds) or `Ns` (seconds), from `LENGTH` (every mode) or
+    `MODE=LENGTH,...` (the others keep `defaults`, else `fallback`)."""
+    rounds = {mode: defaults.get(mode, fallback) for mode in modes}
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        mode, _, length = item.rpartition("=")
+        try:
+            length_flags(length)
+        except ValueError:
+            length = ""
+        if not length or (mode and mode not in rounds):
+            raise ValueError("expected N (rounds >= 2), Ns (seconds > 0), or MODE=N or "
+                             "MODE=Ns,... with MODE one of --modes")
+        for m in ([mode] if mode else rounds):
+            rounds[m] = length
+    return rounds
