@@ -74,5 +74,15 @@ SCHEDULER_PORT = 9091          # DMLC_PS_ROOT_PORT that launch/hosts.py gives (-
 HEARTBEAT_INTERVAL = 1.0       # PS_HEARTBEAT_INTERVAL: seconds between a node's heartbeats
 HEARTBEAT_TIMEOUT = 10.0       # PS_HEARTBEAT_TIMEOUT: seconds of silence = a dead node
 
+# --- surviving failures ----------------------------------------------------------------
+CHECKPOINT_DIR = None          # --checkpoint-dir: where servers keep their shards'
+                               #   checkpoints (None: no checkpoints)
+CHECKPOINT_EVERY = "20"        # --checkpoint-every: N rounds of the model, or "Ns" seconds
+KEEP_CHECKPOINTS = 3           # --keep-checkpoints: the newest K are kept per shard
+ON_WORKER_FAILURE = "continue"  # --on-worker-failure: continue | abort
+MIN_WORKERS = 1                # --min-workers: fewer living workers end the job
+SERVER_PATIENCE = 60.0         # --server-patience: seconds the job waits for a dead
+                               #   server's restart (0 without --checkpoint-dir)
+
 # --- launchers and log tools ----------------------------------------------------------
 RUNS_DIR = "runs"              # --out of launch/local.py and launch/experiment.py

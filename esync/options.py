@@ -63,6 +63,25 @@ _slowdown = _number(float, "a number >= 1", low=1.0)
 _port = _number(int, "a port number in 1..65535", low=1, high=65535)
 
 
+def _every(text: str) -> str:
+    """--checkpoint-every: N (rounds, N >= 1) or Ns (seconds, > 0), kept as text."""
+    low = text.strip().lower()
+    try:
+        value = float(low[:-1]) if low.endswith("s") else int(low)
+    except ValueError:
+        value = 0
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected N rounds (an integer >= 1) or Ns "
+                                         f"seconds (e.g. 30s), got {text!r}")
+    return low
+
+
+def checkpoint_every(opts: "Options") -> tuple:
+    """(rounds, seconds) between checkpoints: one of them is None."""
+    text = opts.checkpoint_every
+    return (None, float(text[:-1])) if text.endswith("s") else (int(text), None)
+
+
 def _opt(flags: Sequence[str], default, help: str, **metadata):
     shown = {None: "none", "": "empty"}.get(default, default)
     metadata.update(args=list(flags), help=f"{help} (default: {shown})")
@@ -157,6 +176,30 @@ class Options:
     latency: float = _opt(["--latency"], config.LATENCY,
                           "ms of one-way delay of this worker's emulated link",
                           type=_non_negative_float)
+    checkpoint_dir: Optional[str] = _opt(["--checkpoint-dir"], config.CHECKPOINT_DIR,
+                                         "servers checkpoint their shards into "
+                                         "DIR/shard<k>/ (and the scheduler the job id into "
+                                         "DIR/job.json); none: no checkpoints")
+    checkpoint_every: str = _opt(["--checkpoint-every"], config.CHECKPOINT_EVERY,
+                                 "N: every N rounds of the model (ASGD: N updates of a "
+                                 "shard); Ns: every N seconds", type=_every)
+    keep_checkpoints: int = _opt(["--keep-checkpoints"], config.KEEP_CHECKPOINTS,
+                                 "checkpoints kept per shard (the newest)",
+                                 type=_positive_int)
+    resume: Switch = _opt(["--resume"], False,
+                          "1: continue the job from the latest complete checkpoint in "
+                          "--checkpoint-dir (give it to every role)", type=_switch)
+    on_worker_failure: str = _opt(["--on-worker-failure"], config.ON_WORKER_FAILURE,
+                                  "scheduler: a dead worker is left behind (continue) or "
+                                  "ends the job (abort)", choices=["continue", "abort"])
+    min_workers: int = _opt(["--min-workers"], config.MIN_WORKERS,
+                            "scheduler: end the job when fewer workers are alive",
+                            type=_positive_int)
+    server_patience: Optional[float] = _opt(
+        ["--server-patience"], None,
+        f"scheduler: seconds to wait for a dead server to be restarted before ending the "
+        f"job; none: {config.SERVER_PATIENCE:g} with --checkpoint-dir, else 0",
+        type=_non_negative_float)
     num_threads: int = _opt(["--num-threads"], config.NUM_THREADS,
                             "torch intra-op threads (0: torch's default)",
                             type=_non_negative_int)
@@ -168,6 +211,13 @@ class _OneLineParser(ArgumentParser):
 
     def error(self, message: str):
         raise UserError(message)
+
+
+def server_patience(opts: Options) -> float:
+    """--server-patience, or its default: only a checkpointed shard can be restored."""
+    if opts.server_patience is not None:
+        return opts.server_patience
+    return config.SERVER_PATIENCE if opts.checkpoint_dir else 0.0
 
 
 def build_parser(prog: str = "esync") -> ArgumentParser:
