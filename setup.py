@@ -26,9 +26,12 @@ setup(
         "argparse-dataclass>=2.0",
         "scikit-learn>=1.1",
         "tqdm>=4.60",
+        "safetensors>=0.4",  # checkpoints: tensors that load without unpickling
     ],
-    # pytest-xdist: `python -m pytest -q -n 2` runs the tests on two processes
-    extras_require={"dev": ["pytest>=7", "pytest-django>=4.5", "pytest-xdist>=3"]},
+    # pytest-xdist: `python -m pytest -q -n 2` runs the tests on two processes;
+    # hypothesis: property-based tests of the wire format
+    extras_require={"dev": ["pytest>=7", "pytest-django>=4.5", "pytest-xdist>=3",
+                            "hypothesis>=6.80"]},
     entry_points={"console_scripts": [
         "esync = esync.cli:main",
         "esync-launch = launch.local:console_main",

@@ -111,16 +111,16 @@ def _run(argv: Optional[Sequence[str]], prog: str) -> int:
     if env is None:
         return worker.run_standalone(plan)
     if env.role == "scheduler":
-        from esync.transport.scheduler import Scheduler
+        from esync.transport.scheduler import Policy, Scheduler
 
-        return Scheduler(env).run()
+        return Scheduler(env, Policy.from_options(opts)).run()
     from esync.transport.node import JobAborted
 
     try:
         if env.role == "server":
             from esync.server import run_server
 
-            return run_server(env)
+            return run_server(env, opts)
         if env.role == "evaluator":
             from esync.evaluator import run_ps_evaluator
 

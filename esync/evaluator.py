@@ -49,11 +49,21 @@ class JobEnded(Exception):
 
 
 class _Source:
-    """What the kvstore needs of a node: a ZeroMQ context and a `check` that raises
-    while it waits, here when the job has ended."""
+    """What the kvstore needs of a node: a ZeroMQ context, a `check` that raises while
+    it waits (here also when the job has ended), and the key guard; with a `node` (a
+    parameter-server job), its id and the servers' addresses too."""
 
-    def __init__(self, context: zmq.Context, check: Callable[[], None]):
-        self.context, self.check = context, check
+    def __init__(self, context: zmq.Context, check: Callable[[], None], node=None):
+        from esync.transport.auth import Guard
+
+        self.context, self.check, self._node = context, check, node
+        self.guard = node.guard if node is not None else Guard.from_environ(context)
+
+    def __getattr__(self, name: str):
+        node = self.__dict__.get("_node")
+        if node is None:
+            raise AttributeError(name)
+        return getattr(node, name)
 
 
 def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
@@ -131,7 +141,8 @@ def run_ps_evaluator(opts: Options, device: torch.device, env: ClusterEnv) -> in
             if node.shutdown_requested:
                 raise JobEnded()
 
-        return evaluate_loop(opts, device, assignment["servers"], _Source(node.context, check),
+        return evaluate_loop(opts, device, assignment["servers"],
+                             _Source(node.context, check, node),
                              lambda: node.shutdown_requested)
     finally:
         node.close()
@@ -167,7 +178,9 @@ def run_ddp_evaluator(opts: Options, device: torch.device, env: DDPEnv) -> int:
             raise JobEnded()
 
     context = zmq.Context()
+    source = _Source(context, check)
     try:
-        return evaluate_loop(opts, device, [address], _Source(context, check), ended)
+        return evaluate_loop(opts, device, [address], source, ended)
     finally:
+        source.guard.close()
         context.destroy(linger=0)

@@ -5,6 +5,11 @@ server, balanced by bytes. A push streams each shard to its server as one messag
 chunk (esync.transport.message.chunk_spans), to every server before awaiting any
 answer, so shards move in parallel; each answer chunk is received straight into the worker's vector
 (`recv_into`), with no copy in between.
+
+Each socket carries the node's id as its ZeroMQ identity (servers serve only the
+scheduler's members) and, with a job key, proves the key (CurveZMQ). When the scheduler
+says a server moved (a dead server was started again, `Node.servers`), the socket is
+pointed at the new address and the operation under way is sent to it again.
 """
 from __future__ import annotations
 
@@ -39,9 +44,17 @@ class KVStore:
         self.link = link or Link()
         self.shards = list(zip(shard_bounds(num_params, len(servers)),
                                shard_bounds(num_buffers, len(servers))))
+        self.addresses = list(servers)
+        self._version = getattr(node, "servers_version", 0)
+        self._outstanding: Dict[int, List[Tuple[Dict, Sequence]]] = {}
         self.sockets = []
+        guard, uid = getattr(node, "guard", None), getattr(node, "uid", None)
         for address in servers:
             sock = node.context.socket(zmq.DEALER)
+            if guard is not None:
+                guard.connect(sock)
+            if uid is not None:
+                sock.setsockopt(zmq.IDENTITY, uid.encode())
             sock.setsockopt(zmq.LINGER, 1000)
             sock.connect(address)
             self.sockets.append(sock)
@@ -55,6 +68,8 @@ class KVStore:
         #: seconds since it was initialised (the job's training clock, near enough)
         self.model_round: Optional[int] = None
         self.model_age: Optional[float] = None
+        #: per server, its latest answer's `updates` (its rounds so far)
+        self.server_updates: List[Optional[int]] = [None] * len(servers)
 
     # --- sending ------------------------------------------------------------------------
     def _send(self, sock: zmq.Socket, header: Dict, sections=()) -> None:
@@ -100,6 +115,8 @@ class KVStore:
         self.link.received(frame_bytes(raw) + got)
         if "stop" in header:
             self.stop_reason = str(header["stop"])
+        if isinstance(header.get("updates"), int):
+            self.server_updates[server] = header["updates"]
         if server == 0 and isinstance(header.get("updates"), int):
             self.model_round = header["updates"]
             age = header.get("age")
@@ -113,6 +130,11 @@ class KVStore:
         pending = {s for s in range(len(self.sockets))}
         while pending:
             ready = dict(self.poller.poll(POLL_MS))
+            if getattr(self.node, "servers_version", 0) != self._version:
+                for s in self._follow_servers():
+                    remaining[s] = expected[s]
+                    pending.add(s)
+                continue
             if not ready:
                 self.node.check()
                 continue
@@ -126,6 +148,29 @@ class KVStore:
                 if remaining[s] <= 0:
                     pending.discard(s)
 
+    def _follow_servers(self) -> List[int]:
+        """Point the sockets of servers that moved at their new address and send them
+        the operation under way again; the servers that moved."""
+        self._version = self.node.servers_version
+        moved = [s for s, address in enumerate(self.node.servers)
+                 if s < len(self.addresses) and address and address != self.addresses[s]]
+        for s in moved:
+            sock = self.sockets[s]
+            sock.disconnect(self.addresses[s])
+            self.addresses[s] = self.node.servers[s]
+            sock.connect(self.addresses[s])
+            while sock.poll(0):  # what the dead server sent before it died
+                sock.recv_multipart()
+            for header, sections in self._outstanding.get(s, []):
+                self._send(sock, header, sections)
+        return moved
+
+    def _request(self, server: int, header: Dict, sections=()) -> None:
+        """Send a request, remembered until the operation ends (a moved server gets
+        it again)."""
+        self._outstanding.setdefault(server, []).append((header, sections))
+        self._send(self.sockets[server], header, sections)
+
     def _values(self, server: int) -> int:
         (p0, p1), (b0, b1) = self.shards[server]
         return p1 - p0 + b1 - b0
@@ -133,20 +178,25 @@ class KVStore:
     # --- the operations -----------------------------------------------------------------
     def init(self, rule: Dict, params: np.ndarray, buffers: np.ndarray) -> None:
         """Worker 0: give each server its shard's initial values and the rule."""
-        for s, sock in enumerate(self.sockets):
-            self._send(sock, {"type": "init", "shard": s, "rule": rule},
-                       self._slices(s, params, buffers))
+        self._outstanding = {}
+        for s in range(len(self.sockets)):
+            self._request(s, {"type": "init", "shard": s, "rule": rule},
+                          self._slices(s, params, buffers))
         self._receive([0] * len(self.sockets))
 
     def pull(self, params: np.ndarray, buffers: np.ndarray, round_: int = 0,
-             stop: Optional[str] = None, start: bool = False) -> None:
+             stop: Optional[str] = None, start: bool = False,
+             at_round: Optional[int] = None) -> None:
         """Write the servers' current weights and buffers into `params` and `buffers`.
         `stop` (the evaluator's decision to end the job) is passed on to the workers;
-        `start` (worker 0) tells the servers that training starts now (their clock)."""
+        `start` (worker 0) tells the servers that training starts now (their clock);
+        `at_round` (a worker coming back) waits until that round may start."""
         header = {"type": "pull", "round": round_, **({"stop": stop} if stop else {}),
-                  **({"start": True} if start else {})}
-        for s, sock in enumerate(self.sockets):
-            self._send(sock, {**header, "shard": s})
+                  **({"start": True} if start else {}),
+                  **({"at_round": at_round} if at_round is not None else {})}
+        self._outstanding = {}
+        for s in range(len(self.sockets)):
+            self._request(s, {**header, "shard": s})
         self._receive([self._values(s) for s in range(len(self.sockets))], params, buffers)
 
     def push_pull(self, round_: int, grads: np.ndarray, buffers: np.ndarray,
@@ -157,13 +207,36 @@ class KVStore:
         header = {"type": "push", "round": round_}
         if stop is not None:
             header["stop"] = stop
-        for s, sock in enumerate(self.sockets):
+        self._outstanding = {}
+        for s in range(len(self.sockets)):
             for section, values in enumerate(self._slices(s, grads, buffers)):
                 for offset, length in chunk_spans(len(values)):
-                    self._send(sock, {**header, "shard": s, "section": section,
+                    self._request(s, {**header, "shard": s, "section": section,
                                       "offset": offset}, [values[offset:offset + length]])
         self._receive([self._values(s) for s in range(len(self.sockets))], params_out,
                       buffers_out)
+
+    def _ask_all(self, header: Dict) -> List[Dict]:
+        """A header-only request to every server; their answers, by server."""
+        self._outstanding = {}
+        for s in range(len(self.sockets)):
+            self._request(s, {**header, "shard": s})
+        answers = []
+        for s, sock in enumerate(self.sockets):  # one header-only answer each
+            while not sock.poll(POLL_MS):
+                self.node.check()
+            answers.append(self._receive_one(s, ((), ())))
+        return answers
+
+    def join(self, round_: int) -> bool:
+        """A worker coming back asks every server to count it from round `round_` on;
+        if one refuses (that round is under way), the others are told to forget it."""
+        accepted = [a.get("accepted") is True for a in self._ask_all(
+            {"type": "join", "round": round_})]
+        if all(accepted):
+            return True
+        self._ask_all({"type": "leave"})
+        return False
 
     def close(self) -> None:
         for sock in self.sockets:

@@ -23,6 +23,7 @@ from torch import nn
 from esync.flat import floating_buffers, trainable
 from esync.registry import EVALUATOR
 from esync.server import weights_header
+from esync.transport.auth import Guard
 from esync.transport.message import MessageError, chunk_spans, decode, encode
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,8 @@ class ModelPublisher:
         self.sections = (np.empty(sum(p.numel() for p in self.params), np.float32),
                          np.empty(sum(b.numel() for b in self.buffers), np.float32))
         self.context = zmq.Context()
-        self.sock = self.context.socket(zmq.ROUTER)
+        self.guard = Guard.from_environ(self.context)
+        self.sock = self.guard.serve(self.context.socket(zmq.ROUTER))
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.port = self.sock.bind_to_random_port(f"tcp://{host}")
@@ -119,4 +121,5 @@ class ModelPublisher:
         self._closing.set()
         self._thread.join(timeout=5)
         self.sock.close(linger=0)
+        self.guard.close()
         self.context.term()

@@ -16,7 +16,8 @@ One process owns a folder at a time: it holds an exclusive lock on `.lock` in it
 its lifetime, and a second process given the same host and device label stops with a
 clear error instead of overwriting the first one's files. A new run in a folder that
 no running process holds replaces the `iter-*.json` files left there, as the original
-emptied its log folder.
+emptied its log folder, unless it continues a job (`keep`: a worker rejoining, or a job
+resumed from a checkpoint), whose logs go on from where they were.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ Phases = Mapping[str, float]
 
 
 class Recorder:
-    def __init__(self, log_dir: str, host: str, device: str):
+    def __init__(self, log_dir: str, host: str, device: str, keep: bool = False):
         self.path = os.path.join(log_dir, host, device)
         try:
             os.makedirs(self.path, exist_ok=True)
@@ -53,9 +54,39 @@ class Recorder:
         self._lock.truncate(0)
         self._lock.write(str(os.getpid()))
         self._lock.flush()
-        for old in glob.glob(os.path.join(self.path, "iter-*.json")):
-            os.remove(old)
+        if not keep:
+            for old in glob.glob(os.path.join(self.path, "iter-*.json")):
+                os.remove(old)
         self.start = time.time()
+
+    def rounds(self) -> list:
+        """The rounds logged in this folder, in order."""
+        found = []
+        for path in glob.glob(os.path.join(self.path, "iter-*.json")):
+            number = os.path.basename(path)[5:-5]
+            if number.isdigit():
+                found.append(int(number))
+        return sorted(found)
+
+    def last_record(self, before: Optional[int] = None) -> Optional[dict]:
+        """The latest readable round record (before round `before`, if given)."""
+        for round_ in reversed(self.rounds()):
+            if before is not None and round_ >= before:
+                continue
+            try:
+                with open(os.path.join(self.path, f"iter-{round_}.json")) as f:
+                    record = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if isinstance(record, dict):
+                return record
+        return None
+
+    def drop_from(self, round_: int) -> None:
+        """Remove the records of rounds >= `round_` (a resumed job trains them again)."""
+        for n in self.rounds():
+            if n >= round_:
+                os.remove(os.path.join(self.path, f"iter-{n}.json"))
 
     def restart_clock(self, elapsed: float = 0.0) -> None:
         """Count `total_time` from now (the start of training, after set-up), or from

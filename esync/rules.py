@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -99,6 +99,13 @@ class SGDStep:
             grad = u
         w.add_(grad, alpha=-c.lr * self.scale)
 
+    def state(self) -> Dict[str, np.ndarray]:
+        return {} if self.velocity is None else {"velocity": self.velocity.numpy()}
+
+    def restore(self, tensors: Dict[str, np.ndarray]) -> None:
+        if self.velocity is not None and "velocity" in tensors:
+            self.velocity.copy_(torch.from_numpy(tensors["velocity"]))
+
 
 Key = Tuple[int, int]  # (section, offset)
 
@@ -124,12 +131,53 @@ class Rule:
         """Why this chunk of a push cannot be taken now (None: it can)."""
         return None
 
+    def late(self, worker: int, round_: int) -> bool:
+        """Whether a push of `round_` comes after its round was aggregated without it (a
+        worker that missed rounds while a server was restarted): it is answered with
+        the current values at once and not taken."""
+        return False
+
+    def move_to(self, round_: int) -> List[Key]:
+        """Before a push of `round_` is added: a restored shard learns from the workers'
+        pushes which round it is (SyncRule.restore). Returns the chunks whose earlier
+        pushes must now be answered without being taken."""
+        return []
+
     def add(self, worker: int, key: Key, values: np.ndarray) -> bool:
         """Take a pushed chunk; True when the chunk is complete and can be answered."""
         raise NotImplementedError
 
     def sent(self, worker: int, key: Key, length: int) -> None:
         """This chunk's current values were just sent to `worker`."""
+
+    # --- membership: workers that die and come back ------------------------------------
+    def leave(self, worker: int) -> List[Key]:
+        """`worker` died: forget it; the chunks now complete without it."""
+        return []
+
+    def join(self, worker: int, round_: int) -> bool:
+        """`worker` comes back and takes part from round `round_` on; False if that round
+        is already under way without it."""
+        return True
+
+    def joined(self, worker: int, round_: int) -> bool:
+        """Whether round `round_`, which `worker` joins at, may start for it now."""
+        return True
+
+    @property
+    def at_boundary(self) -> bool:
+        """Whether the shard is between rounds (a consistent state to checkpoint)."""
+        return True
+
+    # --- checkpoints ----------------------------------------------------------------------
+    def state(self) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+        """The rule's tensors and settings beyond the weights and buffers."""
+        return self.sgd.state(), {}
+
+    def restore(self, tensors: Dict[str, np.ndarray], meta: Dict[str, Any],
+                members: Iterable[int]) -> None:
+        """Take back `state()`; `members` are the workers alive now."""
+        self.sgd.restore(tensors)
 
 
 class SyncRule(Rule):
@@ -141,35 +189,96 @@ class SyncRule(Rule):
     def __init__(self, weights, buffers, config):
         super().__init__(weights, buffers, config)
         self.round = 1
+        self.members = set(range(config.num_workers))  # the living workers
+        self.joining: Dict[int, int] = {}  # worker -> the round it comes back at
+        self.resync = False  # restored: the workers' pushes say which round it is
         self.sums = (np.empty_like(weights), np.empty_like(buffers))
         # pushed chunks held (as views of their frames) until the last worker's arrives
         self.held: Dict[Key, Dict[int, np.ndarray]] = {}
         self.completed = 0  # values of this round already aggregated
 
     def check(self, worker, round_, key):
-        if round_ != self.round:
+        if worker not in self.members:
+            return f"worker {worker} is not taking part in round {self.round}"
+        if round_ != self.round and not (self.resync and round_ > self.round):
             return f"push for round {round_}, but the current round is {self.round}"
         if worker in self.held.get(key, ()):
             return f"worker {worker} already pushed chunk {key} of round {round_}"
         return None
 
+    def late(self, worker, round_):
+        return worker in self.members and round_ < self.round
+
+    def move_to(self, round_):
+        if round_ <= self.round:
+            return []
+        # restored: the workers are further on than the checkpoint
+        flushed, self.held = list(self.held), {}
+        self.round, self.completed = round_, 0
+        return flushed
+
     def add(self, worker, key, values):
-        held = self.held.setdefault(key, {})
-        held[worker] = values
-        if len(held) < self.config.num_workers:
+        self.held.setdefault(key, {})[worker] = values
+        return self._complete(key)
+
+    def _complete(self, key: Key) -> bool:
+        """Aggregate chunk `key` if every living worker pushed it."""
+        held = self.held.get(key)
+        if not held or not self.members or not self.members <= set(held):
             return False
         del self.held[key]
         section, offset = key
-        total = self._sum(list(held.values()), self.sums[section][offset:offset + len(values)])
+        parts = [held[w] for w in sorted(self.members)]
+        length = len(parts[0])
+        total = self._sum(parts, self.sums[section][offset:offset + length])
+        if len(parts) != self.config.num_workers:  # fewer living workers: their mean
+            total = total.mul(self.config.num_workers / len(parts))
         if section == WEIGHTS:
             self._update_weights(offset, total)
         else:
             torch.mul(total, 1.0 / self.config.num_workers,
-                      out=_t(self.buffers[offset:offset + len(values)]))
-        self.completed += len(values)
+                      out=_t(self.buffers[offset:offset + length]))
+        self.completed += length
         if self.completed == len(self.weights) + len(self.buffers):
-            self.round, self.completed = self.round + 1, 0
+            self.round, self.completed, self.resync = self.round + 1, 0, False
+            for w, at in list(self.joining.items()):
+                if at == self.round:
+                    self.members.add(w)
+                    del self.joining[w]
         return True
+
+    def leave(self, worker):
+        self.members.discard(worker)
+        self.joining.pop(worker, None)
+        for held in self.held.values():
+            held.pop(worker, None)
+        return [key for key in list(self.held) if self._complete(key)]
+
+    def join(self, worker, round_):
+        if round_ < self.round or (round_ == self.round and self.completed):
+            return False
+        if round_ == self.round:
+            self.members.add(worker)
+        else:
+            self.joining[worker] = round_
+        return True
+
+    def joined(self, worker, round_):
+        return self.round >= round_
+
+    @property
+    def at_boundary(self):
+        return self.completed == 0
+
+    def state(self):
+        tensors, meta = super().state()
+        return tensors, dict(meta, next_round=self.round)
+
+    def restore(self, tensors, meta, members):
+        super().restore(tensors, meta, members)
+        self.members = set(members)
+        self.round = int(meta.get("next_round", 1))
+        self.resync = True
 
     def _update_weights(self, offset: int, total: torch.Tensor) -> None:
         """`total` is the sum of the N workers' pushed gradients for this chunk."""
@@ -209,9 +318,13 @@ class AsyncRule(Rule):
 class DCASGDRule(AsyncRule):
     def __init__(self, weights, buffers, config):
         super().__init__(weights, buffers, config)
-        self.backup = [torch.from_numpy(weights.copy()) for _ in range(config.num_workers)]
+        # the weights each worker last received; None: dropped (a dead worker)
+        self.backup: List[Optional[torch.Tensor]] = [
+            torch.from_numpy(weights.copy()) for _ in range(config.num_workers)]
 
     def _compensate(self, worker, offset, grad):
+        if self.backup[worker] is None:  # nothing sent to it since it came back
+            return grad
         sl = slice(offset, offset + len(grad))
         drift = self.sgd.w[sl] - self.backup[worker][sl]
         return grad + self.config.lamda * grad * grad * drift
@@ -219,7 +332,26 @@ class DCASGDRule(AsyncRule):
     def sent(self, worker, key, length):
         section, offset = key
         if section == WEIGHTS:
+            if self.backup[worker] is None:
+                self.backup[worker] = self.sgd.w.clone()
             self.backup[worker][offset:offset + length].copy_(self.sgd.w[offset:offset + length])
+
+    def leave(self, worker):
+        self.backup[worker] = None
+        return []
+
+    def state(self):
+        tensors, meta = super().state()
+        for k, backup in enumerate(self.backup):
+            if backup is not None:
+                tensors[f"backup{k}"] = backup.numpy()
+        return tensors, meta
+
+    def restore(self, tensors, meta, members):
+        super().restore(tensors, meta, members)
+        self.backup = [torch.from_numpy(tensors[f"backup{k}"].copy())
+                       if f"backup{k}" in tensors and k in set(members) else None
+                       for k in range(self.config.num_workers)]
 
 
 def make_rule(weights: np.ndarray, buffers: np.ndarray, config: RuleConfig) -> Rule:

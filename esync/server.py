@@ -19,17 +19,30 @@ started (`age`; 0 until then): worker 0 marks the start with a pull carrying `st
 once every worker has joined. The evaluator (sender `evaluator`) may only pull, never push or init; its pull
 may carry `stop` (it saw the target accuracy held), which ends the job as worker 0's does.
 Anything malformed is answered with `error` (and logged); the server goes on serving.
+
+Only peers the scheduler registered are served: a worker's or evaluator's socket carries
+its node id as its ZeroMQ identity, and the server asks the scheduler (`who`) the first
+time it sees one; anything else is answered with `error` and changes nothing.
+
+Failures: the scheduler tells the server when a worker died (`left`); the rule then
+aggregates the living workers. A worker that comes back asks to `join` at a later round
+and pulls with `at_round`, answered once that round may start. With --checkpoint-dir,
+the shard is checkpointed (esync.checkpoint) between rounds every --checkpoint-every
+rounds or seconds; a server started in place of a dead one, or for `--resume`, restores
+its shard from the newest whole checkpoint.
 """
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Optional, Tuple
+import time
+from collections import OrderedDict
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import zmq
 
-import time
-
+from esync.checkpoint import Checkpoints, survey
+from esync.errors import UserError
 from esync.registry import EVALUATOR
 from esync.rules import WEIGHTS, Key, Rule, RuleConfig, make_rule
 from esync.transport.cluster import ClusterEnv, advertised_address
@@ -37,9 +50,13 @@ from esync.transport.message import (CHUNK_VALUES, Message, MessageError, chunk_
                                      decode, encode)
 from esync.transport.node import Node
 
-REQUESTS = ("init", "pull", "push")
+REQUESTS = ("init", "pull", "push", "join", "leave")
+STRANGERS = 1024  # identities remembered as not members (bounded)
 
 log = logging.getLogger(__name__)
+
+#: who a peer is, from its ZeroMQ identity: ("worker", rank), ("evaluator", k) or None
+Who = Callable[[bytes], Optional[Tuple[str, int]]]
 
 
 def weights_header(shard: int, round_: int, key: Key, updates: int, age: float,
@@ -54,94 +71,194 @@ def weights_header(shard: int, round_: int, key: Key, updates: int, age: float,
 
 
 class ShardServer:
-    def __init__(self, rank: int, num_workers: int, sock: zmq.Socket):
+    def __init__(self, rank: int, num_workers: int, sock: zmq.Socket, who: Who,
+                 checkpoints: Optional[Checkpoints] = None,
+                 every: Tuple[Optional[int], Optional[float]] = (None, None)):
         self.rank, self.num_workers, self.sock = rank, num_workers, sock
+        self.who = who
+        self.peers: Dict[bytes, Tuple[str, int]] = {}
+        self.strangers: "OrderedDict[bytes, None]" = OrderedDict()
         self.sections: Tuple[np.ndarray, ...] = ()
         self.rule: Optional[Rule] = None
         self.stop_reason: Optional[str] = None
         self.early_pulls: List[Tuple[bytes, int]] = []
+        self.round_pulls: List[Tuple[bytes, int, int]] = []  # (identity, worker, round)
         self.waiting: Dict[Key, List[Tuple[bytes, int, int]]] = {}  # (identity, worker, round)
         self.updates = 0  # completions of the first weight chunk: the model's round
         self.started_at: Optional[float] = None  # when worker 0 said training started
+        self.age_offset = 0.0  # a restored shard's training clock at its checkpoint
+        self.checkpoints, (self.every_rounds, self.every_seconds) = checkpoints, every
+        self.saved_updates, self.saved_at = 0, time.monotonic()
+        self.members: List[int] = list(range(num_workers))
 
     # --- dispatch ---------------------------------------------------------------------
     def handle(self, frames: List[zmq.Frame]) -> None:
-        identity = frames[0].bytes
+        identity = frames[0].bytes if hasattr(frames[0], "bytes") else bytes(frames[0])
         try:
             msg = decode(frames[1:], REQUESTS)
-            worker = self._worker(msg)
+            worker = self._worker(identity, msg)
             getattr(self, f"_on_{msg.type}")(identity, worker, msg)
         except MessageError as e:
-            log.warning("[server %d] rejected a message from %r: %s", self.rank, identity, e)
+            log.warning("[server %d] rejected a message from %r: %s", self.rank,
+                        identity[:64], e)
             self._send(identity, {"type": "error", "error": str(e)})
+        except Exception as e:  # one message never stops the server
+            log.exception("[server %d] error handling a message from %r", self.rank,
+                          identity[:64])
+            self._send(identity, {"type": "error",
+                                  "error": f"internal error: {type(e).__name__}"})
 
-    def _worker(self, msg: Message):
-        worker, shard = msg.header["sender"], msg.header.get("shard")
-        if worker == EVALUATOR:
+    def _peer(self, identity: bytes) -> Optional[Tuple[str, int]]:
+        if identity in self.peers:
+            return self.peers[identity]
+        if identity in self.strangers:
+            return None
+        peer = self.who(identity)
+        if peer is None:
+            self.strangers[identity] = None
+            while len(self.strangers) > STRANGERS:
+                self.strangers.popitem(last=False)
+        else:
+            self.peers[identity] = peer
+        return peer
+
+    def _worker(self, identity: bytes, msg: Message):
+        peer = self._peer(identity)
+        if peer is None:
+            raise MessageError("not a member of this job (unknown sender)")
+        role, rank = peer
+        sender, shard = msg.header["sender"], msg.header.get("shard")
+        if role == EVALUATOR:
             if msg.type != "pull":
                 raise MessageError(f"the evaluator may only pull, not {msg.type}")
-        elif not isinstance(worker, int) or isinstance(worker, bool) \
-                or not 0 <= worker < self.num_workers:
-            raise MessageError(f"sender {worker!r} is not a worker rank in "
-                               f"0..{self.num_workers - 1}")
-        if shard != self.rank:
+            if sender != EVALUATOR:
+                raise MessageError(f"sender {sender!r} is the evaluator")
+            worker = EVALUATOR
+        elif sender != rank or isinstance(sender, bool):
+            raise MessageError(f"sender {sender!r} is worker {rank}")
+        else:
+            worker = rank
+        if shard != self.rank or isinstance(shard, bool):
             raise MessageError(f"shard {shard!r} does not exist on server {self.rank}")
         return worker
 
+    @staticmethod
+    def _round(header: Dict, name: str = "round", default: Optional[int] = 0) -> int:
+        value = header.get(name, default)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**62:
+            raise MessageError(f"field {name!r} must be an integer >= 0")
+        return value
+
     # --- requests ---------------------------------------------------------------------
     def _on_init(self, identity: bytes, worker: int, msg: Message) -> None:
-        if self.rule is not None:
-            raise MessageError(f"shard {self.rank} is already initialised")
-        chunks = msg.sections()
-        if len(chunks) != 2:
-            raise MessageError("init must carry 2 sections (weights, buffers)")
         try:
             config = RuleConfig.from_header(msg.header.get("rule"))
         except ValueError as e:
             raise MessageError(str(e)) from None
+        if self.rule is not None:
+            if (config.name, config.num_workers) != (self.rule.config.name,
+                                                      self.rule.config.num_workers):
+                raise MessageError(f"shard {self.rank} is already initialised for "
+                                   f"{self.rule.config.name} with "
+                                   f"{self.rule.config.num_workers} workers")
+            self._send(identity, {"type": "ack"})  # restored from a checkpoint: keep it
+            return
+        chunks = msg.sections()
+        lengths = msg.header.get("lengths")
+        if len(chunks) != 2 or not isinstance(lengths, list) or len(lengths) != 2:
+            raise MessageError("init must carry 2 sections (weights, buffers)")
         if config.num_workers != self.num_workers:
             raise MessageError(f"rule is for {config.num_workers} workers, the job has "
                                f"{self.num_workers}")
-        self.sections = tuple(self._gather(c, n) for c, n in zip(chunks, msg.header["lengths"]))
+        self.sections = tuple(self._gather(c, n) for c, n in zip(chunks, lengths))
         self.rule = make_rule(*self.sections, config)
         log.info("[server %d] shard of %d weights and %d buffer values, rule %s", self.rank,
                  len(self.sections[0]), len(self.sections[1]), config.name)
         self._send(identity, {"type": "ack"})
+        self._answer_early_pulls()
+
+    def _answer_early_pulls(self) -> None:
         for waiter, pulling in self.early_pulls:
             self._answer_all(waiter, pulling, 0)
         self.early_pulls.clear()
 
     def _on_pull(self, identity: bytes, worker, msg: Message) -> None:
         self._take_stop(worker, msg.header)
+        round_ = self._round(msg.header)
+        at = self._round(msg.header, "at_round", None) if "at_round" in msg.header else None
         if msg.header.get("start") is True and worker != EVALUATOR and self.started_at is None:
-            self.started_at = time.monotonic()
+            self.started_at = time.monotonic() - self.age_offset
         if self.rule is None:
-            self.early_pulls.append((identity, worker))
+            if len(self.early_pulls) < 4 * self.num_workers + 64:
+                self.early_pulls.append((identity, worker))
+            else:
+                raise MessageError("too many pulls before init")
+        elif at is not None and worker != EVALUATOR and not self.rule.joined(worker, at):
+            self.round_pulls = [p for p in self.round_pulls if p[1] != worker]
+            self.round_pulls.append((identity, worker, at))
         else:
-            self._answer_all(identity, worker, msg.header.get("round", 0))
+            self._answer_all(identity, worker, round_)
+
+    def _on_join(self, identity: bytes, worker: int, msg: Message) -> None:
+        """A worker that comes back asks to take part from round `round` on."""
+        if self.rule is None:
+            raise MessageError("join before init")
+        round_ = self._round(msg.header)
+        accepted = self.rule.join(worker, round_)
+        if accepted:
+            log.info("[server %d] worker %d takes part again from round %d", self.rank,
+                     worker, round_)
+        self._send(identity, {"type": "ack", "round": round_, "accepted": accepted})
+
+    def _on_leave(self, identity: bytes, worker: int, msg: Message) -> None:
+        """A worker withdraws (a join that other servers refused)."""
+        if self.rule is not None:
+            self._left(worker)
+        self._send(identity, {"type": "ack"})
 
     def _on_push(self, identity: bytes, worker: int, msg: Message) -> None:
         if self.rule is None:
             raise MessageError("push before init")
         header = msg.header
-        round_, key, values = header.get("round"), self._chunk_key(msg), msg.sections()[0][0][1]
-        if not isinstance(round_, int):
-            raise MessageError("push lacks an integer 'round'")
+        round_, key = self._round(header), self._chunk_key(msg)
+        values = msg.sections()[0][0][1]
+        if self.rule.late(worker, round_):  # that round went on without it: catch up
+            self._answer(identity, worker, round_, key, len(values))
+            return
         problem = self.rule.check(worker, round_, key)
         if problem:
             raise MessageError(problem)
         self._take_stop(worker, header)
-        waiting = self.waiting.setdefault(key, [])
-        waiting.append((identity, worker, round_))
-        if self.rule.add(worker, key, values):
-            if key == (WEIGHTS, 0):
-                self.updates += 1
-            for waiter, pusher, pushed_round in self.waiting.pop(key):
-                self._answer(waiter, pusher, pushed_round, key, len(values))
+        for stale in self.rule.move_to(round_):
+            self._answer_waiting(stale)
+        complete = self.rule.add(worker, key, values)
+        self.waiting.setdefault(key, []).append((identity, worker, round_))
+        if complete:
+            self._completed(key)
+        self._after_change()
+
+    def _completed(self, key: Key) -> None:
+        if key == (WEIGHTS, 0):
+            self.updates += 1
+        self._answer_waiting(key)
+
+    def _answer_waiting(self, key: Key) -> None:
+        length = min(CHUNK_VALUES, len(self.sections[key[0]]) - key[1])
+        for waiter, pusher, pushed_round in self.waiting.pop(key, []):
+            self._answer(waiter, pusher, pushed_round, key, length)
+
+    def _after_change(self) -> None:
+        """Answer the pulls of workers coming back whose round may start; checkpoint."""
+        if self.round_pulls:
+            ready = [p for p in self.round_pulls if self.rule.joined(p[1], p[2])]
+            self.round_pulls = [p for p in self.round_pulls if p not in ready]
+            for identity, worker, at in ready:
+                self._answer_all(identity, worker, at)
+        self._maybe_checkpoint()
 
     def _take_stop(self, sender, header: Dict) -> None:
         if isinstance(header.get("stop"), str) and self.stop_reason is None:
-            self.stop_reason = header["stop"]
+            self.stop_reason = header["stop"][:500]
             who = "the evaluator" if sender == EVALUATOR else f"worker {sender}"
             log.info("[server %d] %s ends the job: %s", self.rank, who, self.stop_reason)
 
@@ -149,8 +266,9 @@ class ShardServer:
         """(section, offset) of a pushed chunk, checked against the shard's chunk layout."""
         section, offset = msg.header.get("section"), msg.header.get("offset")
         lengths = msg.header.get("lengths")
-        if section not in (0, 1) or not isinstance(offset, int) or lengths is None \
-                or len(lengths) != 1 or msg.header.get("frames") != [1]:
+        if type(section) is not int or section not in (0, 1) or type(offset) is not int \
+                or not isinstance(lengths, list) or len(lengths) != 1 \
+                or msg.header.get("frames") != [1]:
             raise MessageError("push must carry one chunk, with 'section' 0 or 1 and an "
                                "integer 'offset'")
         size = len(self.sections[section])
@@ -161,9 +279,77 @@ class ShardServer:
                                f"of {CHUNK_VALUES}")
         return section, offset
 
+    # --- membership ---------------------------------------------------------------------
+    def notice(self, header: Dict[str, Any]) -> None:
+        """A notice from the scheduler: a worker died (`left`)."""
+        rank = header.get("rank")
+        if header.get("type") != "left" or type(rank) is not int:
+            return
+        for identity in [i for i, p in self.peers.items() if p == ("worker", rank)]:
+            del self.peers[identity]
+        self.members = [w for w in self.members if w != rank]
+        log.warning("[server %d] worker %d died; going on with the others", self.rank, rank)
+        if self.rule is not None:
+            self._left(rank)
+
+    def _left(self, worker: int) -> None:
+        for key in list(self.waiting):
+            self.waiting[key] = [w for w in self.waiting[key] if w[1] != worker]
+        self.round_pulls = [p for p in self.round_pulls if p[1] != worker]
+        for key in self.rule.leave(worker):
+            self._completed(key)
+        self._after_change()
+
+    # --- checkpoints --------------------------------------------------------------------
+    def _maybe_checkpoint(self) -> None:
+        if self.checkpoints is None or self.updates == self.saved_updates \
+                or not self.rule.at_boundary:
+            return
+        due = (self.every_rounds is not None and self.updates % self.every_rounds == 0) or \
+            (self.every_seconds is not None
+             and time.monotonic() - self.saved_at >= self.every_seconds)
+        if due:
+            self.save_checkpoint()
+
+    def save_checkpoint(self) -> None:
+        tensors, meta = self.rule.state()
+        tensors = dict(tensors, weights=self.sections[0], buffers=self.sections[1])
+        age = 0.0 if self.started_at is None else time.monotonic() - self.started_at
+        self.checkpoints.save(self.updates, tensors, dict(
+            meta, rule=self.rule.config.to_header(), updates=self.updates, age=round(age, 6),
+            shard=self.rank))
+        self.saved_updates, self.saved_at = self.updates, time.monotonic()
+        log.debug("[server %d] checkpoint of round %d", self.rank, self.updates)
+
+    def restore(self, rounds: Optional[List[int]], members: List[int], resumed: bool) -> None:
+        """Take the shard back from its newest whole checkpoint (among `rounds`)."""
+        tensors, meta = self.checkpoints.load_newest(rounds)
+        try:
+            config = RuleConfig.from_header(meta.get("rule"))
+        except ValueError as e:
+            raise UserError(f"{self.checkpoints.path}: bad rule in the checkpoint: {e}") \
+                from None
+        if config.num_workers != self.num_workers:
+            raise UserError(f"{self.checkpoints.path}: the checkpoint is of a job with "
+                            f"{config.num_workers} workers, this one has {self.num_workers}")
+        self.sections = (tensors.pop("weights").copy(), tensors.pop("buffers").copy())
+        self.rule = make_rule(*self.sections, config)
+        self.rule.restore(tensors, meta, members)
+        self.members = list(members)
+        self.updates = self.saved_updates = int(meta.get("updates", 0))
+        self.age_offset = float(meta.get("age", 0.0))
+        if not resumed:  # the others train on: the clock runs
+            self.started_at = time.monotonic() - self.age_offset
+        log.info("[server %d] restored shard %d from round %d of %s (%d weights, rule %s)",
+                 self.rank, self.rank, meta["round"], self.checkpoints.path,
+                 len(self.sections[0]), config.name)
+        self._answer_early_pulls()
+
     # --- answers ----------------------------------------------------------------------
     @staticmethod
-    def _gather(chunks, length: int) -> np.ndarray:
+    def _gather(chunks, length) -> np.ndarray:
+        if not isinstance(length, int) or isinstance(length, bool) or length < 0:
+            raise MessageError("init lengths must be integers >= 0")
         out = np.empty(length, dtype=np.float32)
         for offset, chunk in chunks:
             out[offset:offset + len(chunk)] = chunk
@@ -193,23 +379,52 @@ class ShardServer:
             pass
 
 
-def run_server(env: ClusterEnv) -> int:
+def _who(node: Node) -> Who:
+    def who(identity: bytes) -> Optional[Tuple[str, int]]:
+        if len(identity) > 256:
+            return None
+        answer = node.who(identity.decode("utf-8", "replace"))
+        if answer is None or answer.get("role") not in ("worker", EVALUATOR) \
+                or type(answer.get("rank")) is not int:
+            return None
+        return answer["role"], answer["rank"]
+
+    return who
+
+
+def run_server(env: ClusterEnv, opts: Any = None) -> int:
     """Join the job, then serve one shard until the scheduler says shut down."""
+    from esync.options import checkpoint_every, parse_options
+
+    opts = opts or parse_options([])
+    folder = opts.checkpoint_dir
     with Node(env, "server") as node:
-        sock = node.context.socket(zmq.ROUTER)
+        sock = node.guard.serve(node.context.socket(zmq.ROUTER))
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 1000)
         host = advertised_address(env)
         try:
             port = sock.bind_to_random_port(f"tcp://{host}")
-            assignment = node.register(host=host, port=port)
-            server = ShardServer(assignment["rank"], assignment["num_workers"], sock)
+            found = survey(folder) if folder and opts.resume else {}
+            assignment = node.register(host=host, port=port, checkpoints=found)
+            rank = assignment["rank"]
+            checkpoints = Checkpoints(folder, rank, opts.keep_checkpoints) if folder else None
+            server = ShardServer(rank, assignment["num_workers"], sock, _who(node),
+                                 checkpoints, checkpoint_every(opts))
+            if assignment.get("restore"):
+                if checkpoints is None:
+                    raise UserError(f"server {rank} replaces a dead one but has no "
+                                    f"--checkpoint-dir to restore its shard from")
+                server.restore(assignment.get("rounds"), assignment.get("workers", []),
+                               resumed="rounds" in assignment)
             log.info("[server %d] serving shard %d of %d at tcp://%s:%d", server.rank,
                      server.rank, assignment["num_servers"], host, port)
             while not node.shutdown_requested:
                 node.check()
                 if sock.poll(100):
                     server.handle(sock.recv_multipart(copy=False))
+                while not node.notices.empty():
+                    server.notice(node.notices.get())
             log.info("[server %d] shut down by the scheduler", server.rank)
             return 0
         finally:

@@ -159,14 +159,34 @@ class Clock:
     def __init__(self) -> None:
         self.restart()
 
-    def restart(self) -> None:
-        self.start, self.paused = time.perf_counter(), 0.0
+    def restart(self, elapsed: float = 0.0) -> None:
+        self.start, self.paused = time.perf_counter() - elapsed, 0.0
 
     def __call__(self) -> float:
         return time.perf_counter() - self.start - self.paused
 
     def pause(self, seconds: float) -> None:
         self.paused += seconds
+
+
+def _continue(continues: Tuple[Optional[int], float], recorder: Recorder,
+              batches: BatchStream, clock: Clock) -> int:
+    """A process continuing a job (rejoining it, or resuming it from a checkpoint) goes
+    on from its first round, on the job's clock, at the data position its own log had
+    reached before that round; returns the round before its first."""
+    first, elapsed = continues
+    last = recorder.last_record(before=first)
+    if first is None:
+        first = last["num_iters"] + 1 if last and isinstance(last.get("num_iters"), int) else 1
+    recorder.drop_from(first)
+    epoch = last.get("epoch") if last else None
+    if isinstance(epoch, (int, float)) and epoch >= 0:
+        batches.skip_to(int(round(epoch * batches.partition_size)))
+    recorder.restart_clock(elapsed)
+    clock.restart(elapsed)
+    log.info("continuing the job from round %d at %.1f s (epoch %.2f of this partition)",
+             first, elapsed, batches.epochs_done)
+    return first - 1
 
 
 def train(model: nn.Module, algorithm: Algorithm, batches: BatchStream, dataset: Dataset,
@@ -193,6 +213,9 @@ def train(model: nn.Module, algorithm: Algorithm, batches: BatchStream, dataset:
     recorder.restart_clock()
     clock = Clock()
     round_, iterations, accuracy, last_eval = 0, 0, None, 0.0
+    continues = algorithm.continues()
+    if continues is not None:
+        round_ = _continue(continues, recorder, batches, clock)
     try:
         while True:
             round_ += 1

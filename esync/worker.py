@@ -111,8 +111,9 @@ def _train(plan: WorkerPlan, job: Optional[Job]) -> TrainResult:
     algorithm = plan.algorithm.worker_class().from_options(opts, job)
     stop = stop_criteria(opts)
     ddp_rank = job.rank if job is not None and not plan.algorithm.parameter_server else None
+    keep = job is not None and (job.rejoin or job.resume)  # its logs go on
     with Recorder(opts.log_dir, socket.gethostname(),
-                  device_label(opts, device, ddp_rank)) as recorder:
+                  device_label(opts, device, ddp_rank), keep=keep) as recorder:
         log.info("[%s] training %s on %s (%d samples, rank %d of %d) on %s; logs in %s",
                  algorithm.name, opts.network, opts.dataset, len(indices), rank, num_workers,
                  device, recorder.path)
@@ -139,8 +140,10 @@ def run_cluster_worker(plan: WorkerPlan, env: ClusterEnv) -> int:
     from esync.transport.node import Node
 
     with Node(env, "worker") as node:
-        assignment = node.register(mode=plan.algorithm.key, network=plan.opts.network)
-        job = Job.from_assignment(node, assignment, plan.state_server_patience)
+        assignment = node.register(mode=plan.algorithm.key, network=plan.opts.network,
+                                   device=device_label(plan.opts, plan.device))
+        job = Job.from_assignment(node, assignment, plan.state_server_patience,
+                                  resume=plan.opts.resume)
         result = _train(plan, job)
         node.finish()
     return _exit_status(result)

@@ -31,7 +31,8 @@ class ServerThread:
         self.sock.setsockopt(zmq.LINGER, 0)
         port = self.sock.bind_to_random_port("tcp://127.0.0.1")
         self.address = f"tcp://127.0.0.1:{port}"
-        self.server = ShardServer(0, 1, self.sock)
+        # its one peer is worker 0 (a job's server asks the scheduler: Node.who)
+        self.server = ShardServer(0, 1, self.sock, who=lambda identity: ("worker", 0))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()

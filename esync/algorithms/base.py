@@ -34,12 +34,15 @@ class Job:
     store: Any = None           # DDP, rank 0: torch.distributed's rendezvous store, where
     #                             it tells the evaluator its address
     host: str = "127.0.0.1"     # the address other processes reach this one at
+    rejoin: bool = False        # it takes the place of a dead worker in a running job
+    resume: bool = False        # the job continues from a checkpoint (--resume)
 
     @classmethod
     def from_assignment(cls, node: "Node", assignment: Dict[str, Any],
-                        state_server_patience: float = 0.0) -> "Job":
+                        state_server_patience: float = 0.0, resume: bool = False) -> "Job":
         return cls(node, assignment["rank"], assignment["num_workers"],
-                   list(assignment["servers"]), assignment["job"], state_server_patience)
+                   list(assignment["servers"]), assignment["job"], state_server_patience,
+                   rejoin=assignment.get("rejoin") is True, resume=resume)
 
 
 class Algorithm:
@@ -56,6 +59,12 @@ class Algorithm:
 
     def setup(self, model: nn.Module, device: torch.device) -> None:
         """Called once before the first round, with the model on its device."""
+
+    def continues(self) -> Optional[Tuple[Optional[int], float]]:
+        """After `setup`: None for a fresh start; for a process that continues a job
+        (rejoining it, or resuming it from a checkpoint), its first round (None: the
+        one after its own last logged round) and the job's training clock (seconds)."""
+        return None
 
     def training_module(self, model: nn.Module) -> nn.Module:
         """The module the loop runs forward and backward through (after `setup`): the

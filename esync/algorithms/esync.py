@@ -59,14 +59,17 @@ class ESync(PushPull):
                    registry.of_options(opts).key, link_of(opts))
 
     def setup(self, model: nn.Module, device: torch.device) -> None:
-        if self.rank == 0:  # before the barrier: the job is known when others first ask
-            self.state.init_job(self.rule.num_workers, self.max_local_steps)
+        if self.rank == 0 and not self.rejoin:  # before the barrier: the job is known
+            self.state.init_job(self.rule.num_workers, self.max_local_steps)  # when others ask
         lr, momentum, weight_decay = self.local
         # before the clocks start: torch's first optimizer costs about a second of imports
         self.optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
                                          weight_decay=weight_decay)
         super().setup(model, device)
         self.round_start_weights = torch.empty_like(self.flat.params)
+        if self.resume:  # the state server accepts this job's rounds from here on again
+            self.state.init_job(self.rule.num_workers, self.max_local_steps,
+                                resume_round=self._continues[0])
 
     def begin_round(self, round_: int) -> Tuple[int, Phases]:
         start = time.perf_counter()

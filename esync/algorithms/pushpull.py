@@ -19,6 +19,7 @@ from esync import registry
 from esync.algorithms.base import Algorithm, Job, Phases
 from esync.flat import FlatModel
 from esync.kvstore import KVStore
+from esync.transport.node import JobAborted
 from esync.link import Link, link_of
 from esync.rules import RuleConfig
 
@@ -30,6 +31,8 @@ class PushPull(Algorithm):
         self.rule, self.node = rule, job.node
         self.rank = job.rank
         self.servers = job.servers
+        self.rejoin, self.resume = job.rejoin, job.resume
+        self._continues: Optional[Tuple[Optional[int], float]] = None
         self.eval_every = eval_every
         self.synchronous = synchronous  # every worker waits for all in each round
         self.link = link
@@ -49,6 +52,10 @@ class PushPull(Algorithm):
         self.kv = KVStore(self.node, self.servers, self.rank, self.flat.params.numel(),
                           self.flat.buffers.numel(), self.link)
         params, buffers = self.flat.host_state()
+        if self.rejoin:
+            self._come_back(params, buffers)
+            self.flat.load_host_state()
+            return
         if self.rank == 0:
             self.kv.init(self.rule.to_header(), params, buffers)
         else:
@@ -58,6 +65,35 @@ class PushPull(Algorithm):
         if self.rank == 0:  # and the servers' (the evaluator reads it)
             self.kv.pull(params, buffers, start=True)
             self.flat.load_host_state()
+        if self.resume:  # go on from the checkpoint's round and clock
+            self.kv.pull(params, buffers)
+            self.flat.load_host_state()
+            first = self.kv.model_round + 1 if self.synchronous else None
+            self._continues = (first, self.kv.model_age or 0.0)
+
+    #: attempts of a worker coming back to agree a round with every server
+    JOIN_ATTEMPTS = 20
+
+    def _come_back(self, params: np.ndarray, buffers: np.ndarray) -> None:
+        """Take a dead worker's place in a running job: pull the current model; in
+        synchronous modes agree with every server on a round to take part from (a
+        little ahead, so that none has begun it), and wait for it to start."""
+        self.kv.pull(params, buffers)
+        first = None
+        if self.synchronous:
+            for _ in range(self.JOIN_ATTEMPTS):
+                first = max(u or 0 for u in self.kv.server_updates) + 2
+                if self.kv.join(first):
+                    break
+                self.kv.pull(params, buffers)
+            else:
+                raise JobAborted(f"worker {self.rank} could not agree a round to rejoin at "
+                                 f"with the servers in {self.JOIN_ATTEMPTS} attempts")
+            self.kv.pull(params, buffers, at_round=first)
+        self._continues = (first, self.kv.model_age or 0.0)
+
+    def continues(self):
+        return self._continues
 
     def begin_round(self, round_: int) -> Tuple[int, Phases]:
         return 1, {}
@@ -80,22 +116,20 @@ class PushPull(Algorithm):
     def evaluates(self, round_: int) -> bool:
         return self.rank == 0 and self.eval_every > 0 and round_ % self.eval_every == 0
 
-    @property
-    def decides_stop(self) -> bool:
-        return self.rank == 0 or not self.synchronous
-
     def agree_stop(self, reason: Optional[str]) -> Optional[str]:
-        if self.kv.stop_reason is not None:
-            return self.kv.stop_reason if self.rank == 0 else \
-                f"worker 0 ended the job: {self.kv.stop_reason}"
+        """SSGD and ESync: any worker's stop criterion ends the job for all (whichever
+        worker is alive: worker 0 may have died), told through the servers with its next
+        push; all then stop after that round (one leaving alone would stall the round).
+        ASGD: a worker stops alone; worker 0 also tells the others, as before."""
+        stop = self.kv.stop_reason
+        if stop is not None:
+            return stop if stop == self._announced else f"the job ends: {stop}"
         if reason is None:
             return None
-        if self.rank == 0:
-            # tell everyone through the servers with the next push, then stop with them
+        if self.synchronous or self.rank == 0:
             self._announced = self._announced or reason
             return None
-        # SSGD, ESync: worker 0 decides for all (one leaving alone would stall the round)
-        return reason if self.decides_stop else None
+        return reason
 
     def traffic(self) -> Tuple[int, int]:
         return (self.kv.bytes_sent, self.kv.bytes_received) if self.kv else (0, 0)

@@ -32,6 +32,14 @@ class BatchStream:
     def epochs_done(self) -> float:
         return self.samples_drawn / self.partition_size
 
+    def skip_to(self, samples: int) -> None:
+        """Go on as if `samples` samples had been drawn (a worker continuing a job): the
+        position within the epoch is exact, as each epoch's order depends only on the
+        seed, the rank and the epoch."""
+        self.samples_drawn = samples
+        self._epoch, self._pos = divmod(samples, self.partition_size)
+        self._queue = self.order.order(self._epoch)
+
     def _take(self, count: int) -> np.ndarray:
         parts = []
         while count > 0:

@@ -55,13 +55,15 @@ class JobKey:
         return cls(secret, public)
 
 
-def job_key(environ: Mapping[str, str] = os.environ) -> Optional[JobKey]:
-    """The job key from ESYNC_JOB_KEY or ESYNC_JOB_KEY_FILE; None without either."""
+def job_key(environ: Mapping[str, str] = os.environ, warn: bool = True) -> Optional[JobKey]:
+    """The job key from ESYNC_JOB_KEY or ESYNC_JOB_KEY_FILE; None without either (and,
+    with `warn`, a warning, once per process)."""
     if environ.get(KEY_ENV):
         return JobKey.parse(environ[KEY_ENV], KEY_ENV)
     path = environ.get(KEY_FILE_ENV)
     if not path:
-        _say_unauthenticated()
+        if warn:
+            _say_unauthenticated()
         return None
     try:
         with open(path) as f:
@@ -97,8 +99,8 @@ class Guard:
         self._authenticator: Optional[zmq.auth.thread.ThreadAuthenticator] = None
 
     @classmethod
-    def from_environ(cls, context: zmq.Context) -> "Guard":
-        return cls(context, job_key())
+    def from_environ(cls, context: zmq.Context, warn: bool = True) -> "Guard":
+        return cls(context, job_key(warn=warn))
 
     @property
     def secure(self) -> bool:

@@ -13,22 +13,24 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import secrets
 import socket
 import threading
 import time
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import zmq
 
 from esync.errors import UserError
+from esync.transport.auth import Guard
 from esync.transport.cluster import ClusterEnv
 from esync.transport.message import Message, MessageError, decode, encode
 
 POLL_MS = 100
 RECONNECT_S = 2.0
-NOTICES = ("ack", "abort", "shutdown")
-REPLIES = ("assign", "barrier_done", "ack", "error")
+NOTICES = ("ack", "abort", "shutdown", "left", "servers")
+REPLIES = ("assign", "barrier_done", "ack", "error", "member")
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,10 @@ def report_failed_start(env: ClusterEnv, reason: str) -> None:
     context = zmq.Context()
     try:
         sock = context.socket(zmq.DEALER)
+        try:
+            Guard.from_environ(context, warn=False).connect(sock)
+        except UserError:  # a bad key: the scheduler would not hear this node anyway
+            pass
         sock.connect(env.scheduler_address)
         who = f"{env.role} (pid {os.getpid()} on {socket.gethostname()})"
         sock.send_multipart(encode({"type": "abort", "sender": f"{env.role}-{os.getpid()}",
@@ -68,6 +74,13 @@ class Node:
         self._aborted: Optional[str] = None
         self._shutdown = threading.Event()
         self._closing = threading.Event()
+        #: the scheduler's notices for the main thread: "left" (a worker died; servers)
+        self.notices: "queue.Queue[Dict[str, Any]]" = queue.Queue()
+        #: the servers' addresses, as the assignment and later "servers" notices say
+        #: (a restarted server serves at a new address); the version counts the changes
+        self.servers: List[str] = []
+        self.servers_version = 0
+        self.guard = Guard.from_environ(self.context)
         self._control = self._connect("ctl")
         self._heartbeats = threading.Thread(target=self._heartbeat_loop, name="heartbeat",
                                             daemon=True)
@@ -109,7 +122,15 @@ class Node:
         reply = self._request({"type": "register", "role": self.role, "pid": os.getpid(),
                                "hostname": socket.gethostname(), **info})
         self.rank = reply.header["rank"]
+        self.servers = list(reply.header.get("servers", []))
         return reply.header
+
+    def who(self, uid: str) -> Optional[Dict[str, Any]]:
+        """A server asks who a peer is: {"role", "rank"} of a registered, living
+        worker or evaluator whose node id is `uid`, else None."""
+        self._control.send_multipart(encode({"sender": self.uid, "type": "who", "uid": uid}))
+        reply = self.wait(self._control, REPLIES)
+        return reply.header if reply.type == "member" else None
 
     def barrier(self, group: str = "workers") -> None:
         self._request({"type": "barrier", "group": group})
@@ -118,17 +139,19 @@ class Node:
         """A worker is done; when all are, the scheduler shuts the servers down."""
         self._request({"type": "finished"})
 
-    def fail(self, reason: str) -> None:
-        """Tell the scheduler this node cannot go on, so it ends the job for everyone."""
+    def fail(self, reason: str, user_error: bool = False) -> None:
+        """Tell the scheduler this node cannot go on: it ends the job for everyone, or,
+        for a worker that crashed (not `user_error`, bad input), may go on without it."""
         try:
             self._control.send_multipart(encode({"sender": self.uid, "type": "abort",
-                                                 "reason": f"{self.name} failed: {reason}"}))
+                                                 "reason": f"{self.name} failed: {reason}",
+                                                 "user_error": user_error}))
         except zmq.ZMQError:
             pass
 
     # --- heartbeats and notices -------------------------------------------------------
     def _connect(self, channel: str) -> zmq.Socket:
-        sock = self.context.socket(zmq.DEALER)
+        sock = self.guard.connect(self.context.socket(zmq.DEALER))
         sock.setsockopt(zmq.IDENTITY, f"{self.uid}/{channel}".encode())
         sock.setsockopt(zmq.LINGER, 1000)
         sock.connect(self.env.scheduler_address)
@@ -162,6 +185,10 @@ class Node:
                     last_answer = time.monotonic()
                     if notice.type == "abort":
                         self._abort(str(notice.header.get("reason", "aborted by the scheduler")))
+                    elif notice.type == "servers":
+                        self._servers_moved(notice.header.get("servers"))
+                    elif notice.type == "left":
+                        self.notices.put(notice.header)
                     elif notice.type == "shutdown":
                         log.debug("[ps %s] <- scheduler shutdown", self.name)
                         sock.send_multipart(encode({"type": "bye", "sender": self.uid}))
@@ -172,6 +199,13 @@ class Node:
                                 f"to heartbeats for {timeout:g} s")
         finally:
             sock.close(linger=0)
+
+    def _servers_moved(self, servers) -> None:
+        if isinstance(servers, list) and all(isinstance(a, str) for a in servers) \
+                and servers != self.servers:
+            log.info("[%s] the servers are now at %s", self.name, ", ".join(servers))
+            self.servers = list(servers)
+            self.servers_version += 1
 
     def _abort(self, reason: str) -> None:
         if self._aborted is not None:
@@ -193,6 +227,7 @@ class Node:
         caller left open), giving unsent messages up to a second: never hangs."""
         self._closing.set()
         self._heartbeats.join(timeout=5)
+        self.guard.close()
         self.context.destroy(linger=1000)
 
     def __enter__(self) -> "Node":
@@ -201,5 +236,5 @@ class Node:
     def __exit__(self, kind, error, traceback) -> None:
         if error is not None and not isinstance(error, JobAborted):
             self.fail(str(error) if isinstance(error, UserError)
-                      else f"{kind.__name__}: {error}")
+                      else f"{kind.__name__}: {error}", isinstance(error, UserError))
         self.close()

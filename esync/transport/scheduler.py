@@ -1,13 +1,34 @@
 """The scheduler: registration, ranks, the servers' address book, barriers, heartbeats,
-and the end of the job (ps-lite's scheduler node).
+failures, and the end of the job (ps-lite's scheduler node).
 
 Besides DMLC_NUM_SERVER servers and DMLC_NUM_WORKER workers, any number of evaluators
 (DMLC_ROLE=evaluator) may join, before the job starts or while it runs: they get the
 servers' address book, are not waited for, and their death does not end the job; they
-are shut down with the servers."""
+are shut down with the servers.
+
+Failures (`Policy`, from main.py's flags):
+- a worker that dies (no heartbeat for PS_HEARTBEAT_TIMEOUT, or a crash it reports) is
+  left behind (`--on-worker-failure continue`, the default): the servers are told
+  (`left`), so that synchronous rounds go on with the living workers. Fewer than
+  `--min-workers` living workers end the job. A worker started again with the same
+  variables takes a dead worker's rank (the one with its --device-name and host, if
+  any) and rejoins (`rejoin` in its assignment). A worker that fails on bad input (a
+  UserError) ends the job: a restart would fail the same way.
+- a server that dies is waited for `--server-patience` seconds: a server started again
+  takes its rank, restores its shard from its latest checkpoint (`restore`), and every
+  worker and evaluator is told the new address (`servers`). Otherwise the job ends.
+- the job's id is kept in --checkpoint-dir/job.json, so that `--resume 1` continues
+  the same job (the ESync state server's rows): the scheduler then picks the round
+  every shard restores (the newest that all shards have in synchronous modes).
+
+Every field of every message is checked before use; a message that is malformed, or
+whose handling fails, is logged and answered with `error`, and never ends the job. Only
+registered members' state is kept (bounded memory whatever strangers send)."""
 from __future__ import annotations
 
+import json
 import logging
+import os
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -18,11 +39,71 @@ import zmq
 from esync import ready
 from esync.errors import UserError
 from esync.registry import EVALUATOR
+from esync.transport.auth import Guard
 from esync.transport.cluster import ClusterEnv, resolve
 from esync.transport.message import MessageError, decode, encode
 
 POLL_MS = 100
-REQUESTS = ("register", "heartbeat", "barrier", "finished", "abort", "bye")
+REQUESTS = ("register", "heartbeat", "barrier", "finished", "abort", "bye", "who")
+ROLES = ("server", "worker", EVALUATOR)
+QUEUED = 16
+JOB_FILE = "job.json"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the job does when a node dies (see the module's docstring)."""
+
+    on_worker_failure: str = "abort"
+    min_workers: int = 1
+    server_patience: float = 0.0
+    checkpoint_dir: Optional[str] = None
+    resume: bool = False
+    synchronous: bool = True
+
+    @classmethod
+    def from_options(cls, opts) -> "Policy":
+        from esync import registry
+        from esync.options import server_patience
+
+        return cls(opts.on_worker_failure, opts.min_workers, server_patience(opts),
+                   opts.checkpoint_dir, opts.resume,
+                   registry.of_options(opts).synchronous)
+
+
+def _text(header: Dict, name: str, limit: int = 256, required: bool = True) -> Optional[str]:
+    value = header.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise MessageError(f"field {name!r} must be a string of at most {limit} characters")
+    return value
+
+
+def _integer(header: Dict, name: str, low: int, high: int, required: bool = True):
+    value = header.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise MessageError(f"field {name!r} must be an integer in {low}..{high}")
+    return value
+
+
+def _checkpoint_rounds(header: Dict) -> Dict[int, List[int]]:
+    """A server's report of the checkpoints it sees: {"<shard>": [round, ...]}."""
+    value = header.get("checkpoints")
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > 4096:
+        raise MessageError("field 'checkpoints' must be a map of shard to rounds")
+    out = {}
+    for shard, rounds in value.items():
+        if not isinstance(shard, str) or not shard.isdigit() or not isinstance(rounds, list) \
+                or len(rounds) > 4096 or not all(isinstance(r, int) and not isinstance(r, bool)
+                                                 and r >= 0 for r in rounds):
+            raise MessageError("field 'checkpoints' must be a map of shard to rounds")
+        out[int(shard)] = rounds
+    return out
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +116,15 @@ class Member:
     pid: int
     address: Optional[str]
     info: Dict
+    device: str = ""
     rank: Optional[int] = None
     finished: bool = False
+    dead_since: Optional[float] = None  # left behind (worker) or awaited (server)
+    checkpoints: Dict[int, List[int]] = field(default_factory=dict)
+
+    @property
+    def alive(self) -> bool:
+        return self.dead_since is None
 
     def describe(self) -> str:
         rank = "?" if self.rank is None else self.rank
@@ -46,19 +134,24 @@ class Member:
 @dataclass
 class Scheduler:
     env: ClusterEnv
+    policy: Policy = field(default_factory=Policy)
     members: Dict[str, Member] = field(default_factory=dict)
     last_seen: Dict[str, float] = field(default_factory=dict)
     barriers: Dict[str, List[str]] = field(default_factory=dict)
     assigned: bool = False
-    closing_since: Optional[float] = None  # when every worker had finished
+    #: nodes that registered to replace one not yet known to be dead (bounded)
+    queued: List[Member] = field(default_factory=list)
+    closing_since: Optional[float] = None  # when every living worker had finished
     #: names the job where several share a service (the ESync state server)
     job: str = field(default_factory=lambda: time.strftime("job-%Y%m%d-%H%M%S-")
                      + secrets.token_hex(3))
 
     def run(self) -> int:
         """Serve the job until it ends: 0 when every worker finished, 1 when aborted."""
+        self._job_file()
         context = zmq.Context()
-        self.sock = context.socket(zmq.ROUTER)
+        self.guard = Guard.from_environ(context)
+        self.sock = self.guard.serve(context.socket(zmq.ROUTER))
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a node's fresh connection takes over
         self.sock.setsockopt(zmq.LINGER, 2000)
@@ -71,18 +164,52 @@ class Scheduler:
                 self.sock.bind(f"{host}:{port}")
         except zmq.ZMQError as e:
             self.sock.close(linger=0)
+            self.guard.close()
             context.term()
             raise UserError(f"DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT: cannot listen on "
                             f"{host}:{port}: {e}") from None
-        log.info("[scheduler] listening on %s:%d for %d server(s) and %d worker(s)", host,
-                 port, self.env.num_servers, self.env.num_workers)
+        log.info("[scheduler] listening on %s:%d for %d server(s) and %d worker(s)%s", host,
+                 port, self.env.num_servers, self.env.num_workers,
+                 " (CurveZMQ: job key required)" if self.guard.secure else "")
         ready.announce(port)
         try:
             code = self._serve()
         finally:
             self.sock.close()
+            self.guard.close()
             context.term()
         return code
+
+    def _job_file(self) -> None:
+        """With --checkpoint-dir: keep the job id there; with --resume, take it back."""
+        folder = self.policy.checkpoint_dir
+        if not folder:
+            if self.policy.resume:
+                raise UserError("--resume needs --checkpoint-dir (where the job's "
+                                "checkpoints are)")
+            return
+        path = os.path.join(folder, JOB_FILE)
+        if self.policy.resume:
+            try:
+                with open(path) as f:
+                    job = json.load(f).get("job")
+            except (OSError, ValueError, AttributeError) as e:
+                raise UserError(f"--resume: cannot read the job id from {path}: "
+                                f"{getattr(e, 'strerror', None) or e}") from None
+            if not isinstance(job, str) or not job:
+                raise UserError(f"--resume: {path} names no job")
+            self.job = job
+            log.info("[scheduler] resuming job %s from %s", job, folder)
+            return
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(path + ".partial", "w") as f:
+                json.dump({"job": self.job, "num_servers": self.env.num_servers,
+                           "num_workers": self.env.num_workers}, f)
+            os.replace(path + ".partial", path)
+        except OSError as e:
+            raise UserError(f"--checkpoint-dir {folder}: cannot write {JOB_FILE}: "
+                            f"{e.strerror}") from None
 
     def _serve(self) -> Optional[int]:
         last_notice = 0.0
@@ -95,7 +222,7 @@ class Scheduler:
             if self.closing_since is not None:
                 now = time.monotonic()
                 left = [m for m in self.members.values()
-                        if m.role in ("server", EVALUATOR) and not m.finished]
+                        if m.role in ("server", EVALUATOR) and not m.finished and m.alive]
                 if not left:
                     log.info("[scheduler] all %d nodes are done", len(self.members))
                     return 0
@@ -109,144 +236,325 @@ class Scheduler:
                     last_notice = now
                 continue
             dead = self._dead_member()
-            if dead is not None and dead.role == EVALUATOR:  # an observer: the job goes on
-                log.warning("[scheduler] %s sent no heartbeat for %g s; the job goes on "
-                            "without it", dead.describe(), self.env.heartbeat_timeout)
-                dead.finished = True
-            elif dead is not None:
-                return self._abort(f"{dead.describe()} sent no heartbeat for "
-                                   f"{self.env.heartbeat_timeout:g} s", exclude=dead.uid)
+            if dead is not None:
+                code = self._lost(dead, f"sent no heartbeat for "
+                                        f"{self.env.heartbeat_timeout:g} s")
+                if code is not None:
+                    return code
+            code = self._server_patience()
+            if code is not None:
+                return code
 
     # --- messages ---------------------------------------------------------------------
     def _handle(self, identity: bytes, frames) -> Optional[int]:
         try:
             msg = decode(frames, REQUESTS)
+            return self._dispatch(identity, str(msg.header["sender"])[:256], msg)
         except MessageError as e:
-            log.warning("[scheduler] dropped a malformed message from %r: %s", identity, e)
-            return None
-        uid = str(msg.header["sender"])
-        self.last_seen[uid] = time.monotonic()
+            log.warning("[scheduler] dropped a malformed message from %r: %s",
+                        identity[:64], e)
+            self._send(identity, {"type": "error", "error": str(e)})
+        except Exception as e:  # one message never ends the job
+            log.exception("[scheduler] error handling a message from %r", identity[:64])
+            self._send(identity, {"type": "error",
+                                  "error": f"internal error: {type(e).__name__}"})
+        return None
+
+    def _dispatch(self, identity: bytes, uid: str, msg) -> Optional[int]:
+        member = self.members.get(uid)
+        if member is not None:
+            self.last_seen[uid] = time.monotonic()
         if msg.type == "heartbeat":
-            self._send(identity, {"type": "ack"})
+            if member is not None and not member.alive and member.role == "worker":
+                # declared dead, yet alive: it was left behind and cannot come back as is
+                self._send(identity, {"type": "abort", "reason": f"{member.describe()} was "
+                                      f"left behind as dead; start it again to rejoin"})
+            else:
+                self._send(identity, {"type": "ack"})
             return None
         log.debug("[scheduler] <- %s: %s", uid, msg.header)
         if msg.type == "register":
             return self._register(identity, uid, msg.header)
-        if msg.type == "abort" and uid not in self.members:  # failed before it could join
-            return self._abort(str(msg.header.get("reason", f"{uid} failed")))
-        if uid not in self.members:
+        if msg.type == "abort" and member is None:  # failed before it could join
+            if self.assigned:  # the job runs: a node that cannot start does not end it
+                log.warning("[scheduler] a node that is not a member could not start: %s",
+                            _text(msg.header, "reason", 2000, required=False))
+                return None
+            return self._abort(_text(msg.header, "reason", 2000, required=False)
+                               or f"{uid} failed")
+        if member is None or not member.alive:
             self._send(identity, {"type": "error", "error": f"{uid} is not registered"})
             return None
-        member = self.members[uid]
+        if msg.type == "who":
+            return self._who(identity, member, msg.header)
         if msg.type == "barrier":
-            return self._barrier(identity, uid, str(msg.header.get("group", "workers")))
+            group = _text(msg.header, "group", required=False) or "workers"
+            return self._barrier(identity, uid, group)
         if msg.type == "finished":
             member.finished = True
             self._send(identity, {"type": "ack"})
-            workers = [m for m in self.members.values() if m.role == "worker"]
-            if self.assigned and all(m.finished for m in workers):
-                self.closing_since = time.monotonic()
-                log.info("[scheduler] all %d workers finished; shutting the servers down",
-                         len(workers))
+            self._maybe_closing()
             return None
         if msg.type == "bye":  # a server confirms the shutdown
             member.finished = True
             return None
-        if member.role == EVALUATOR:  # an observer failed: the job goes on without it
-            log.warning("[scheduler] %s left: %s", member.describe(),
-                        msg.header.get("reason", "failed"))
-            member.finished = True
-            return None
-        # abort: a node failed and asks to end the job
-        return self._abort(str(msg.header.get("reason", f"{member.describe()} failed")),
-                           exclude=uid)
+        reason = _text(msg.header, "reason", 2000, required=False) or "failed"
+        if msg.header.get("user_error") is True:  # bad input: a restart fails the same way
+            return self._abort(reason, exclude=uid)
+        return self._lost(member, f"failed: {reason}")
+
+    def _who(self, identity: bytes, asker: Member, header: Dict) -> None:
+        """A server asks who a peer is (the node id its socket carries)."""
+        if asker.role != "server":
+            raise MessageError("only servers may ask who a peer is")
+        peer = self.members.get(_text(header, "uid"))
+        if peer is None or not peer.alive or peer.role not in ("worker", EVALUATOR):
+            self._send(identity, {"type": "error", "error": "not a member of the job"})
+        else:
+            self._send(identity, {"type": "member", "role": peer.role, "rank": peer.rank})
+        return None
 
     def _register(self, identity: bytes, uid: str, header: Dict) -> Optional[int]:
-        role = header.get("role")
-        wanted = {"server": self.env.num_servers, "worker": self.env.num_workers}
+        role = _text(header, "role")
+        if role not in ROLES:
+            raise MessageError(f"unknown role {role!r}")
+        if uid in self.members:
+            raise MessageError(f"{uid} is already registered")
+        port = _integer(header, "port", 1, 65535, required=False)
+        host = _text(header, "host", required=False)
+        member = Member(uid, role, _text(header, "hostname", required=False) or "?",
+                        _integer(header, "pid", 0, 2**31, required=False) or 0,
+                        f"tcp://{host}:{port}" if port and host else None,
+                        {k: _text(header, k, required=False) for k in ("mode", "network")},
+                        _text(header, "device", required=False) or "",
+                        checkpoints=_checkpoint_rounds(header))
+        if role == "server" and member.address is None:
+            raise MessageError("a server registers with its 'host' and 'port'")
         if role == EVALUATOR:
-            return self._register_evaluator(identity, uid, header)
-        if role not in wanted:
-            self._send(identity, {"type": "error", "error": f"unknown role {role!r}"})
-            return None
+            return self._register_evaluator(member)
+        if self.assigned:
+            return self._replace(member)
+        wanted = {"server": self.env.num_servers, "worker": self.env.num_workers}
         count = sum(1 for m in self.members.values() if m.role == role)
-        if self.assigned or count >= wanted[role]:
-            self._send(identity, {"type": "error", "error": f"the job already has its "
-                                  f"{wanted[role]} {role}(s) (DMLC_NUM_{role.upper()})"})
+        if count >= wanted[role]:
+            self._send(f"{uid}/ctl".encode(), {
+                "type": "error", "error": f"the job already has its {wanted[role]} "
+                f"{role}(s) (DMLC_NUM_{role.upper()})"})
             return None
-        port = header.get("port")
-        address = f"tcp://{header.get('host')}:{port}" if port else None
-        member = Member(uid, role, str(header.get("hostname", "?")), int(header.get("pid", 0)),
-                        address, {k: header.get(k) for k in ("mode", "network")})
         workers = [m for m in self.members.values() if m.role == "worker"]
         if role == "worker" and workers and member.info != workers[0].info:
             self.members[uid] = member
             return self._abort(f"workers disagree: {workers[0].describe()} runs "
                                f"{workers[0].info} but {member.describe()} runs {member.info}")
         self.members[uid] = member
+        self.last_seen[uid] = time.monotonic()
         self.barriers.setdefault("register", []).append(uid)
         log.info("[scheduler] %s registered: pid %d on %s%s", role, member.pid,
-                 member.hostname, f", serving at {address}" if address else "")
+                 member.hostname, f", serving at {member.address}" if member.address else "")
         if all(sum(1 for m in self.members.values() if m.role == r) == n
                for r, n in wanted.items()):
-            self._assign()
+            return self._assign()
         return None
 
-    def _register_evaluator(self, identity: bytes, uid: str, header: Dict) -> None:
+    def _replace(self, member: Member) -> Optional[int]:
+        """A worker or server that registers once the job runs takes a dead one's rank:
+        the one with its device label and host if there is one."""
+        dead = [m for m in self.members.values() if m.role == member.role and not m.alive]
+        dead.sort(key=lambda m: (m.device != member.device or m.hostname != member.hostname,
+                                 m.rank))
+        if not dead:  # perhaps the one it replaces is not yet known to be dead: wait
+            if len(self.queued) >= QUEUED:
+                self._send(f"{member.uid}/ctl".encode(), {
+                    "type": "error", "error": f"the job already has its living "
+                    f"{member.role}s (DMLC_NUM_{member.role.upper()})"})
+            else:
+                log.info("[scheduler] %s waits for a dead %s's place", member.describe(),
+                         member.role)
+                self.queued.append(member)
+            return None
+        old = dead[0]
+        del self.members[old.uid]
+        self.last_seen.pop(old.uid, None)
+        member.rank = old.rank
+        self.members[member.uid] = member
+        self.last_seen[member.uid] = time.monotonic()
+        if member.role == "worker":
+            log.info("[scheduler] %s rejoins as worker %d (device %r)", member.describe(),
+                     member.rank, member.device)
+            self._send_assignment(member, rejoin=True)
+            return None
+        log.info("[scheduler] %s takes over shard %d at %s; telling the workers",
+                 member.describe(), member.rank, member.address)
+        self._send_assignment(member, restore=True)
+        servers = self._servers()
+        for m in self.members.values():
+            if m.role in ("worker", EVALUATOR) and m.alive and not m.finished:
+                self._send(f"{m.uid}/hb".encode(), {"type": "servers", "servers": servers})
+        return None
+
+    def _register_evaluator(self, member: Member) -> None:
         """An evaluator joins at any time; it is answered once the servers are known."""
-        member = Member(uid, EVALUATOR, str(header.get("hostname", "?")),
-                        int(header.get("pid", 0)) if isinstance(header.get("pid"), int) else 0,
-                        None, {k: header.get(k) for k in ("mode", "network")},
-                        rank=sum(1 for m in self.members.values() if m.role == EVALUATOR))
-        self.members[uid] = member
+        member.rank = sum(1 for m in self.members.values() if m.role == EVALUATOR)
+        self.members[member.uid] = member
+        self.last_seen[member.uid] = time.monotonic()
         log.info("[scheduler] evaluator registered: pid %d on %s", member.pid, member.hostname)
         if self.assigned:
             self._send_assignment(member)
         else:
-            self.barriers.setdefault("register", []).append(uid)
+            self.barriers.setdefault("register", []).append(member.uid)
         return None
 
-    def _send_assignment(self, member: Member) -> None:
-        servers = [m.address for m in self.members.values() if m.role == "server"]
-        self._send(f"{member.uid}/ctl".encode(), {
-            "type": "assign", "rank": member.rank, "servers": servers, "job": self.job,
-            "num_servers": self.env.num_servers, "num_workers": self.env.num_workers})
+    def _servers(self) -> List[Optional[str]]:
+        ranked = sorted((m for m in self.members.values() if m.role == "server"),
+                        key=lambda m: m.rank)
+        return [m.address for m in ranked]
 
-    def _assign(self) -> None:
+    def _send_assignment(self, member: Member, **extra) -> None:
+        self._send(f"{member.uid}/ctl".encode(), {
+            "type": "assign", "rank": member.rank, "servers": self._servers(), "job": self.job,
+            "num_servers": self.env.num_servers, "num_workers": self.env.num_workers,
+            "workers": sorted(m.rank for m in self.members.values()
+                              if m.role == "worker" and m.alive), **extra})
+
+    def _restore_rounds(self) -> Dict[int, List[int]]:
+        """--resume: per shard, the checkpoint rounds it may restore, best first (in
+        synchronous modes, only rounds that every shard has)."""
+        seen: Dict[int, set] = {}
+        for m in self.members.values():
+            for shard, rounds in m.checkpoints.items():
+                seen.setdefault(shard, set()).update(rounds)
+        missing = [k for k in range(self.env.num_servers) if not seen.get(k)]
+        if missing:
+            raise UserError(f"--resume: no checkpoint of shard {missing[0]} in "
+                            f"{self.policy.checkpoint_dir}")
+        if self.policy.synchronous:
+            common = set.intersection(*(seen[k] for k in range(self.env.num_servers)))
+            if common:
+                return {k: sorted(common, reverse=True) for k in range(self.env.num_servers)}
+            log.warning("[scheduler] --resume: the shards have no checkpoint round in "
+                        "common; each restores its newest")
+        return {k: sorted(seen[k], reverse=True) for k in range(self.env.num_servers)}
+
+    def _assign(self) -> Optional[int]:
+        restore: Dict[int, List[int]] = {}
+        if self.policy.resume:
+            try:
+                restore = self._restore_rounds()
+            except UserError as e:
+                return self._abort(str(e))
         for role in ("server", "worker"):
             for rank, m in enumerate(m for m in self.members.values() if m.role == role):
                 m.rank = rank
         for uid in self.barriers.pop("register"):
-            self._send_assignment(self.members[uid])
+            member = self.members[uid]
+            if member.role == "server" and self.policy.resume:
+                self._send_assignment(member, restore=True, rounds=restore[member.rank])
+            else:
+                self._send_assignment(member)
         self.assigned = True
         log.info("[scheduler] all %d nodes registered; ranks assigned; job id %s",
                  len(self.members), self.job)
+        return None
 
     def _barrier(self, identity: bytes, uid: str, group: str) -> None:
         role = {"workers": "worker", "servers": "server"}.get(group)
-        members = [m.uid for m in self.members.values() if group == "all" or m.role == role]
+        members = [m.uid for m in self.members.values()
+                   if (group == "all" or m.role == role) and m.alive]
         if uid not in members:
             self._send(identity, {"type": "error", "error": f"not a member of group {group!r}"})
             return None
         waiting = self.barriers.setdefault(f"barrier:{group}", [])
         waiting.append(uid)
-        if set(members) <= set(waiting):
-            for waiter in self.barriers.pop(f"barrier:{group}"):
-                self._send(f"{waiter}/ctl".encode(), {"type": "barrier_done", "group": group})
+        self._release_barriers()
         return None
+
+    def _release_barriers(self) -> None:
+        """Release each barrier whose living members are all waiting (also after a
+        death: the dead are not waited for)."""
+        for name in [n for n in self.barriers if n.startswith("barrier:")]:
+            group = name.split(":", 1)[1]
+            role = {"workers": "worker", "servers": "server"}.get(group)
+            members = {m.uid for m in self.members.values()
+                       if (group == "all" or m.role == role) and m.alive}
+            waiting = [u for u in self.barriers[name] if u in members]
+            if members <= set(waiting):
+                del self.barriers[name]
+                for waiter in waiting:
+                    self._send(f"{waiter}/ctl".encode(), {"type": "barrier_done",
+                                                          "group": group})
 
     # --- failure ----------------------------------------------------------------------
     def _dead_member(self) -> Optional[Member]:
         now = time.monotonic()
         for m in self.members.values():
-            if not m.finished and now - self.last_seen.get(m.uid, now) > self.env.heartbeat_timeout:
+            if not m.finished and m.alive and \
+                    now - self.last_seen.get(m.uid, now) > self.env.heartbeat_timeout:
                 return m
         return None
+
+    def _lost(self, member: Member, how: str) -> Optional[int]:
+        """`member` died (`how`): go on without it if the policy allows, else end the job."""
+        reason = f"{member.describe()} {how}"
+        if member.role == EVALUATOR:  # an observer: the job goes on
+            log.warning("[scheduler] %s; the job goes on without it", reason)
+            member.finished = True
+            return None
+        if not self.assigned:
+            return self._abort(reason, exclude=member.uid)
+        if member.role == "worker" and self.policy.on_worker_failure == "continue":
+            member.dead_since = time.monotonic()
+            living = [m for m in self.members.values() if m.role == "worker" and m.alive]
+            if len(living) < self.policy.min_workers:
+                return self._abort(f"{reason}; {len(living)} living worker(s) left, fewer "
+                                   f"than --min-workers {self.policy.min_workers}",
+                                   exclude=member.uid)
+            log.warning("[scheduler] %s; the job goes on with %d worker(s) (start it again "
+                        "to rejoin)", reason, len(living))
+            for m in self.members.values():
+                if m.role == "server" and m.alive:
+                    self._send(f"{m.uid}/hb".encode(), {"type": "left", "rank": member.rank,
+                                                        "uid": member.uid})
+            self._release_barriers()
+            self._take_queued("worker")
+            self._maybe_closing()
+            return None
+        if member.role == "server" and self.policy.server_patience > 0:
+            member.dead_since = time.monotonic()
+            log.warning("[scheduler] %s; waiting up to %g s for it to be started again "
+                        "(the same DMLC_* variables and --checkpoint-dir)", reason,
+                        self.policy.server_patience)
+            self._take_queued("server")
+            return None
+        return self._abort(reason, exclude=member.uid)
+
+    def _take_queued(self, role: str) -> None:
+        """A node of `role` died: the first one waiting to replace one takes its place."""
+        for waiting in [m for m in self.queued if m.role == role]:
+            self.queued.remove(waiting)
+            self._replace(waiting)
+            return
+
+    def _server_patience(self) -> Optional[int]:
+        now = time.monotonic()
+        for m in self.members.values():
+            if m.role == "server" and not m.alive and \
+                    now - m.dead_since > self.policy.server_patience:
+                return self._abort(f"{m.describe()} died and was not started again within "
+                                   f"--server-patience {self.policy.server_patience:g} s")
+        return None
+
+    def _maybe_closing(self) -> None:
+        workers = [m for m in self.members.values() if m.role == "worker" and m.alive]
+        if self.assigned and self.closing_since is None and workers and \
+                all(m.finished for m in workers):
+            self.closing_since = time.monotonic()
+            log.info("[scheduler] all %d living workers finished; shutting the servers "
+                     "down", len(workers))
 
     def _abort(self, reason: str, exclude: Optional[str] = None) -> int:
         log.error("[scheduler] error: aborting the job: %s", reason)
         for m in self.members.values():
-            if m.uid != exclude and not m.finished:
+            if m.uid != exclude and not m.finished and m.alive:
                 self._send(f"{m.uid}/hb".encode(), {"type": "abort", "reason": reason})
         return 1
 
