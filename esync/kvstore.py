@@ -6,8 +6,8 @@ chunk (esync.transport.message.chunk_spans), to every server before awaiting any
 answer, so shards move in parallel; each answer chunk is received straight into the worker's vector
 (`recv_into`), with no copy in between.
 
-Each socket carries the node's id as its ZeroMQ identity (servers serve only the
-scheduler's members) and, with a job key, proves the key (CurveZMQ). When the scheduler
+Each socket carries the node's id as its ZeroMQ identity, `<node id>/kv` (servers serve
+only the scheduler's members) and, with a job key, proves the key (CurveZMQ). When the scheduler
 says a server moved (a dead server was started again, `Node.servers`), the socket is
 pointed at the new address and the operation under way is sent to it again.
 """
@@ -53,8 +53,8 @@ class KVStore:
             sock = node.context.socket(zmq.DEALER)
             if guard is not None:
                 guard.connect(sock)
-            if uid is not None:
-                sock.setsockopt(zmq.IDENTITY, uid.encode())
+            if uid is not None:  # "<node id>/<socket>": the server asks who the node is
+                sock.setsockopt(zmq.IDENTITY, f"{uid}/kv".encode())
             sock.setsockopt(zmq.LINGER, 1000)
             sock.connect(address)
             self.sockets.append(sock)

@@ -21,7 +21,7 @@ may carry `stop` (it saw the target accuracy held), which ends the job as worker
 Anything malformed is answered with `error` (and logged); the server goes on serving.
 
 Only peers the scheduler registered are served: a worker's or evaluator's socket carries
-its node id as its ZeroMQ identity, and the server asks the scheduler (`who`) the first
+its node id as its ZeroMQ identity (`<node id>/<socket name>`), and the server asks the scheduler (`who`) the first
 time it sees one; anything else is answered with `error` and changes nothing.
 
 Failures: the scheduler tells the server when a worker died (`left`); the rule then
@@ -46,7 +46,7 @@ from esync.errors import UserError
 from esync.registry import EVALUATOR
 from esync.rules import WEIGHTS, Key, Rule, RuleConfig, make_rule
 from esync.transport.cluster import ClusterEnv, advertised_address
-from esync.transport.message import (CHUNK_VALUES, Message, MessageError, chunk_spans,
+from esync.transport.message import (CHUNK_BYTES, CHUNK_VALUES, Message, MessageError, chunk_spans,
                                      decode, encode)
 from esync.transport.node import Node
 
@@ -154,15 +154,17 @@ class ShardServer:
         try:
             config = RuleConfig.from_header(msg.header.get("rule"))
         except ValueError as e:
-            raise MessageError(str(e)) from None
+            config, problem = None, str(e)
         if self.rule is not None:
-            if (config.name, config.num_workers) != (self.rule.config.name,
-                                                      self.rule.config.num_workers):
+            if config is None or (config.name, config.num_workers) != (
+                    self.rule.config.name, self.rule.config.num_workers):
                 raise MessageError(f"shard {self.rank} is already initialised for "
                                    f"{self.rule.config.name} with "
                                    f"{self.rule.config.num_workers} workers")
             self._send(identity, {"type": "ack"})  # restored from a checkpoint: keep it
             return
+        if config is None:
+            raise MessageError(problem)
         chunks = msg.sections()
         lengths = msg.header.get("lengths")
         if len(chunks) != 2 or not isinstance(lengths, list) or len(lengths) != 2:
@@ -381,9 +383,10 @@ class ShardServer:
 
 def _who(node: Node) -> Who:
     def who(identity: bytes) -> Optional[Tuple[str, int]]:
-        if len(identity) > 256:
+        """A peer's identity is "<node id>/<socket name>" (a node may have several)."""
+        if len(identity) > 256 or b"/" not in identity:
             return None
-        answer = node.who(identity.decode("utf-8", "replace"))
+        answer = node.who(identity.rsplit(b"/", 1)[0].decode("utf-8", "replace"))
         if answer is None or answer.get("role") not in ("worker", EVALUATOR) \
                 or type(answer.get("rank")) is not int:
             return None
@@ -400,6 +403,7 @@ def run_server(env: ClusterEnv, opts: Any = None) -> int:
     folder = opts.checkpoint_dir
     with Node(env, "server") as node:
         sock = node.guard.serve(node.context.socket(zmq.ROUTER))
+        sock.setsockopt(zmq.MAXMSGSIZE, CHUNK_BYTES)  # a bigger frame: the peer is cut off
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 1000)
         host = advertised_address(env)

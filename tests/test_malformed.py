@@ -28,7 +28,7 @@ BEFORE_INIT = [
     ([b"\x92\xc1"], "not valid msgpack"),
     ([msgpack.packb({"type": "delete", "sender": 0})], "unknown message type 'delete'"),
     ([msgpack.packb({"type": "pull", "sender": 0, "shard": 5})], "shard 5 does not exist"),
-    ([msgpack.packb({"type": "pull", "sender": 7, "shard": 0})], "sender 7 is not a worker"),
+    ([msgpack.packb({"type": "pull", "sender": 7, "shard": 0})], "sender 7 is worker 0"),
     (_push(), "push before init"),
 ]
 AFTER_INIT = [
@@ -39,7 +39,8 @@ AFTER_INIT = [
     (_push(round_=5), "push for round 5, but the current round is 1"),
     (_push(payload=b"\0" * 3996), "its frames hold 3996 bytes"),
     ([msgpack.packb({"type": "init", "sender": 0, "shard": 0})], "already initialised"),
-    (_push(round_=None), "lacks an integer 'round'"),
+    (_push(round_=None), "field 'round' must be an integer"),
+    (_push(section=1.0, length=6), "with 'section' 0 or 1"),
     ([msgpack.packb({"type": "push", "sender": 0, "shard": 0, "round": 1})], "one chunk"),
 ]
 
@@ -63,11 +64,21 @@ def test_server_and_scheduler_survive_malformed_messages(tmp_path):
             junk.setsockopt(zmq.LINGER, 1000)
             junk.connect(node.env.scheduler_address)
             junk.send_multipart([b"\xff\xfe not msgpack"])
+            assert junk.poll(5000), "the scheduler did not answer the garbage"
+            assert "not valid msgpack" in decode(junk.recv_multipart(), ("error",)).header["error"]
             junk.send_multipart([msgpack.packb({"type": "register", "sender": "x", "role": "king"})])
             assert junk.poll(5000), "the scheduler did not answer the bad registration"
             assert "unknown role 'king'" in decode(junk.recv_multipart(), ("error",)).header["error"]
+            # a socket of this registered worker's node ("<node id>/<socket name>")
             raw = node.context.socket(zmq.DEALER)
+            raw.setsockopt(zmq.IDENTITY, f"{node.uid}/raw".encode())
             raw.connect(assignment["servers"][0])
+            stranger = node.context.socket(zmq.DEALER)
+            stranger.connect(assignment["servers"][0])
+            for frames in ([msgpack.packb({"type": "pull", "sender": 0, "shard": 0})],
+                           _push()):
+                answer = _ask(stranger, frames)
+                assert answer.type == "error" and "not a member" in answer.header["error"]
             for frames, problem in BEFORE_INIT:
                 answer = _ask(raw, frames)
                 assert answer.type == "error" and problem in answer.header["error"]
@@ -87,6 +98,7 @@ def test_server_and_scheduler_survive_malformed_messages(tmp_path):
             kv.close()
             junk.close()
             raw.close()
+            stranger.close()
             node.finish()
         finally:
             node.close()

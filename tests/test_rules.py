@@ -123,3 +123,55 @@ def test_esync_moves_the_weights_by_the_scaled_mean_delta(global_lr):
         rule.add(k, (BUFFERS, 0), _f32(value))
     np.testing.assert_allclose(b, [3.0])  # BatchNorm statistics: the workers' mean
     assert rule.round == 2
+
+
+# --- workers that die and come back ---------------------------------------------------
+def test_sync_goes_on_with_the_living_workers_when_one_dies():
+    """The round in progress completes with the survivors' mean; later rounds too."""
+    w = _f32(0.0, 0.0)
+    rule = make_rule(w, _f32(0.0), RuleConfig("sync", 3, lr=1.0))
+    assert rule.add(0, (WEIGHTS, 0), _f32(1.0, 2.0)) is False
+    assert rule.add(1, (WEIGHTS, 0), _f32(3.0, 4.0)) is False
+    assert rule.leave(2) == [(WEIGHTS, 0)]  # nobody waits for worker 2's push
+    np.testing.assert_allclose(w, [-2.0, -3.0])  # the mean of the two pushes
+    assert rule.check(2, 1, (BUFFERS, 0)) is not None  # the dead take no part
+    rule.add(0, (BUFFERS, 0), _f32(2.0))
+    assert rule.add(1, (BUFFERS, 0), _f32(4.0)) is True
+    assert rule.round == 2 and rule.members == {0, 1}
+
+
+def test_a_worker_rejoins_at_a_round_that_has_not_begun():
+    w = _f32(0.0)
+    rule = make_rule(w, _f32(0.0), RuleConfig("esync", 2, lr=1.0))
+    rule.leave(1)
+    assert rule.join(1, 3) is True and not rule.joined(1, 3)
+    for round_ in (1, 2):  # worker 0 alone
+        rule.add(0, (WEIGHTS, 0), _f32(1.0))
+        rule.add(0, (BUFFERS, 0), _f32(1.0))
+    assert rule.round == 3 and rule.joined(1, 3) and rule.members == {0, 1}
+    assert rule.add(0, (WEIGHTS, 0), _f32(1.0)) is False  # round 3 waits for worker 1
+    assert rule.add(1, (WEIGHTS, 0), _f32(3.0)) is True
+    np.testing.assert_allclose(w, [1.0 + 1.0 + 2.0])
+    # a round already under way cannot be joined: the worker asks for a later one
+    rule.leave(1)
+    assert rule.join(1, 3) is False
+
+
+def test_a_restored_sync_shard_takes_its_round_from_the_workers():
+    rule = make_rule(_f32(0.0), _f32(0.0), RuleConfig("sync", 2, lr=1.0))
+    rule.restore({}, {"next_round": 11}, [0, 1])
+    assert rule.move_to(15) == [] and rule.round == 15  # the workers got further
+    assert rule.late(0, 14)  # one that missed a round catches up
+    rule.add(0, (WEIGHTS, 0), _f32(1.0))
+    assert rule.move_to(16) == [(WEIGHTS, 0)]  # its held push is answered, not taken
+
+
+def test_dcasgd_drops_a_dead_workers_backup():
+    w = _f32(1.0)
+    rule = make_rule(w, _f32(0.0), RuleConfig("dcasgd", 2, lr=1.0, lamda=1.0))
+    rule.leave(1)
+    assert rule.backup[1] is None
+    rule.add(1, (WEIGHTS, 0), _f32(0.5))  # back, nothing sent yet: plain ASGD
+    np.testing.assert_allclose(w, [0.5])
+    rule.sent(1, (WEIGHTS, 0), 1)
+    np.testing.assert_allclose(rule.backup[1].numpy(), [0.5])

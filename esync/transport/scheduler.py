@@ -41,7 +41,7 @@ from esync.errors import UserError
 from esync.registry import EVALUATOR
 from esync.transport.auth import Guard
 from esync.transport.cluster import ClusterEnv, resolve
-from esync.transport.message import MessageError, decode, encode
+from esync.transport.message import MAX_HEADER_BYTES, MessageError, decode, encode
 
 POLL_MS = 100
 REQUESTS = ("register", "heartbeat", "barrier", "finished", "abort", "bye", "who")
@@ -152,6 +152,7 @@ class Scheduler:
         context = zmq.Context()
         self.guard = Guard.from_environ(context)
         self.sock = self.guard.serve(context.socket(zmq.ROUTER))
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER_BYTES)  # requests are headers only
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a node's fresh connection takes over
         self.sock.setsockopt(zmq.LINGER, 2000)
