@@ -39,7 +39,7 @@ import zmq
 from esync import ready
 from esync.errors import UserError
 from esync.registry import EVALUATOR
-from esync.transport.auth import Guard
+from esync.transport.auth import Guard, job_key
 from esync.transport.cluster import ClusterEnv, resolve
 from esync.transport.message import MAX_HEADER_BYTES, MessageError, decode, encode
 
@@ -150,7 +150,7 @@ class Scheduler:
         """Serve the job until it ends: 0 when every worker finished, 1 when aborted."""
         self._job_file()
         context = zmq.Context()
-        self.guard = Guard.from_environ(context)
+        self.guard = Guard.from_environ(context, warn=False)  # warned once it listens
         self.sock = self.guard.serve(context.socket(zmq.ROUTER))
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER_BYTES)  # requests are headers only
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -172,6 +172,8 @@ class Scheduler:
         log.info("[scheduler] listening on %s:%d for %d server(s) and %d worker(s)%s", host,
                  port, self.env.num_servers, self.env.num_workers,
                  " (CurveZMQ: job key required)" if self.guard.secure else "")
+        if not self.guard.secure:
+            job_key()  # says once that the traffic is unauthenticated
         ready.announce(port)
         try:
             code = self._serve()
