@@ -6,13 +6,14 @@ chunk (esync.transport.message.chunk_spans), to every server before awaiting any
 answer, so shards move in parallel; each answer chunk is received straight into the worker's vector
 (`recv_into`), with no copy in between.
 
-Each socket carries the node's id as its ZeroMQ identity, `<node id>/kv` (servers serve
+Each socket carries the node's id as its ZeroMQ identity, `<node id>/kv-<random>` (servers serve
 only the scheduler's members) and, with a job key, proves the key (CurveZMQ). When the scheduler
 says a server moved (a dead server was started again, `Node.servers`), the socket is
 pointed at the new address and the operation under way is sent to it again.
 """
 from __future__ import annotations
 
+import secrets
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -49,12 +50,13 @@ class KVStore:
         self._outstanding: Dict[int, List[Tuple[Dict, Sequence]]] = {}
         self.sockets = []
         guard, uid = getattr(node, "guard", None), getattr(node, "uid", None)
+        name = secrets.token_hex(3)  # a node may hold several stores: distinct identities
         for address in servers:
             sock = node.context.socket(zmq.DEALER)
             if guard is not None:
                 guard.connect(sock)
             if uid is not None:  # "<node id>/<socket>": the server asks who the node is
-                sock.setsockopt(zmq.IDENTITY, f"{uid}/kv".encode())
+                sock.setsockopt(zmq.IDENTITY, f"{uid}/kv-{name}".encode())
             sock.setsockopt(zmq.LINGER, 1000)
             sock.connect(address)
             self.sockets.append(sock)

@@ -551,8 +551,9 @@ class Scheduler:
         if self.assigned and self.closing_since is None and workers and \
                 all(m.finished for m in workers):
             self.closing_since = time.monotonic()
-            log.info("[scheduler] all %d living workers finished; shutting the servers "
-                     "down", len(workers))
+            dead = sum(1 for m in self.members.values() if m.role == "worker" and not m.alive)
+            log.info("[scheduler] all %d workers finished%s; shutting the servers down",
+                     len(workers), f" ({dead} left behind dead)" if dead else "")
 
     def _abort(self, reason: str, exclude: Optional[str] = None) -> int:
         log.error("[scheduler] error: aborting the job: %s", reason)
