@@ -139,6 +139,7 @@ class Scheduler:
     last_seen: Dict[str, float] = field(default_factory=dict)
     barriers: Dict[str, List[str]] = field(default_factory=dict)
     assigned: bool = False
+    started: bool = False  # the workers passed their first barrier: training runs
     #: nodes that registered to replace one not yet known to be dead (bounded)
     queued: List[Member] = field(default_factory=list)
     closing_since: Optional[float] = None  # when every living worker had finished
@@ -482,6 +483,8 @@ class Scheduler:
             waiting = [u for u in self.barriers[name] if u in members]
             if members <= set(waiting):
                 del self.barriers[name]
+                if group == "workers":
+                    self.started = True
                 for waiter in waiting:
                     self._send(f"{waiter}/ctl".encode(), {"type": "barrier_done",
                                                           "group": group})
@@ -504,7 +507,8 @@ class Scheduler:
             return None
         if not self.assigned:
             return self._abort(reason, exclude=member.uid)
-        if member.role == "worker" and self.policy.on_worker_failure == "continue":
+        if member.role == "worker" and self.policy.on_worker_failure == "continue" \
+                and self.started:  # before, the others wait for it (worker 0's init)
             member.dead_since = time.monotonic()
             living = [m for m in self.members.values() if m.role == "worker" and m.alive]
             if len(living) < self.policy.min_workers:
