@@ -84,8 +84,12 @@ def test_a_killed_worker_is_left_behind_and_rejoins(tmp_path, mode):
         assert codes.pop("worker1") == -signal.SIGKILL
         assert codes == {"scheduler": 0, "server0": 0, "worker0": 0, "worker1-again": 0}, codes
         assert "continuing the job from round" in job.output("worker1-again")
-        rounds = sorted(_logs(job, "w1"))
+        logs = _logs(job, "w1")
+        rounds = sorted(logs)
         assert rounds[0] == 1 and rounds[-1] > before  # the old logs are kept, new ones go on
+        # it trains its own partition on from where its data order was (no repartition)
+        after = min(r for r in rounds if r > before)
+        assert logs[after]["epoch"] > logs[before]["epoch"] > 0
         if mode != "async":  # synchronous: it rejoined at a round ahead of its last
             first_again = int(re.search(r"continuing the job from round (\d+)",
                                         job.output("worker1-again")).group(1))
