@@ -231,8 +231,11 @@ class ShardServer:
         if problem:
             raise MessageError(problem)
         self._take_stop(worker, header)
+        before = getattr(self.rule, "round", None)
         for stale in self.rule.move_to(round_):
             self._answer_waiting(stale)
+        if before is not None and self.rule.round != before:  # restored, now in step:
+            self.updates = self.rule.round - 1  # the rounds the job has completed
         complete = self.rule.add(worker, key, values)
         self.waiting.setdefault(key, []).append((identity, worker, round_))
         if complete:

@@ -4,7 +4,12 @@ One kept-alive HTTP connection per worker. A state server that cannot be reached
 answers 5xx or answers something that is not a JSON object is retried for `patience`
 seconds (it may be restarting: its state is in its database; every request may be
 repeated safely); an answer 4xx means this job's state is not what the worker expects,
-and raises StateServerError with the server's message.
+and raises StateServerError with the server's message. A kept-alive connection that
+the server closed meanwhile (it closes idle ones) is replaced at once, without a warning.
+
+With ESYNC_STATE_TOKEN set, every request carries `Authorization: Bearer <token>`: a
+state server started with that variable requires it on writes, and refuses a missing
+one (401) or another (403); the error then names the variable.
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import http.client
 import json
 import logging
 import os
+import re
 import threading
 import time
 from typing import Any, Callable, Dict, Mapping, Optional
@@ -20,6 +26,7 @@ import config
 from esync.errors import UserError
 
 PATIENCE_ENV = "ESYNC_STATE_SERVER_PATIENCE"
+TOKEN_ENV = "ESYNC_STATE_TOKEN"
 RETRY_S = 0.5
 
 log = logging.getLogger(__name__)
@@ -42,6 +49,22 @@ def patience_from_environ(environ: Mapping[str, str] = os.environ) -> float:
     return value
 
 
+def token_from_environ(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """The state server's token (ESYNC_STATE_TOKEN; unset or empty: None); one that cannot
+    travel in an HTTP header (spaces, control or non-ASCII characters) is a UserError."""
+    raw = environ.get(TOKEN_ENV, "")
+    if not raw:
+        return None
+    if not re.fullmatch(r"[!-~]+", raw):
+        raise UserError(f"{TOKEN_ENV} must be printable ASCII without spaces (it travels in "
+                        f"an HTTP header)")
+    return raw
+
+
+#: StateClient's default token: the one in the environment (token_from_environ)
+FROM_ENVIRON: Any = object()
+
+
 def _json_object(raw: bytes) -> Optional[Dict]:
     try:
         answer = json.loads(raw)
@@ -53,9 +76,11 @@ def _json_object(raw: bytes) -> Optional[Dict]:
 class StateClient:
     def __init__(self, host: str, port: int, job: str,
                  patience: float = config.STATE_SERVER_PATIENCE,
-                 check: Callable[[], None] = lambda: None):
+                 check: Callable[[], None] = lambda: None,
+                 token: Optional[str] = FROM_ENVIRON):
         self.host, self.port, self.job = host, port, job
         self.patience, self.check = patience, check
+        self.token = token_from_environ() if token is FROM_ENVIRON else token
         self._conn: Optional[http.client.HTTPConnection] = None
 
     @property
@@ -65,8 +90,11 @@ class StateClient:
     def _call(self, method: str, path: str, body: Optional[Dict[str, Any]] = None) -> Dict:
         payload = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        deadline, warned = time.monotonic() + self.patience, False
+        if self.token is not None:
+            headers["Authorization"] = f"Bearer {self.token}"
+        deadline, warned, replaced = time.monotonic() + self.patience, False, False
         while True:
+            reused = self._conn is not None
             try:
                 if self._conn is None:
                     self._conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
@@ -78,6 +106,14 @@ class StateClient:
                     break
                 # a 5xx, or an answer cut short by a server going down: try again
                 problem = f"HTTP {status} with {raw[:100]!r}"
+            except ConnectionError as e:
+                if reused and not replaced:
+                    # the server closed the kept-alive connection while it was idle (or
+                    # restarted): once, try a new one at once, without a warning
+                    self.close()
+                    replaced = True
+                    continue
+                problem = str(e) or type(e).__name__
             except (OSError, http.client.HTTPException) as e:
                 problem = str(e) or type(e).__name__
             self.close()  # a fresh connection for the next try
@@ -92,15 +128,26 @@ class StateClient:
                 warned = True
             self.check()  # give up at once if the job was aborted meanwhile
             time.sleep(RETRY_S)
+        if status in (401, 403):
+            hint = (f"this worker has no {TOKEN_ENV}: set it to the state server's token"
+                    if self.token is None else
+                    f"this worker's {TOKEN_ENV} is not the state server's token")
+            raise StateServerError(f"state server {self.url} refused {method} {path}: "
+                                   f"{answer.get('error', status)} ({hint})")
         if status >= 400:
             raise StateServerError(f"state server {self.url} refused {method} {path}: "
                                    f"{answer.get('error', status)}")
         return answer
 
-    def init_job(self, workers: int, max_local_steps: int) -> Dict:
-        """Worker 0, once: make the job known with its number of workers."""
-        return self._call("POST", f"/jobs/{self.job}/",
-                          {"workers": workers, "max_local_steps": max_local_steps})
+    def init_job(self, workers: int, max_local_steps: int,
+                 resume_round: Optional[int] = None) -> Dict:
+        """Worker 0, once: make the job known with its number of workers. A job resumed
+        from a checkpoint passes `resume_round`, the first round it will ask a budget
+        for: the state server then accepts rounds from there on again."""
+        body = {"workers": workers, "max_local_steps": max_local_steps}
+        if resume_round is not None:
+            body["resume_round"] = resume_round
+        return self._call("POST", f"/jobs/{self.job}/", body)
 
     def budget(self, rank: int, round_: int, time_per_iteration: Optional[float]) -> int:
         """Report the measured time per local iteration; this round's local iterations."""

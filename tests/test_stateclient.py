@@ -1,6 +1,6 @@
 """The worker's state-server client against real HTTP servers: the state server's
 refusals surface with its message; something that is not the state server is retried,
-then named."""
+then named; the token (ESYNC_STATE_TOKEN) travels, and its refusals name the variable."""
 import logging
 import subprocess
 import sys
@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from esync.stateclient import StateClient, StateServerError
+from esync.errors import UserError
+from esync.stateclient import StateClient, StateServerError, token_from_environ
 from launch.supervisor import free_port
 from tests.stateserver import StateServer
 
@@ -67,3 +68,73 @@ def _status(port):
         return None
     finally:
         conn.close()
+
+
+TOKEN = "client-test-token_1"
+
+
+def test_the_token_travels_and_refusals_name_its_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("ESYNC_STATE_TOKEN", TOKEN)  # for the server process only
+    state = StateServer(tmp_path).start()
+    monkeypatch.delenv("ESYNC_STATE_TOKEN")
+    try:
+        client = StateClient("127.0.0.1", state.port, "myjob", patience=1)  # none in env
+        assert client.token is None
+        with pytest.raises(StateServerError, match="this worker has no ESYNC_STATE_TOKEN"):
+            client.init_job(2, 4)
+        wrong = StateClient("127.0.0.1", state.port, "myjob", patience=1, token="other")
+        with pytest.raises(StateServerError, match="this worker's ESYNC_STATE_TOKEN is not"):
+            wrong.init_job(2, 4)
+        right = StateClient("127.0.0.1", state.port, "myjob", patience=1, token=TOKEN)
+        assert right.init_job(2, 4)["workers"] == 2
+        monkeypatch.setenv("ESYNC_STATE_TOKEN", TOKEN)  # the default: the environment's
+        from_env = StateClient("127.0.0.1", state.port, "myjob", patience=1)
+        assert from_env.token == TOKEN and from_env.budget(1, 1, None) == 1
+        for c in (client, wrong, right, from_env):
+            c.close()
+    finally:
+        state.stop()
+
+
+def test_token_from_environ():
+    assert token_from_environ({}) is None
+    assert token_from_environ({"ESYNC_STATE_TOKEN": ""}) is None
+    assert token_from_environ({"ESYNC_STATE_TOKEN": "a-B_9~"}) == "a-B_9~"
+    for bad in ("two words", "tab\there", "naïve", "line\n"):
+        with pytest.raises(UserError, match="ESYNC_STATE_TOKEN must be printable ASCII"):
+            token_from_environ({"ESYNC_STATE_TOKEN": bad})
+
+
+def test_init_job_passes_resume_round(tmp_path, monkeypatch):
+    monkeypatch.delenv("ESYNC_STATE_TOKEN", raising=False)
+    with StateServer(tmp_path) as state:
+        client = StateClient("127.0.0.1", state.port, "myjob", patience=1)
+        client.init_job(2, 4)
+        for round_ in (1, 2, 3):
+            client.budget(0, round_, 0.01)
+        with pytest.raises(StateServerError, match="'round' 2 is in the past"):
+            client.budget(0, 2, 0.01)
+        assert client.init_job(2, 4, resume_round=2)["round"] == 1
+        assert client.budget(0, 2, 0.01) >= 1
+        client.close()
+
+
+def test_a_kept_alive_connection_the_server_closed_is_replaced_quietly(tmp_path, caplog,
+                                                                        monkeypatch):
+    """The server closes idle connections (and a restart closes all): the next request
+    goes over a new one at once, without the warning of an unreachable server."""
+    monkeypatch.delenv("ESYNC_STATE_TOKEN", raising=False)
+    caplog.set_level(logging.INFO, logger="esync")
+    state = StateServer(tmp_path).start()
+    try:
+        client = StateClient("127.0.0.1", state.port, "myjob", patience=5)
+        client.init_job(2, 4)
+        state.stop()
+        state.start()
+        start = time.monotonic()
+        assert client.budget(0, 1, None) == 1
+        assert time.monotonic() - start < 5
+        assert [r.getMessage() for r in caplog.records] == []
+        client.close()
+    finally:
+        state.stop()

@@ -3,10 +3,22 @@
 Every device should compute for about as long as the slowest device needs for one
 local iteration, so nobody idles at the aggregation: the slowest device runs 1 local
 iteration a round, and a device k times faster runs about k.
+
+Only living devices count as "the slowest". A worker that died stops asking for budgets,
+and its last time would otherwise hold every survivor to its pace for the rest of the
+job. A living worker is at most one round behind the job's latest round: it asks for
+round t+1 at the end of its round t, as it pushes that round's delta, and nobody asks
+for round t+2 before every delta of round t has arrived. So a device whose last round is
+GONE_AFTER_ROUNDS (2) or more behind the job's latest counts as gone; one that comes
+back asks again, with a later round, and counts again.
 """
 from __future__ import annotations
 
 from typing import Optional, Sequence
+
+#: a device whose last reported round is this many rounds behind the job's latest round
+#: (or more) is taken for dead and left out of the slowest
+GONE_AFTER_ROUNDS = 2
 
 
 def smooth(previous: Optional[float], measured: float, weight: float) -> float:
@@ -17,14 +29,22 @@ def smooth(previous: Optional[float], measured: float, weight: float) -> float:
     return (1.0 - weight) * previous + weight * measured
 
 
+def living(device_round: int, job_round: int) -> bool:
+    """Whether a device that last asked for `device_round` counts, in a job whose latest
+    round is `job_round`."""
+    return device_round > job_round - GONE_AFTER_ROUNDS
+
+
 def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int) -> int:
     """Local iterations for a device with smoothed time per iteration `mine`, given every
-    device's (`None`: not measured yet). As many as fit in the slowest device's time,
-    rounded to the nearest whole number (the device then waits or is waited for at most
-    half an iteration), at least 1, at most `cap`. Until every device has a measurement
-    (round 1, and round 2 for devices that ask before others reported), the budget is 1:
-    the same as SSGD."""
+    living device's (its own included; `None`: not measured yet). As many as fit in the
+    slowest device's time, rounded to the nearest whole number (the device then waits or
+    is waited for at most half an iteration), at least 1, at most `cap`. Until every
+    device has a measurement (round 1, and round 2 for devices that ask before others
+    reported), the budget is 1: the same as SSGD."""
     if mine is None or any(t is None for t in everyone):
         return 1
-    slowest = max(everyone)
-    return max(1, min(cap, int(slowest / mine + 0.5)))
+    ratio = max(everyone) / mine  # may overflow to inf for absurd times: then the cap
+    if not ratio < cap:
+        return cap
+    return max(1, int(ratio + 0.5))

@@ -1,19 +1,24 @@
 """The budget API: JSON over HTTP (documented in the project README).
 
-    GET  /  or  /status/       every job's state
-    POST /jobs/<job>/          {"workers": N, "max_local_steps": M}: initialise a job
+    GET  /  or  /status/       the jobs' states, a page at a time (?limit=N&offset=M)
+    POST /jobs/<job>/          {"workers": N, "max_local_steps": M}: initialise a job;
+                               with "resume_round": r, also rewind it so that rounds
+                               from r on are accepted again (a job resumed from a
+                               checkpoint)
     GET  /jobs/<job>/          one job's state
     POST /jobs/<job>/budget/   {"rank": r, "round": t, "time_per_iteration": s or null}:
                                report and get this round's budget
 
 A bad request gets HTTP 400 (unknown job: 404; wrong method: 405) with
-{"error": "..."} naming the field, and changes nothing.
+{"error": "..."} naming the field, and changes nothing. What reaches a view has passed
+budgets.guard (body size, framing, token). Each request's work is bounded: at most
+MAX_WORKERS devices per job, at most STATUS_MAX_LIMIT jobs and about PAGE_DEVICES
+devices per page of the status.
 """
 from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 from typing import Any, Dict
 
@@ -30,7 +35,21 @@ from budgets.models import Device, Job
 log = logging.getLogger("budgets")
 
 JOB_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-MAX_WORKERS = 100_000
+#: workers of one job: each has a row, and every answer about the job lists them all
+MAX_WORKERS = 1024
+MAX_LOCAL_STEPS = 1_000_000
+#: the largest time per local iteration taken (11.6 days): bounds the moving average
+MAX_SECONDS = 1e6
+#: the largest round or rank (the database's positive integers)
+MAX_INT = 2**31 - 1
+#: jobs per page of GET /status/ by default, and at most (?limit=)
+STATUS_LIMIT = 50
+STATUS_MAX_LIMIT = 500
+#: a page of the status ends early, before the job that would take it past this many
+#: devices (it has at least one job)
+PAGE_DEVICES = 4096
+#: characters of a refused value or URL that an error message repeats
+SHOWN = 80
 
 
 class BadRequest(Exception):
@@ -66,22 +85,34 @@ def api(*methods: str):
 
 
 # --- reading requests ------------------------------------------------------------------
+def _shown(value: Any) -> str:
+    """A refused value as an error message repeats it: its repr, cut to SHOWN characters."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int too long for Python's int-to-str limit
+        text = "a huge integer"
+    return text if len(text) <= SHOWN else text[:SHOWN] + "..."
+
+
 def _body(request: HttpRequest) -> Dict[str, Any]:
     try:
         body = json.loads(request.body or b"null")
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError):  # also: integers of thousands of digits
         raise BadRequest("the request body is not valid JSON") from None
+    except RecursionError:  # arrays or objects nested a thousand deep
+        raise BadRequest("the request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     return body
 
 
-def _integer(body: Dict[str, Any], name: str, low: int, high: int = 2**31 - 1) -> int:
+def _integer(body: Dict[str, Any], name: str, low: int, high: int = MAX_INT) -> int:
     if name not in body:
         raise BadRequest(f"field '{name}' is missing")
     value = body[name]
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise BadRequest(f"field '{name}' must be an integer in {low}..{high}, got {value!r}")
+        raise BadRequest(f"field '{name}' must be an integer in {low}..{high}, "
+                         f"got {_shown(value)}")
     return value
 
 
@@ -91,16 +122,29 @@ def _seconds(body: Dict[str, Any], name: str):
     value = body[name]
     if value is None:
         return None
+    # compared as they are: float() of a huge integer would overflow
     if not isinstance(value, (int, float)) or isinstance(value, bool) \
-            or not math.isfinite(value) or value <= 0:
-        raise BadRequest(f"field '{name}' must be a positive number of seconds or null, "
-                         f"got {value!r}")
+            or not 0 < value <= MAX_SECONDS:  # NaN fails this too
+        raise BadRequest(f"field '{name}' must be a positive number of seconds (at most "
+                         f"{MAX_SECONDS:g}) or null, got {_shown(value)}")
     return float(value)
+
+
+def _query_integer(request: HttpRequest, name: str, default: int, low: int,
+                   high: int) -> int:
+    raw = request.GET.get(name)
+    if raw is None:
+        return default
+    if not (re.fullmatch(r"[0-9]{1,10}", raw) and low <= int(raw) <= high):
+        raise BadRequest(f"query parameter '{name}' must be an integer in {low}..{high}, "
+                         f"got {_shown(raw)}")
+    return int(raw)
 
 
 def _job_name(job: str) -> str:
     if not JOB_NAME.fullmatch(job):
-        raise BadRequest(f"job id {job!r} must be 1 to 64 letters, digits, '.', '_' or '-'")
+        raise BadRequest(f"job id {_shown(job)} must be 1 to 64 letters, digits, '.', '_' "
+                         f"or '-'")
     return job
 
 
@@ -114,10 +158,12 @@ def _find(job: str, lock: bool = False) -> Job:
 
 
 # --- answers ---------------------------------------------------------------------------
-def _device_state(device: Device, now) -> Dict[str, Any]:
+def _device_state(device: Device, job_round: int, now) -> Dict[str, Any]:
     return {
         "rank": device.rank,
         "round": device.round,
+        # whether it counts among the devices the budgets follow (budgets.rule.living)
+        "living": rule.living(device.round, job_round),
         "budget": device.budget,
         "time_per_iteration": device.last_time,
         "smoothed_time_per_iteration": device.smoothed_time,
@@ -137,39 +183,72 @@ def _job_state(job: Job) -> Dict[str, Any]:
         "round": job.round,
         "created_at": job.created_at.isoformat(),
         "updated_at": job.updated_at.isoformat(),
-        "devices": [_device_state(d, now) for d in job.devices.order_by("rank")],
+        # .all(), sorted here: uses the devices prefetched for a page of the status
+        "devices": [_device_state(d, job.round, now)
+                    for d in sorted(job.devices.all(), key=lambda d: d.rank)],
     }
 
 
 # --- views -----------------------------------------------------------------------------
 @api("GET")
 def status(request: HttpRequest) -> JsonResponse:
-    """The whole state: every job, its round, and each device's time and budget."""
-    jobs = Job.objects.prefetch_related("devices")
-    return JsonResponse({"jobs": [_job_state(j) for j in jobs]})
+    """A page of the state: jobs in the order they were created, from `offset`, at most
+    `limit` of them and, past the first, no more than PAGE_DEVICES devices; `total` is
+    the number of jobs and `next_offset` where the next page begins (null: none)."""
+    limit = _query_integer(request, "limit", STATUS_LIMIT, 1, STATUS_MAX_LIMIT)
+    offset = _query_integer(request, "offset", 0, 0, MAX_INT)
+    total = Job.objects.count()
+    ids, devices = [], 0
+    for id_, workers in Job.objects.values_list("id", "num_workers")[offset:offset + limit]:
+        if ids and devices + workers > PAGE_DEVICES:
+            break
+        ids.append(id_)
+        devices += workers
+    jobs = Job.objects.filter(id__in=ids).prefetch_related("devices")
+    end = offset + len(ids)
+    return JsonResponse({"jobs": [_job_state(j) for j in jobs], "total": total,
+                         "offset": offset, "limit": limit,
+                         "next_offset": end if end < total else None})
 
 
 @api("GET", "POST")
 def job(request: HttpRequest, job: str) -> JsonResponse:
-    """GET: one job's state. POST: initialise it (again, with the same settings: no-op)."""
+    """GET: one job's state. POST: initialise it (again, with the same settings: no-op),
+    and with `resume_round` r rewind it to r - 1 (see _rewind)."""
     if request.method == "GET":
         return JsonResponse(_job_state(_find(job)))
     name = _job_name(job)
     body = _body(request)
     workers = _integer(body, "workers", 1, MAX_WORKERS)
-    cap = _integer(body, "max_local_steps", 1, 1_000_000) if "max_local_steps" in body \
-        else config.MAX_LOCAL_STEPS
+    cap = _integer(body, "max_local_steps", 1, MAX_LOCAL_STEPS) \
+        if "max_local_steps" in body else config.MAX_LOCAL_STEPS
+    resume = _integer(body, "resume_round", 1) if "resume_round" in body else None
     with transaction.atomic():
         existing = Job.objects.select_for_update().filter(name=name).first()
         if existing is not None:
             if (existing.num_workers, existing.max_local_steps) != (workers, cap):
                 raise BadRequest(f"job {name!r} already exists with {existing.num_workers} "
                                  f"workers and max_local_steps {existing.max_local_steps}")
+            if resume is not None:
+                _rewind(existing, resume)
             return JsonResponse(_job_state(existing))
+        # a new job has nothing to rewind: every round is 0
         created = Job.objects.create(name=name, num_workers=workers, max_local_steps=cap)
         Device.objects.bulk_create(Device(job=created, rank=r) for r in range(workers))
     log.info("job %s: %d workers, at most %d local iterations a round", name, workers, cap)
     return JsonResponse(_job_state(created), status=201)
+
+
+def _rewind(job: Job, resume: int) -> None:
+    """A job resumed from a checkpoint asks again for rounds from `resume` on, which its
+    devices may have asked for before: every round (the job's, each device's) above
+    resume - 1 becomes resume - 1. Times, budgets and report counts stay."""
+    last = resume - 1
+    rewound = Device.objects.filter(job=job, round__gt=last).update(round=last)
+    if job.round > last:
+        job.round = last
+        job.save(update_fields=["round", "updated_at"])
+    log.info("job %s resumed at round %d (%d devices rewound)", job.name, resume, rewound)
 
 
 @api("POST")
@@ -188,14 +267,19 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
         device = devices[rank]
         if round_ < device.round:
             raise BadRequest(f"field 'round' {round_} is in the past: rank {rank} already "
-                             f"asked for round {device.round}")
+                             f"asked for round {device.round} (a job resumed from an "
+                             f"earlier round says so first: 'resume_round' in "
+                             f"POST /jobs/{found.name}/)")
         if round_ > device.round:  # the same round again is a retry: same answer
             if measured is not None:
                 device.last_time = measured
                 device.smoothed_time = rule.smooth(device.smoothed_time, measured,
                                                    settings.BUDGET_SMOOTHING)
+            # the slowest living device sets the pace: dead ones stopped asking
+            latest = max(found.round, round_)
             device.budget = rule.budget(device.smoothed_time,
-                                        [d.smoothed_time for d in devices],
+                                        [d.smoothed_time for d in devices
+                                         if d.rank == rank or rule.living(d.round, latest)],
                                         found.max_local_steps)
             device.round = round_
             device.reports += 1
@@ -211,12 +295,15 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
 
 # --- errors outside the views (unknown URL, crash) -------------------------------------
 def bad_request(request, exception=None) -> JsonResponse:
-    return _error("bad request", 400)
+    """Django's refusals outside the views: a Host header not allowed or not a host
+    name, a query string of too many fields, ..."""
+    reason = str(exception)[:200] if exception is not None and str(exception) else ""
+    return _error(f"bad request: {reason}" if reason else "bad request", 400)
 
 
 def not_found(request, exception=None) -> JsonResponse:
-    return _error(f"no such endpoint: {request.path}; see GET /status/, POST /jobs/<job>/ "
-                  f"and POST /jobs/<job>/budget/", 404)
+    return _error(f"no such endpoint: {_shown(request.path)}; see GET /status/, "
+                  f"POST /jobs/<job>/ and POST /jobs/<job>/budget/", 404)
 
 
 def server_error(request) -> JsonResponse:

@@ -11,9 +11,22 @@
   logins, no CSRF tokens), so by default each process draws a random one.
 - ESYNC_SMOOTHING: weight of the newest measurement in the moving average of a
   device's time per local iteration (default 0.3).
+- ESYNC_STATE_TOKEN: when set (printable ASCII, no spaces: it travels in an HTTP
+  header), every write (any method but GET and HEAD) must carry
+  `Authorization: Bearer <token>`, compared in constant time (budgets.guard): no or a
+  garbled header is answered 401, another token 403, and nothing changes. Reads stay
+  open: they show jobs' rounds, timings and budgets, nothing a worker could be fooled
+  with. Unset (or empty), writes are unauthenticated, as on a trusted network, and the
+  server says so once at start-up. Workers send the token from the same variable.
+
+Limits on what one request may cost (budgets.guard, budgets.views): a request body of
+at most MAX_BODY_BYTES (a larger declared Content-Length is answered 413 without
+reading it); the rest are constants in budgets/views.py (workers per job, jobs and
+devices per page of /status/) and in the runserver command (connection timeouts).
 """
 import json
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -61,6 +74,17 @@ def _smoothing() -> float:
     return value
 
 
+def _token():
+    """ESYNC_STATE_TOKEN, or None where it is unset or empty."""
+    raw = os.environ.get("ESYNC_STATE_TOKEN", "")
+    if not raw:
+        return None
+    if not re.fullmatch(r"[!-~]+", raw):
+        raise ImproperlyConfigured("ESYNC_STATE_TOKEN must be printable ASCII without spaces "
+                                   "(it travels in an HTTP header)")
+    return raw
+
+
 DEBUG = _flag("ESYNC_DEBUG")
 SECRET_KEY = os.environ.get("ESYNC_SECRET_KEY") or secrets.token_urlsafe(50)
 ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ESYNC_ALLOWED_HOSTS", "*").split(",")
@@ -68,6 +92,9 @@ ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ESYNC_ALLOWED_HOSTS", "*").s
 
 INSTALLED_APPS = ["budgets"]
 MIDDLEWARE = [
+    # first: refuses oversized, unframed and unauthenticated requests before anything
+    # reads them, and reads an accepted POST's body itself (budgets/guard.py)
+    "budgets.guard.Guard",
     "django.middleware.security.SecurityMiddleware",
     # sets Content-Length, without which runserver closes each connection after one answer
     "django.middleware.common.CommonMiddleware",
@@ -83,6 +110,12 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 
 BUDGET_SMOOTHING = _smoothing()
+
+#: the token every write must carry (None: writes are open)
+STATE_TOKEN = _token()
+#: the largest request body accepted: the API's bodies are a few dozen bytes
+MAX_BODY_BYTES = 64 * 1024
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_BODY_BYTES  # Django's own check, for the same bound
 
 LOGGING = {
     "version": 1,
