@@ -3,9 +3,10 @@ for you to run on each host, or run over ssh (`--run`).
 
     python launch/hosts.py HOSTFILE [--port 9091] [--state-port 10010]
         [--remote-dir ~/esync] [--ssh "ssh -o BatchMode=yes"] [--ssh-form] [--run]
-        [--grace 5] -- [main.py flags, e.g. -m esync -n resnet18-v1 -dd data]
+        [--grace 5] [--no-auth] -- [main.py flags, e.g. -m esync -n resnet18-v1 -dd data]
 
-Everything after `--` is passed to every main.py (scheduler, servers and workers).
+Everything after `--` is passed to every main.py (scheduler, servers and workers), the
+flags of checkpoints and failures (--checkpoint-dir, --resume 1, ...) included.
 
 Host file: one line per host; `#` starts a comment, blank lines are ignored; a value
 with spaces is quoted as in a shell (dir="/data/my esync").
@@ -44,6 +45,26 @@ and the shell command to run ON that host:
         PYTHON main.py <main.py flags> [worker flags]
     cd DIR/stateserver && PYTHON manage.py runserver 0.0.0.0:<state port>
 
+The job's key and token: unless `--no-auth`, every process gets the job's key
+(ESYNC_JOB_KEY_FILE: CurveZMQ for all ZeroMQ traffic) and the state server's token
+(ESYNC_STATE_TOKEN), fresh for each job (the user's ESYNC_JOB_KEY, or the file
+ESYNC_JOB_KEY_FILE names, read here, and ESYNC_STATE_TOKEN, where exported). Neither
+is on any process's command line (ps shows those): each host keeps them in files of
+mode 0600, DIR/.esync/jobs/<id>/job.key and state.token, and each command reads them:
+
+    cd DIR && ESYNC_JOB_KEY_FILE="$PWD/.esync/jobs/<id>/job.key"
+        ESYNC_STATE_TOKEN="$(cat .esync/jobs/<id>/state.token)" env DMLC_ROLE=...
+        PYTHON main.py ...
+
+Printed, the commands start with one per host that stores the two files, `# HOST:
+the job's key and token (run first)`, which reads them from its input:
+
+    printf '%s\\n' KEY TOKEN | sh -c 'cd DIR && umask 077 && mkdir -p .esync/jobs/<id> && ...'
+
+(`--ssh-form`: `printf '%s\\n' KEY TOKEN | SSH -T HOST '...'`); remove the folder after
+the job. `--run` stores them over ssh (the secrets on ssh's input) before it starts
+anything, and removes them when the job ends.
+
 Worker flags, after the main.py flags so that they win: `--device-name SHORT-wK` (SHORT:
 the host's first name label, or the whole name when two hosts share it or it is an IP
 address), `-g G` or `-c 1`, `--slowdown F` (when set), and `-ip <state server host>
@@ -60,12 +81,14 @@ server is stopped and the exit status is 0. When one of them fails (or the state
 ends first), or on Ctrl-C (or SIGTERM/SIGHUP), every other one is stopped: SIGTERM to
 each ssh's process group, SIGKILL after `--grace` seconds (a second Ctrl-C: at once);
 each ssh is also killed if the launcher itself dies. Exit status then 1 (130 after
-Ctrl-C).
+Ctrl-C). hosts.py restarts nothing (launch/local.py's --restart-failed is for one
+machine): a server or worker process started again by hand with its printed command
+rejoins the job (see main.py's --on-worker-failure, --server-patience).
 
 The main.py flags are checked by main.py's own parser (esync.options) before anything
 is printed or started: a bad one is one line, exit status 2. Which algorithm needs a
-state server comes from esync.registry. This file imports nothing else of esync (and
-no torch): it only starts processes.
+state server comes from esync.registry; the job key from esync.transport.auth. This
+file imports nothing else of esync (and no torch): it only starts processes.
 """
 from __future__ import annotations
 
@@ -73,10 +96,12 @@ import argparse
 import ipaddress
 import os
 import re
+import secrets
 import shlex
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -84,6 +109,8 @@ import config
 from esync import registry
 from esync.errors import UserError
 from esync.options import parse_options
+from esync.transport.auth import KEY_FILE_ENV, job_key, new_key
+from launch.local import STATE_TOKEN_ENV, new_token
 from launch.supervisor import GRACE_S, Interrupted, Supervisor, interrupt_on
 
 ROLES = ("scheduler", "server", "worker", "stateserver")
@@ -94,6 +121,12 @@ DEFAULT_REMOTE_DIR = "~/esync"
 PROG = "hosts.py"
 _HOST = re.compile(r"^(?:[A-Za-z0-9_.+-]+@)?(?:[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])$")
 _TILDE = re.compile(r"^~[A-Za-z0-9._-]*(/|$)")
+#: where each host keeps a job's key and token: DIR/SECRETS_DIR/<id>/, mode 0700
+SECRETS_DIR = ".esync/jobs"
+KEY_FILE = "job.key"
+TOKEN_FILE = "state.token"
+#: seconds for storing (or removing) the secrets on every host over ssh
+SECRETS_TIMEOUT_S = 60.0
 
 
 class HostFileError(ValueError):
@@ -116,6 +149,58 @@ class Host:
     def address(self) -> str:
         """The name other hosts reach it by: without `user@` and IPv6 brackets."""
         return self.name.rsplit("@", 1)[-1].strip("[]")
+
+
+@dataclass(frozen=True)
+class JobSecrets:
+    """A job's key and the state server's token, and the folder, relative to each
+    host's checkout, where the hosts keep them."""
+
+    key: str
+    token: str
+    folder: str
+
+    @classmethod
+    def for_job(cls, environ=os.environ) -> "JobSecrets":
+        """The user's key (ESYNC_JOB_KEY, or the file ESYNC_JOB_KEY_FILE names, read
+        here) and token (ESYNC_STATE_TOKEN), else fresh ones; UserError naming the
+        variable if one is bad."""
+        found = job_key(environ, warn=False)
+        token = environ.get(STATE_TOKEN_ENV) or new_token()
+        if any(c in token for c in "\r\n\0"):
+            raise UserError(f"{STATE_TOKEN_ENV}: expected one line")
+        return cls(found.secret.decode() if found else new_key(), token,
+                   f"{SECRETS_DIR}/{secrets.token_hex(6)}")
+
+    @property
+    def input(self) -> str:
+        """What the store command reads: the key and the token, a line each."""
+        return f"{self.key}\n{self.token}\n"
+
+    def assignments(self, up: str = "") -> str:
+        """Shell assignments, before a command run in the checkout (`up`: `../` from
+        its stateserver/ folder), that give it the key's file and the token: read on
+        the host, on no command line."""
+        path = f"{up}{self.folder}"
+        return (f'{KEY_FILE_ENV}="$PWD/{path}/{KEY_FILE}" '
+                f'{STATE_TOKEN_ENV}="$(cat {path}/{TOKEN_FILE})" ')
+
+    def store(self, checkout: str) -> str:
+        """The command, run on a host, that stores the key and the token it reads (a
+        line each) in files of mode 0600 under `checkout`."""
+        f = self.folder
+        return (f"cd {_quote_path(checkout)} && umask 077 && mkdir -p {f} && "
+                f"IFS= read -r key && IFS= read -r token && "
+                f'printf "%s\\n" "$key" > {f}/{KEY_FILE} && '
+                f'printf "%s\\n" "$token" > {f}/{TOKEN_FILE}')
+
+    def remove(self, checkout: str) -> str:
+        """The command, run on a host, that removes them."""
+        return f"cd {_quote_path(checkout)} && rm -rf {self.folder}"
+
+    def printed(self) -> str:
+        """`printf '%s\\n' KEY TOKEN`: a shell builtin, so they are on no command line."""
+        return f"printf '%s\\n' {shlex.quote(self.key)} {shlex.quote(self.token)}"
 
 
 # --- host file ------------------------------------------------------------------------
@@ -267,12 +352,19 @@ def _short_names(hosts: Sequence[Host]) -> Dict[str, str]:
     return {a: (s if counts[s] == 1 else a) for a, s in shorts.items()}
 
 
-def commands(hosts: Sequence[Host], args) -> List[Tuple[str, str, str]]:
+def checkout(host: Host, args) -> str:
+    """The repository's checkout on `host`: its dir=, or --remote-dir."""
+    return host.dir or getattr(args, "remote_dir", DEFAULT_REMOTE_DIR)
+
+
+def commands(hosts: Sequence[Host], args,
+             job: Optional[JobSecrets] = None) -> List[Tuple[str, str, str]]:
     """(host, role, shell command to run on that host) for every process of the job, in
     the order state server, scheduler, servers, workers. `args` needs `port`,
-    `state_port`, `remote_dir` and `flags` (main.py's flags), as main()'s parser gives.
-    Raises HostFileError when the algorithm needs a state server and no host has one,
-    UserError when a main.py flag is bad."""
+    `state_port`, `remote_dir` and `flags` (main.py's flags), as main()'s parser gives;
+    with `job`, each command reads the job's key and token on its host (see
+    `secret_commands`). Raises HostFileError when the algorithm needs a state server and
+    no host has one, UserError when a main.py flag is bad."""
     path = getattr(args, "hostfile", "host file")
     flags = list(getattr(args, "flags", []) or [])
     port = getattr(args, "port", config.SCHEDULER_PORT)
@@ -298,12 +390,16 @@ def commands(hosts: Sequence[Host], args) -> List[Tuple[str, str, str]]:
         words = [shlex.quote(w) for w in env]
         words.append(_quote_path(host.python))
         words += [shlex.quote(w) for w in ["main.py", *flags, *extra]]
-        return f"cd {_quote_path(host.dir or remote_dir)} && env " + " ".join(words)
+        return (f"cd {_quote_path(host.dir or remote_dir)} && {auth()}env "
+                + " ".join(words))
+
+    def auth(up: str = "") -> str:
+        return job.assignments(up) if job is not None else ""
 
     if state is not None:
         out.append((state.name, "stateserver",
                     f"cd {_quote_path(_join_path(state.dir or remote_dir, 'stateserver'))} && "
-                    f"{_quote_path(state.python)} manage.py runserver "
+                    f"{auth('../')}{_quote_path(state.python)} manage.py runserver "
                     f"{shlex.quote(f'0.0.0.0:{state_port}')}"))
     out.append((scheduler.name, "scheduler", node(scheduler, "scheduler")))
     for host in hosts:
@@ -321,6 +417,15 @@ def commands(hosts: Sequence[Host], args) -> List[Tuple[str, str, str]]:
     return out
 
 
+def secret_commands(hosts: Sequence[Host], args,
+                    job: JobSecrets) -> List[Tuple[str, str, str]]:
+    """(host, command that stores the job's key and token, command that removes them),
+    to run on each host; the store command reads the two from its input (a line
+    each: `job.input`)."""
+    return [(h.name, job.store(checkout(h, args)), job.remove(checkout(h, args)))
+            for h in hosts]
+
+
 def labels(cmds: Sequence[Tuple[str, str, str]]) -> List[str]:
     """`HOST ROLE` per command; workers are `HOST worker K`, K their index on the host."""
     counts: Dict[str, int] = {}
@@ -335,11 +440,14 @@ def labels(cmds: Sequence[Tuple[str, str, str]]) -> List[str]:
     return result
 
 
-def ssh_argv(ssh: str, host: str, command: str) -> List[str]:
+def ssh_argv(ssh: str, host: str, command: str, tty: bool = True) -> List[str]:
     """The local command that runs `command` on `host`: --ssh, `-tt` unless it has a -t/-T
-    option already, the host, the command."""
+    option already (tty=False: `-T`, whatever it has: the input is passed on as is), the
+    host, the command."""
     argv = shlex.split(ssh)
-    if not any(a in ("-t", "-tt", "-T") for a in argv[1:]):
+    if not tty:
+        argv.append("-T")
+    elif not any(a in ("-t", "-tt", "-T") for a in argv[1:]):
         argv.append("-tt")
     return [*argv, host, command]
 
@@ -355,13 +463,57 @@ def _raise_interrupted(signum: int) -> BaseException:
     return Interrupted(signum)
 
 
-def run(cmds, ssh: str = DEFAULT_SSH, grace: float = GRACE_S) -> int:
-    """Run every command over ssh, stream the outputs, stop all if one fails (module doc)."""
+def _on_every_host(ssh: str, scripts: Sequence[Tuple[str, str]], data: str = "",
+                   timeout: float = SECRETS_TIMEOUT_S) -> List[str]:
+    """Run each (host, command) over ssh at once, `data` on its input; the problems,
+    one line each (none: all exited 0 within `timeout`)."""
+    procs = []
+    problems = []
+    try:
+        for host, script in scripts:
+            procs.append((host, subprocess.Popen(
+                ssh_argv(ssh, host, script, tty=False), stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+        deadline = time.monotonic() + timeout
+        for host, proc in procs:
+            try:
+                out, _ = proc.communicate(data, timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                problems.append(f"{host}: no answer within {timeout:g} s")
+                continue
+            if proc.returncode != 0:
+                last = (out or "").strip().splitlines()[-1:] or [""]
+                problems.append(f"{host}: status {proc.returncode}"
+                                + (f": {last[0]}" if last[0] else ""))
+    except OSError as e:
+        problems.append(f"cannot start {shlex.split(ssh)[0]!r}: {e.strerror or e}")
+    finally:
+        for _, proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return problems
+
+
+def run(cmds, ssh: str = DEFAULT_SSH, grace: float = GRACE_S,
+        stores: Sequence[Tuple[str, str, str]] = (), secret_input: str = "") -> int:
+    """Run every command over ssh, stream the outputs, stop all if one fails (module doc).
+    `stores`: (host, store command, remove command) of the job's secrets
+    (secret_commands), run before the job (`secret_input` on their input) and after."""
     sup = Supervisor(grace=grace, say=_say)
     names = labels(cmds)
+    stored = False
     try:
         with interrupt_on([signal.SIGTERM, signal.SIGHUP], _raise_interrupted):
             try:
+                if stores:
+                    stored = True
+                    problems = _on_every_host(ssh, [(h, c) for h, c, _ in stores],
+                                              secret_input)
+                    if problems:
+                        _say(f"error: cannot store the job's key and token: "
+                             f"{'; '.join(problems)}")
+                        return 1
                 for (host, role, cmd), label in zip(cmds, names):
                     argv = ssh_argv(ssh, host, cmd)
                     sys.stdout.write(f"[{label}] $ {shlex.join(argv)}\n")
@@ -392,6 +544,20 @@ def run(cmds, ssh: str = DEFAULT_SSH, grace: float = GRACE_S) -> int:
             return 1
     finally:
         sup.close()
+        if stored:
+            _remove_secrets(ssh, stores)
+
+
+def _remove_secrets(ssh: str, stores: Sequence[Tuple[str, str, str]]) -> None:
+    try:
+        with interrupt_on([signal.SIGTERM, signal.SIGHUP], _raise_interrupted):
+            problems = _on_every_host(ssh, [(h, c) for h, _, c in stores],
+                                      timeout=SECRETS_TIMEOUT_S / 4)
+    except (KeyboardInterrupt, Interrupted):
+        problems = ["interrupted"]
+    if problems:
+        _say(f"could not remove the job's key and token ({SECRETS_DIR}/...): "
+             f"{'; '.join(problems)}")
 
 
 # --- command line ---------------------------------------------------------------------
@@ -443,6 +609,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument("--grace", type=_grace, default=GRACE_S,
                         help=f"--run: seconds from SIGTERM to SIGKILL when stopping "
                              f"(default: {GRACE_S:g})")
+    parser.add_argument("--no-auth", action="store_true",
+                        help="no job key and no state server token (ZeroMQ traffic "
+                             "unauthenticated and unencrypted, state server writes open)")
     return parser
 
 
@@ -463,13 +632,20 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
         parser.error(f"argument --ssh: expected a command such as {DEFAULT_SSH!r} ({e})")
     try:
         hosts = parse_hostfile(args.hostfile)
-        cmds = commands(hosts, args)
+        job = None if args.no_auth else JobSecrets.for_job(os.environ)
+        cmds = commands(hosts, args, job)
     except (HostFileError, UserError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    stores = secret_commands(hosts, args, job) if job is not None else []
     if args.run:
-        return run(cmds, args.ssh, args.grace)
+        return run(cmds, args.ssh, args.grace, stores, job.input if job else "")
     try:
+        for host, store, _ in stores:
+            print(f"# {host}: the job's key and token (run first)")
+            print(f"{job.printed()} | "
+                  + (shlex.join(ssh_argv(args.ssh, host, store, tty=False)) if args.ssh_form
+                     else f"sh -c {shlex.quote(store)}"))
         for (host, role, cmd), label in zip(cmds, labels(cmds)):
             print(f"# {host}: {label.split(' ', 1)[1]}")
             print(shlex.join(ssh_argv(args.ssh, host, cmd)) if args.ssh_form else cmd)

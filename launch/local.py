@@ -11,34 +11,59 @@ process). `--bandwidth`/`--latency` give each worker its emulated link.
 
 Every flag the launcher does not know is passed to each worker's `main.py`; they are
 checked first by main.py's own parser (esync.options), so a bad one stops the launcher
-with one line and exit status 2 before anything starts. The job's iteration logs go to
-OUT/<network>/<log folder>/<host>/<device>/iter-<n>.json, the layout
-logs_tools/summary.py reads (the log folder is the algorithm's, from esync.registry);
-each process's output goes to a file beside them (`<host>/scheduler.log`,
-`<host>/server<k>.log`, `<host>/stateserver.log`, `<host>/<device>/worker.log`). Worker
-k (in launch order) is labelled `w<k>` (`w<k>-x<F>` with a slowdown F), so that no two
+with one line and exit status 2 before anything starts. Those of checkpoints and
+failures (EVERY_ROLE: --checkpoint-dir, --checkpoint-every, --keep-checkpoints,
+--resume, --on-worker-failure, --min-workers, --server-patience) go to the scheduler
+and the servers too, so that `--checkpoint-dir D` checkpoints the job and, after it was
+killed, the same command with `--resume 1` continues it from its latest checkpoint.
+
+Every process gets the job's key (ESYNC_JOB_KEY: its ZeroMQ traffic is authenticated
+and encrypted with CurveZMQ) and the state server's token (ESYNC_STATE_TOKEN), drawn
+afresh for each job unless exported already (ESYNC_JOB_KEY or ESYNC_JOB_KEY_FILE, and
+ESYNC_STATE_TOKEN: those are kept); `--no-auth` starts the job with neither.
+
+The job's iteration logs go to OUT/<network>/<log folder>/<host>/<device>/iter-<n>.json,
+the layout logs_tools/summary.py reads (the log folder is the algorithm's, from
+esync.registry); each process's output goes to a file beside them
+(`<host>/scheduler.log`, `<host>/server<k>.log`, `<host>/stateserver.log`,
+`<host>/<device>/worker.log`; a restarted process appends to its own). Worker k (in
+launch order) is labelled `w<k>` (`w<k>-x<F>` with a slowdown F), so that no two
 collide.
 
 The scheduler and the state server bind free ports themselves and report them
 (esync.ready); servers and workers are then given those ports. While the job runs, a
 progress bar (tqdm; plain lines every 10 s when the output is not a terminal) shows the
-round, the elapsed time and the latest test accuracy. Ctrl-C, SIGTERM, or any child
-failing stops every child (launch.supervisor: SIGTERM to each child's process group,
-SIGKILL after 5 s); children also die with the launcher if it is killed outright.
-Exit status: 0 when every process exited 0, 1 when one failed, 130 on Ctrl-C or
-SIGTERM, 2 for bad flags.
+round, the elapsed time and the latest test accuracy. Ctrl-C, SIGTERM, or a child
+failing whose failure ends the job (below) stops every child (launch.supervisor:
+SIGTERM to each child's process group, SIGKILL after 5 s); children, restarted ones
+too, also die with the launcher if it is killed outright.
+
+With a scheduler (sync, async, esync), the job can lose a server or a worker: once
+training has begun (a round is logged), one that dies is left to the scheduler, which
+goes on without a worker (--on-worker-failure continue), waits --server-patience for a
+server, or ends the job; the scheduler's exit decides the job's end (before the first
+round, a node that dies ends the job: it may never have registered, and the scheduler
+would wait for it). `--restart-failed` starts a server or a worker that dies (non-zero
+status or a signal) again, with the same command and variables (so it takes its rank
+back and rejoins; a server restores its shard from --checkpoint-dir), up to
+`--max-restarts` times each, while the scheduler runs.
+
+Exit status: 0 when the job ended well (the scheduler and the evaluator exited 0), 1
+when a process whose failure ends the job failed, 130 on Ctrl-C or SIGTERM, 2 for bad
+flags.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import re
+import secrets
 import signal
 import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, IO, List, Optional, Sequence
+from typing import Dict, IO, List, Mapping, Optional, Sequence
 
 from tqdm import tqdm
 
@@ -46,6 +71,9 @@ import config
 from esync import registry
 from esync.errors import UserError
 from esync.options import Options, flags_given, parse_options
+from esync.options import build_parser as options_parser
+from esync.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
+from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
 from launch.progress import Progress
 from launch.supervisor import GRACE_S, Child, ChildFailed, Supervisor, interrupt_on
 
@@ -53,6 +81,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROG = "launch/local.py"
 ACCURACY = re.compile(r"round (\d+) .*test accuracy ([0-9.]+)")
 _ITER = re.compile(r"iter-(\d+)\.json$")
+#: main.py's settings that go to every role, the scheduler and the servers too (the
+#: workers and the evaluator get every passed-through flag): checkpoints, resuming, and
+#: what the job does when a node dies
+EVERY_ROLE = ("checkpoint_dir", "checkpoint_every", "keep_checkpoints", "resume",
+              "on_worker_failure", "min_workers", "server_patience")
+#: what gives the job its key and the state server its token (--no-auth: none of them)
+AUTH_VARIABLES = (KEY_ENV, KEY_FILE_ENV, STATE_TOKEN_ENV)
+#: --max-restarts's default
+MAX_RESTARTS = 3
 
 
 class LaunchError(Exception):
@@ -73,6 +110,15 @@ class Plan:
     options: Options  # the workers' settings, as main.py will parse them
     folder: str       # OUT/<network>/<log folder>
     threads: int
+    role_args: List[str] = field(default_factory=list)  # EVERY_ROLE's flags, as given
+    restarts: int = 0  # --restart-failed: restarts of each server and worker (0: none)
+    auth: bool = True  # a job key and a state server token (not --no-auth)
+
+    def scheduler_argv(self, main: Sequence[str]) -> List[str]:
+        return [*main, "-m", self.mode, *self.role_args]
+
+    def server_argv(self, main: Sequence[str]) -> List[str]:
+        return [*main, "-m", self.mode, "-c", "1", *self.role_args]
 
     @property
     def mode(self) -> str:
@@ -101,9 +147,17 @@ class Plan:
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=prog,
+        prog=prog, allow_abbrev=False,  # --max-r is main.py's --max-rounds, not ours
         description="Run a job (state server, scheduler, servers, workers) on this machine. "
-                    "Flags not listed here are passed to every worker's main.py.")
+                    "Flags not listed here are passed to every worker's main.py; those "
+                    "of checkpoints and failures (--checkpoint-dir, --checkpoint-every, "
+                    "--keep-checkpoints, --resume, --on-worker-failure, --min-workers, "
+                    "--server-patience) to the scheduler and the servers too.",
+        epilog="Resuming: a job run with --checkpoint-dir D and killed continues from its "
+               "latest checkpoint with the same command and --resume 1. Every process "
+               "gets the job's key (ESYNC_JOB_KEY: CurveZMQ) and the state server's "
+               "token (ESYNC_STATE_TOKEN), fresh for each job unless exported already "
+               "(ESYNC_JOB_KEY or ESYNC_JOB_KEY_FILE, ESYNC_STATE_TOKEN).")
     parser.add_argument("-m", "--mode", required=True, choices=registry.MODES,
                         help="training algorithm (as main.py's -m)")
     parser.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
@@ -125,6 +179,19 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                              f"(default {config.RUNS_DIR})")
     parser.add_argument("--no-progress", action="store_true",
                         help="no live progress bar or lines")
+    parser.add_argument("--restart-failed", action="store_true",
+                        help="start a server or a worker that dies (non-zero status or a "
+                             "signal) again, with the same command and variables, while "
+                             "the scheduler runs: it takes its rank back (a server restores "
+                             "its shard from --checkpoint-dir); sync, async and esync only")
+    parser.add_argument("--max-restarts", metavar="N", default=None,
+                        help=f"with --restart-failed: restarts of each server and worker "
+                             f"(default {MAX_RESTARTS})")
+    parser.add_argument("--no-auth", action="store_true",
+                        help="no job key and no state server token: ZeroMQ traffic "
+                             "unauthenticated and unencrypted, state server writes open "
+                             "(exported ESYNC_JOB_KEY, ESYNC_JOB_KEY_FILE and "
+                             "ESYNC_STATE_TOKEN are not passed on either)")
     return parser
 
 
@@ -138,8 +205,49 @@ def _worker_options(mode: str, rest: Sequence[str]) -> tuple:
         raise LaunchError(f"{e} (a flag passed to main.py)") from None
 
 
-def plan(argv: Sequence[str], prog: str = PROG) -> Plan:
-    """The job that `argv` describes; LaunchError (one line) on bad input."""
+def _every_role_args(opts: Options, given) -> List[str]:
+    """The flags of EVERY_ROLE's settings that the user gave, from their parsed values
+    (long forms, whatever form was typed)."""
+    flags = {action.dest: action.option_strings for action in options_parser()._actions}
+    args: List[str] = []
+    for dest in EVERY_ROLE:
+        if dest in given:
+            value = getattr(opts, dest)
+            flag = next(f for f in flags[dest] if f.startswith("--"))
+            args += [flag, ("1" if value else "0") if isinstance(value, bool) else str(value)]
+    return args
+
+
+def _restarts(args, algorithm: registry.Algorithm) -> int:
+    """Restarts of each server and worker: --max-restarts with --restart-failed, else 0."""
+    if not args.restart_failed:
+        if args.max_restarts is not None:
+            raise LaunchError("--max-restarts needs --restart-failed")
+        return 0
+    if not algorithm.parameter_server:
+        raise LaunchError(f"--restart-failed: -m {algorithm.mode} has no scheduler to take "
+                          f"a restarted process back (sync, async and esync have)")
+    if args.max_restarts is None:
+        return MAX_RESTARTS
+    text = args.max_restarts.strip()
+    if not text.isdigit():
+        raise LaunchError(f"--max-restarts {args.max_restarts!r}: expected a number of "
+                          f"restarts >= 0")
+    return int(text)
+
+
+def _check_auth(environ: Mapping[str, str]) -> None:
+    """An exported job key must be one (LaunchError naming the variable)."""
+    try:
+        job_key(environ, warn=False)
+    except UserError as e:
+        raise LaunchError(str(e)) from None
+
+
+def plan(argv: Sequence[str], prog: str = PROG,
+         environ: Mapping[str, str] = os.environ) -> Plan:
+    """The job that `argv` (and, for its key, `environ`) describes; LaunchError (one
+    line) on bad input."""
     args, rest = build_parser(prog).parse_known_args(list(argv))
     opts, given = _worker_options(args.mode, rest)
     for dest in ("log_dir", "device_name"):
@@ -173,8 +281,29 @@ def plan(argv: Sequence[str], prog: str = PROG) -> Plan:
     else:
         threads = max(1, (os.cpu_count() or 1) // workers)
         extra = ["--num-threads", str(threads)]
+    restarts = _restarts(args, algorithm)
+    if not args.no_auth:
+        _check_auth(environ)
     return Plan(algorithm, workers, args.servers, slowdowns, links, evaluator,
-                [*rest, *extra], opts, folder, threads)
+                [*rest, *extra], opts, folder, threads, _every_role_args(opts, given),
+                restarts, not args.no_auth)
+
+
+def job_secrets(environ: Mapping[str, str] = os.environ) -> Dict[str, str]:
+    """The variables to add for a job's processes: a fresh job key unless the user
+    exported one (ESYNC_JOB_KEY or ESYNC_JOB_KEY_FILE), a fresh state server token
+    unless exported (ESYNC_STATE_TOKEN)."""
+    added = {}
+    if not (environ.get(KEY_ENV) or environ.get(KEY_FILE_ENV)):
+        added[KEY_ENV] = new_key()
+    if not environ.get(STATE_TOKEN_ENV):
+        added[STATE_TOKEN_ENV] = new_token()
+    return added
+
+
+def new_token() -> str:
+    """A fresh state server token."""
+    return secrets.token_urlsafe(32)
 
 
 def _per_worker(flag: str, text: str, workers: int, none_ok: bool = False,
@@ -215,9 +344,13 @@ class Launcher:
     _accuracy: Optional[str] = None
     _start: float = 0.0
     _started_at: float = 0.0  # wall clock (file times), a little before the first child
+    _training: bool = False   # a round of this run was logged
+    _secrets: Dict[str, str] = field(default_factory=dict)  # the job's key and token
 
     def __post_init__(self) -> None:
         self.supervisor = Supervisor(grace=GRACE_S, say=lambda line: self.say(line))
+        if self.plan.auth:  # drawn once: a restarted process gets the same
+            self._secrets = job_secrets(os.environ)
 
     def say(self, line: str) -> None:
         """A line of its own (above any progress bar on the same stream)."""
@@ -232,9 +365,21 @@ class Launcher:
         threads = str(self.plan.threads)
         env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")
                and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                             "LOCAL_RANK")}
-        return dict(env, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
+                             "LOCAL_RANK")
+               and (self.plan.auth or k not in AUTH_VARIABLES)}
+        return dict(env, **self._secrets, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
                     PYTHONUNBUFFERED="1", **extra)
+
+    def _fatal(self, child: Child) -> bool:
+        """Whether a server or worker that died (for good) ends the job: only before
+        training has begun, when it may never have registered (the scheduler would wait
+        for it); from then on the scheduler decides."""
+        return not self._training_began()
+
+    def _training_began(self) -> bool:
+        if not self._training:
+            self._training = self._rounds() > 0
+        return self._training
 
     def start_all(self) -> None:
         """Start the job's processes; ChildFailed if the scheduler or the state server
@@ -244,13 +389,18 @@ class Launcher:
         main = [sys.executable, os.path.join(REPO, "main.py")]
         host = p.host_dir
 
+        # with a scheduler, the job can lose (and restart) a server or a worker
+        member = dict(fatal=self._fatal, restart=p.restarts) \
+            if p.algorithm.parameter_server else {}
+
         def worker(k: int, env: Dict[str, str], extra: Sequence[str] = (),
                    ready: bool = False) -> Child:
             label = p.label(k)
             return sup.start(f"worker{k}", [*main, "-m", p.mode, *p.worker_args, *extra,
                                             *p.links[k], "--slowdown", f"{p.slowdowns[k]:g}",
                                             "--device-name", label, "-ld", p.folder],
-                             env=env, log=os.path.join(host, label, "worker.log"), ready=ready)
+                             env=env, log=os.path.join(host, label, "worker.log"), ready=ready,
+                             **member)
 
         def evaluator(env: Dict[str, str]) -> None:
             sup.start("evaluator", [*main, "-m", p.mode, *p.worker_args, "-ld", p.folder],
@@ -279,7 +429,7 @@ class Launcher:
                               essential=False, ready=True)
         cluster = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_NUM_SERVER": str(p.servers),
                    "DMLC_NUM_WORKER": str(p.workers)}
-        scheduler = sup.start("scheduler", [*main, "-m", p.mode],
+        scheduler = sup.start("scheduler", p.scheduler_argv(main),
                               env=self._env(DMLC_ROLE="scheduler", DMLC_PS_ROOT_PORT="0",
                                             **cluster),
                               log=os.path.join(host, "scheduler.log"), ready=True)
@@ -290,9 +440,9 @@ class Launcher:
         if p.evaluator:
             evaluator(self._env(DMLC_ROLE="evaluator", **cluster))
         for s in range(p.servers):
-            sup.start(f"server{s}", [*main, "-m", p.mode, "-c", "1"],
+            sup.start(f"server{s}", p.server_argv(main),
                       env=self._env(DMLC_ROLE="server", **cluster),
-                      log=os.path.join(host, f"server{s}.log"))
+                      log=os.path.join(host, f"server{s}.log"), **member)
         for k in range(p.workers):
             worker(k, self._env(DMLC_ROLE="worker", **cluster), state_args)
 

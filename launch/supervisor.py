@@ -10,6 +10,10 @@
         # outcome.failed: None (every essential child exited 0), or the child that failed
     # leaving the block stops whatever still runs (see stop)
 
+    # a member the job can lose (its failure is not the job's), started again when it
+    # dies, up to 3 times, while the job runs:
+    sup.start("worker1", argv, env=env, log="w1/worker.log", fatal=False, restart=3)
+
 What it guarantees, on Linux:
 
 * **Each child in its own session and process group** (so a Ctrl-C at the terminal
@@ -24,6 +28,19 @@ What it guarantees, on Linux:
 * **Essential** children are the job: `wait` ends when all of them have exited 0. A
   non-essential child is a service (the ESync state server): it is not waited for, but
   its exit, with any status, ends the job as a failure.
+* **Fatal or not**: the failure (non-zero status, or a signal) of an essential child
+  ends the job, unless it was started with `fatal=False` (or a callable that says
+  False when asked at its death): the job can lose it, e.g. a worker that the scheduler
+  leaves behind; `wait` then goes on, says so (`say`), and counts it as exited, and the
+  job's end is decided by the others.
+* **Restarts** (`restart=N`): a child that fails while the job runs is started again
+  with the same argv, environment, folder, output and readiness, up to N times, with a
+  note (`worker1 died (signal 9); restarting it (restart 1 of 3)`); whatever its dead
+  process left in its process group is killed first, and its log file is appended to
+  (a `# restart K: <the command>` line first). The job runs until a child that decides
+  it has exited: a service, or an essential, fatal child without restarts (the
+  scheduler, the evaluator). Only `wait` restarts (never a stop); `restart(child)`
+  starts an exited child again at once, whatever its budget.
 * **Readiness** (`ready=True`, esync.ready): the child gets the write end of a pipe in
   ESYNC_READY_FD and writes the port it listens on as one line; `wait_ready` waits for
   that line with a deadline and learns of the child's death before it was ready from
@@ -33,12 +50,13 @@ What it guarantees, on Linux:
   on kernels without pidfds, a 50 ms poll) and by output; `wait(timeout)` returns None
   when the timeout passes first, so that a caller can refresh a progress bar. The
   outcome names the first child, in the order they exited, that failed (non-zero
-  status, or a service that ended).
+  status of a fatal child, or a service that ended), and the children the job lost.
 * **Stop** (`stop`, and leaving the `with` block): SIGTERM to each child's process
   group, then up to `grace` seconds (5) until no live process (zombies aside) is left
   in those groups (a /proc scan), then SIGKILL to every group still populated: a sweep,
   so that nothing a child started survives. A Ctrl-C (KeyboardInterrupt) or
-  `Interrupted` during the grace skips to SIGKILL at once.
+  `Interrupted` during the grace skips to SIGKILL at once. Restarted children are
+  stopped alike (their earlier processes' groups were emptied when they were restarted).
 
 `free_port()` is for the rare case where a port must be known before the process that
 binds it starts (e.g. a test that starts workers before their scheduler); otherwise
@@ -63,7 +81,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import (IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence,
+                    Union)
 
 from esync.ready import ENV as READY_ENV
 
@@ -131,7 +150,7 @@ def _in_main_thread() -> bool:
 
 @dataclass
 class Child:
-    """One started child process."""
+    """One started child process (after a restart: its latest process)."""
 
     name: str
     argv: List[str]
@@ -140,6 +159,13 @@ class Child:
     log: Optional[str] = None         # where its output goes (None: pumped or inherited)
     prefix: Optional[str] = None      # pumped output: each line as prefix + line
     port: Optional[int] = None        # what it reported (ready=True)
+    #: whether its failure ends the job: a bool, or asked (with the child) at its death
+    fatal: Union[bool, Callable[["Child"], bool]] = True
+    max_restarts: int = 0             # started again up to this many times (restart=)
+    restarts: int = 0                 # times it was started again so far
+    _spec: Dict[str, Any] = field(default_factory=dict, repr=False)  # how to start it
+    _settled: bool = False            # its exit was looked at (restart, note, verdict)
+    _tolerated: bool = False          # it failed and the job goes on without it
     _pidfd: Optional[int] = None
     _ready_fd: Optional[int] = None   # read end of its readiness pipe
     _ready_buf: bytes = b""
@@ -157,13 +183,23 @@ class Child:
     def running(self) -> bool:
         return self.proc.poll() is None
 
+    def how(self) -> str:
+        """How its process ended: `signal 9`, `exit status 1` (or `running`)."""
+        code = self.returncode
+        if code is None:
+            return "running"
+        return f"signal {-code}" if code < 0 else f"exit status {code}"
+
 
 @dataclass
 class Outcome:
-    """How the job ended: `failed` is None when every essential child exited 0, else
-    the first child (in the order they exited) that failed or, a service, ended."""
+    """How the job ended: `failed` is None when every essential child exited 0 (or
+    failed but was not fatal), else the first child (in the order they exited) that
+    failed or, a service, ended. `lost`: the children that failed, not fatally, and were
+    not started again (in the order they exited)."""
 
     failed: Optional[Child]
+    lost: List[Child] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -186,21 +222,61 @@ class Supervisor:
     def start(self, name: str, argv: Sequence[str], *, env: Optional[Dict[str, str]] = None,
               cwd: Optional[str] = None, log: Optional[str] = None,
               prefix: Optional[str] = None, essential: bool = True, ready: bool = False,
-              stdin=subprocess.DEVNULL) -> Child:
+              stdin=subprocess.DEVNULL,
+              fatal: Union[bool, Callable[[Child], bool]] = True,
+              restart: int = 0) -> Child:
         """Start one child (OSError if it cannot be started). `log`: a file for its
         output; `prefix`: pump its output line by line with this prefix; neither: it
-        writes where the launcher does. `ready`: it reports its port (wait_ready)."""
+        writes where the launcher does. `ready`: it reports its port (wait_ready).
+        `fatal`: whether its failure ends the job (a callable: asked at its death);
+        `restart`: how many times it is started again when it fails while the job runs."""
+        if restart < 0:
+            raise ValueError(f"restart={restart}: expected a number of restarts >= 0")
         argv = list(argv)
-        env = dict(os.environ if env is None else env)
+        spec = dict(env=dict(os.environ if env is None else env), cwd=cwd, ready=ready,
+                    stdin=stdin)
+        proc, ready_r = self._popen(argv, spec, log, prefix, f"# {shlex.join(argv)}\n", "w")
+        child = Child(name, argv, proc, essential, log, prefix, fatal=fatal,
+                      max_restarts=restart, _spec=spec)
+        self._watch(child, ready_r)
+        self.children.append(child)
+        return child
+
+    def restart(self, child: Child) -> Child:
+        """Start `child`, which has exited, again now: the same argv, environment,
+        folder, output (its log appended to) and readiness; whatever its process left in
+        its process group is killed first. OSError if it cannot be started (it then stays
+        exited). Counts as one of its restarts."""
+        if child not in self.children:
+            raise ValueError(f"{child.name} is not a child of this supervisor")
+        if child.running():
+            raise ValueError(f"{child.name} is running")
+        self._reap()
+        self._forget(child)
+        child.restarts += 1
+        proc, ready_r = self._popen(child.argv, child._spec, child.log, child.prefix,
+                                    f"# restart {child.restarts}: {shlex.join(child.argv)}\n",
+                                    "a")
+        child.proc = proc
+        child.port = None
+        child._settled = child._tolerated = False
+        child._ready_buf = child._out_buf = b""
+        self._watch(child, ready_r)
+        self._exited = [c for c in self._exited if c is not child]
+        return child
+
+    def _popen(self, argv: List[str], spec: Dict[str, Any], log: Optional[str],
+               prefix: Optional[str], header: str, mode: str) -> tuple:
+        """The started process and the read end of its readiness pipe (or None)."""
+        env = dict(spec["env"])
         pass_fds: tuple = ()
         ready_r = ready_w = None
-        if ready:
+        if spec["ready"]:
             ready_r, ready_w = os.pipe()
             env[READY_ENV] = str(ready_w)
             pass_fds = (ready_w,)
         else:
             env.pop(READY_ENV, None)
-        out_r = None
         stdout = stderr = None
         log_file = None
         try:
@@ -208,15 +284,15 @@ class Supervisor:
                 folder = os.path.dirname(log)
                 if folder:
                     os.makedirs(folder, exist_ok=True)
-                log_file = open(log, "w")
-                log_file.write(f"# {shlex.join(argv)}\n")
+                log_file = open(log, mode)
+                log_file.write(header)
                 log_file.flush()
                 stdout, stderr = log_file, subprocess.STDOUT
             elif prefix is not None:
                 stdout, stderr = subprocess.PIPE, subprocess.STDOUT
             parent = os.getpid()
-            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin, stdout=stdout,
-                                    stderr=stderr, pass_fds=pass_fds,
+            proc = subprocess.Popen(argv, cwd=spec["cwd"], env=env, stdin=spec["stdin"],
+                                    stdout=stdout, stderr=stderr, pass_fds=pass_fds,
                                     start_new_session=True,
                                     preexec_fn=lambda: _die_with_parent(parent))
         except BaseException:
@@ -229,7 +305,11 @@ class Supervisor:
                 log_file.close()
         if ready_w is not None:
             os.close(ready_w)  # the child's copy is the only one: its death is our EOF
-        child = Child(name, argv, proc, essential, log, prefix)
+        return proc, ready_r
+
+    def _watch(self, child: Child, ready_r: Optional[int]) -> None:
+        """Register the child's output, readiness and exit with the selector."""
+        proc = child.proc
         if proc.stdout is not None:
             out_r = proc.stdout.fileno()
             os.set_blocking(out_r, False)
@@ -244,8 +324,25 @@ class Supervisor:
                 self._selector.register(child._pidfd, selectors.EVENT_READ, ("exit", child))
             except OSError:  # a kernel without pidfds (Linux < 5.3): poll instead
                 self._pidfds = False
-        self.children.append(child)
-        return child
+
+    def _forget(self, child: Child) -> None:
+        """Before a restart: pass on what its dead process left in its output pipe, close
+        its descriptors, and kill what is left in its process group."""
+        self._pump(child)
+        if child._out_fd is not None:  # held open by a process it left: not waited for
+            self._selector.unregister(child._out_fd)
+            child.proc.stdout.close()
+            child._out_fd = None
+        self._close_ready(child)
+        if child._pidfd is not None:
+            self._selector.unregister(child._pidfd)
+            os.close(child._pidfd)
+            child._pidfd = None
+        if child.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                child.proc.stdin.close()
+        if self._populated([child]):
+            _signal_groups([child], signal.SIGKILL)
 
     # --- waiting ----------------------------------------------------------------------
     def wait_ready(self, child: Child, timeout: float = READY_TIMEOUT_S) -> int:
@@ -276,11 +373,14 @@ class Supervisor:
         return child.port
 
     def wait(self, timeout: Optional[float] = None) -> Optional[Outcome]:
-        """Until a child fails (non-zero status, or a service ends) or every essential
-        child has exited 0; None if `timeout` seconds pass first."""
+        """Until a child fails fatally (non-zero status, or a service ends) or every
+        essential child has exited (0, or a failure the job goes on without); None if
+        `timeout` seconds pass first. Children that fail while the job runs are started
+        again here (restart=)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             self._reap()
+            self._settle()
             outcome = self._outcome()
             if outcome is not None:
                 return outcome
@@ -289,13 +389,47 @@ class Supervisor:
                 return None
             self._select(remaining)
 
+    def _job_runs(self) -> bool:
+        """Whether no child that decides the job has exited: a service, or an essential,
+        fatal child without restarts."""
+        return not any(not c.essential or (c.max_restarts == 0 and not callable(c.fatal)
+                                           and c.fatal) for c in self._exited)
+
+    def _settle(self) -> None:
+        """Look at each child that exited since the last look: start it again (restart=,
+        while the job runs), or note that the job goes on without it (fatal=False)."""
+        for child in list(self._exited):
+            if child._settled:
+                continue
+            child._settled = True
+            if child.returncode == 0 or not child.essential:
+                continue
+            runs = self._job_runs()
+            if runs and child.restarts < child.max_restarts:
+                self._note(f"{child.name} died ({child.how()}); restarting it (restart "
+                           f"{child.restarts + 1} of {child.max_restarts})")
+                try:
+                    self.restart(child)
+                except OSError as e:
+                    self._note(f"{child.name}: cannot start it again: {e.strerror or e}")
+                else:
+                    continue
+            fatal = child.fatal(child) if callable(child.fatal) else bool(child.fatal)
+            if fatal:
+                continue  # the job's failure: the outcome names it
+            child._tolerated = True
+            after = f" after {child.restarts} restart(s)" if child.restarts else ""
+            self._note(f"{child.name} died ({child.how()}){after}; the job goes on without it"
+                       if runs else f"{child.name} died ({child.how()}) as the job ended")
+
     def _outcome(self) -> Optional[Outcome]:
+        lost = [c for c in self._exited if c._tolerated]
         for child in self._exited:
-            if child.returncode != 0 or not child.essential:
-                return Outcome(child)
+            if not child.essential or (child.returncode != 0 and not child._tolerated):
+                return Outcome(child, lost)
         # only what _reap saw: a child reaped here would skip the failure check above
         if all(c in self._exited for c in self.children if c.essential):
-            return Outcome(None)
+            return Outcome(None, lost)
         return None
 
     def _reap(self) -> None:

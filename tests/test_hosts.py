@@ -96,7 +96,9 @@ def cluster_file(tmp_path):
 
 
 def test_printed_commands(cluster_file):
-    result = hosts_py(cluster_file, "--port", "9200", "--state-port", "10020", "--", *TRAIN)
+    # --no-auth: the commands as they were; with the job's key and token: test_launch_restart
+    result = hosts_py(cluster_file, "--port", "9200", "--state-port", "10020", "--no-auth",
+                      "--", *TRAIN)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     lines = result.stdout.splitlines()
@@ -114,7 +116,7 @@ def test_printed_commands(cluster_file):
 
 def test_ssh_form_is_the_same_command_behind_ssh(cluster_file):
     result = hosts_py(cluster_file, "--port", "9200", "--state-port", "10020", "--ssh-form",
-                      "--ssh", "ssh -p 2222 -o BatchMode=yes", "--", *TRAIN)
+                      "--ssh", "ssh -p 2222 -o BatchMode=yes", "--no-auth", "--", *TRAIN)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     for i, (comment, words) in enumerate(EXPECTED):
@@ -129,7 +131,7 @@ def test_cpu_workers_tilde_dirs_and_no_state_server(tmp_path):
     hostfile = _write(tmp_path / "h", "root@10.0.0.1 roles=scheduler,server,worker\n"
                                       "a.x workers=2 dir=\"~/my esync\" python=~/venv/bin/python\n"
                                       "a.y\n")
-    result = hosts_py(hostfile, "--remote-dir", "/opt/e", "--", "-m", "sync")
+    result = hosts_py(hostfile, "--remote-dir", "/opt/e", "--no-auth", "--", "-m", "sync")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0::2] == ["# root@10.0.0.1: scheduler", "# root@10.0.0.1: server",
@@ -220,9 +222,10 @@ def test_help_documents_the_format():
 
 
 #: what hosts.py may import of esync: main.py's parser and the registry, nothing of the
-#: runtime (and no torch)
+#: runtime (and no torch); the job key's module (zmq only), to draw the job's key
 ALLOWED = {"esync", "esync.options", "esync.registry", "esync.errors", "esync.data",
-           "esync.models", "esync.ready"}
+           "esync.models", "esync.ready", "esync.transport", "esync.transport.auth",
+           "esync.stateclient"}
 
 
 def test_api_and_no_runtime_import(cluster_file, tmp_path):
