@@ -55,6 +55,12 @@ STRANGERS = 1024  # identities remembered as not members (bounded)
 
 log = logging.getLogger(__name__)
 
+def _short(value: Any) -> str:
+    """A peer's value in an error message and the log: repr, cut to 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 #: who a peer is, from its ZeroMQ identity: ("worker", rank), ("evaluator", k) or None
 Who = Callable[[bytes], Optional[Tuple[str, int]]]
 
@@ -132,14 +138,14 @@ class ShardServer:
             if msg.type != "pull":
                 raise MessageError(f"the evaluator may only pull, not {msg.type}")
             if sender != EVALUATOR:
-                raise MessageError(f"sender {sender!r} is the evaluator")
+                raise MessageError(f"sender {_short(sender)} is the evaluator")
             worker = EVALUATOR
-        elif sender != rank or isinstance(sender, bool):
-            raise MessageError(f"sender {sender!r} is worker {rank}")
+        elif type(sender) is not int or sender != rank:
+            raise MessageError(f"sender {_short(sender)} is worker {rank}")
         else:
             worker = rank
-        if shard != self.rank or isinstance(shard, bool):
-            raise MessageError(f"shard {shard!r} does not exist on server {self.rank}")
+        if type(shard) is not int or shard != self.rank:
+            raise MessageError(f"shard {_short(shard)} does not exist on server {self.rank}")
         return worker
 
     @staticmethod
@@ -185,9 +191,9 @@ class ShardServer:
         self.early_pulls.clear()
 
     def _on_pull(self, identity: bytes, worker, msg: Message) -> None:
-        self._take_stop(worker, msg.header)
         round_ = self._round(msg.header)
         at = self._round(msg.header, "at_round", None) if "at_round" in msg.header else None
+        self._take_stop(worker, msg.header)  # only once the pull is known to be good
         if msg.header.get("start") is True and worker != EVALUATOR and self.started_at is None:
             self.started_at = time.monotonic() - self.age_offset
         if self.rule is None:

@@ -47,7 +47,7 @@ class Message:
     def sections(self) -> List[List[Tuple[int, np.ndarray]]]:
         """Per section, its frames as (element offset, float32 view) pairs."""
         out, i = [], 0
-        for count in self.header.get("frames", []):
+        for count in self.header.get("frames") or []:
             chunks, offset = [], 0
             for frame in self.frames[i:i + count]:
                 view = np.frombuffer(_buffer(frame), dtype=np.float32)
@@ -123,19 +123,19 @@ def decode_header(raw, types: Sequence[str]) -> Dict[str, Any]:
         raise MessageError(f"header is a {type(header).__name__}, expected a map")
     kind = _field(header, "type", str)
     if kind not in types:
-        raise MessageError(f"unknown message type {kind!r}")
+        raise MessageError(f"unknown message type {kind[:40]!r}")
     _field(header, "sender", (str, int))
     return header
 
 
 def check_payload(header: Dict[str, Any], sizes: Sequence[int]) -> None:
     """Check that data frames of `sizes` bytes match what the header announces."""
-    counts = _field(header, "frames", list, required=bool(sizes))
-    if counts is None:
-        return
+    if not sizes and not any(name in header for name in ("frames", "lengths", "dtype")):
+        return  # a header-only message
+    counts = _field(header, "frames", list)
     lengths = _field(header, "lengths", list)
     if _field(header, "dtype", str) != DTYPE:
-        raise MessageError(f"dtype {header['dtype']!r}, only {DTYPE!r} is accepted")
+        raise MessageError(f"dtype {header['dtype'][:40]!r}, only {DTYPE!r} is accepted")
     if len(lengths) != len(counts) or not all(
             isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in lengths + counts):
         raise MessageError("header fields 'lengths' and 'frames' must be lists of "
