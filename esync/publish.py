@@ -24,8 +24,8 @@ from esync.flat import floating_buffers, trainable
 from esync.registry import EVALUATOR
 from esync.server import weights_header
 from esync.transport.auth import Guard
-from esync.transport.message import (MAX_HEADER_BYTES, MessageError, chunk_spans, decode,
-                                     encode)
+from esync.transport.message import (FRAME_SLACK, MAX_HEADER_BYTES, MessageError,
+                                     chunk_spans, decode, encode)
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class ModelPublisher:
         self.context = zmq.Context()
         self.guard = Guard.from_environ(self.context)
         self.sock = self.guard.serve(self.context.socket(zmq.ROUTER))
-        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER_BYTES)  # pulls are headers only
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER_BYTES + FRAME_SLACK)  # pulls: headers
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.port = self.sock.bind_to_random_port(f"tcp://{host}")

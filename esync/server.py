@@ -46,7 +46,7 @@ from esync.errors import UserError
 from esync.registry import EVALUATOR
 from esync.rules import WEIGHTS, Key, Rule, RuleConfig, make_rule
 from esync.transport.cluster import ClusterEnv, advertised_address
-from esync.transport.message import (CHUNK_BYTES, CHUNK_VALUES, Message, MessageError, chunk_spans,
+from esync.transport.message import (CHUNK_BYTES, CHUNK_VALUES, FRAME_SLACK, Message, MessageError, chunk_spans,
                                      decode, encode)
 from esync.transport.node import Node
 
@@ -412,7 +412,8 @@ def run_server(env: ClusterEnv, opts: Any = None) -> int:
     folder = opts.checkpoint_dir
     with Node(env, "server") as node:
         sock = node.guard.serve(node.context.socket(zmq.ROUTER))
-        sock.setsockopt(zmq.MAXMSGSIZE, CHUNK_BYTES)  # a bigger frame: the peer is cut off
+        # a frame bigger than a chunk (and CurveZMQ's box around it): the peer is cut off
+        sock.setsockopt(zmq.MAXMSGSIZE, CHUNK_BYTES + FRAME_SLACK)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 1000)
         host = advertised_address(env)

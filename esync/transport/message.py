@@ -26,6 +26,9 @@ import numpy as np
 CHUNK_BYTES = 4 << 20
 CHUNK_VALUES = CHUNK_BYTES // 4
 MAX_HEADER_BYTES = 64 << 10
+#: what a frame may exceed those sizes by on the wire (ZMQ_MAXMSGSIZE counts the frame
+#: as it arrives: with CurveZMQ, the box's MAC, nonce and command name come on top)
+FRAME_SLACK = 1024
 DTYPE = "float32"
 _ITEM = 4
 

@@ -41,7 +41,8 @@ from esync.errors import UserError
 from esync.registry import EVALUATOR
 from esync.transport.auth import Guard, job_key
 from esync.transport.cluster import ClusterEnv, resolve
-from esync.transport.message import MAX_HEADER_BYTES, MessageError, decode, encode
+from esync.transport.message import (FRAME_SLACK, MAX_HEADER_BYTES, MessageError, decode,
+                                     encode)
 
 POLL_MS = 100
 REQUESTS = ("register", "heartbeat", "barrier", "finished", "abort", "bye", "who")
@@ -153,7 +154,7 @@ class Scheduler:
         context = zmq.Context()
         self.guard = Guard.from_environ(context, warn=False)  # warned once it listens
         self.sock = self.guard.serve(context.socket(zmq.ROUTER))
-        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER_BYTES)  # requests are headers only
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER_BYTES + FRAME_SLACK)  # headers only
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a node's fresh connection takes over
         self.sock.setsockopt(zmq.LINGER, 2000)
