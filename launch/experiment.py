@@ -90,6 +90,11 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                              "none,none,100,100)")
     parser.add_argument("--links-latency", default="0,0,5,5",
                         help="the links configuration: ms per worker (default 0,0,5,5)")
+    parser.add_argument("--auth", action="store_true",
+                        help="give each job a job key (CurveZMQ) and a state server token, "
+                             "as esync-launch does by default; off: the jobs run "
+                             "unauthenticated, as DDP's gloo traffic does, so that every "
+                             "algorithm moves its bytes in clear")
     return parser
 
 
@@ -115,7 +120,7 @@ def _job_args(args, folder: str, flags: List[str], cfg: str, seed: int,
             "--dataset", args.dataset, "--time-limit", f"{args.time_limit:g}",
             "--seed", str(seed), "--target-accuracy", f"{max(args.targets):g}",
             "--target-hold", f"{args.hold:g}", "--eval-interval", f"{args.eval_interval:g}",
-            *extra]
+            *([] if args.auth else ["--no-auth"]), *extra]
 
 
 def plan(args, extra: Sequence[str]) -> List[Tuple[str, str, int, List[str]]]:
