@@ -126,6 +126,9 @@ class Rule:
     def __init__(self, weights: np.ndarray, buffers: np.ndarray, config: RuleConfig):
         self.weights, self.buffers, self.config = weights, buffers, config
         self.sgd = SGDStep(weights, config, self.grad_scale(config))
+        #: completions of the shard's first weight chunk: the model's round (rounds in
+        #: SSGD and ESync, pushes in ASGD), which answers carry as `updates`
+        self.updates = 0
 
     def check(self, worker: int, round_: int, key: Key) -> Optional[str]:
         """Why this chunk of a push cannot be taken now (None: it can)."""
@@ -178,6 +181,7 @@ class Rule:
                 members: Iterable[int]) -> None:
         """Take back `state()`; `members` are the workers alive now."""
         self.sgd.restore(tensors)
+        self.updates = int(meta.get("updates", 0))
 
 
 class SyncRule(Rule):
@@ -215,6 +219,7 @@ class SyncRule(Rule):
         # restored: the workers are further on than the checkpoint
         flushed, self.held = list(self.held), {}
         self.round, self.completed = round_, 0
+        self.updates = round_ - 1  # the rounds the job has completed
         return flushed
 
     def add(self, worker, key, values):
@@ -235,6 +240,7 @@ class SyncRule(Rule):
             total = total.mul(self.config.num_workers / len(parts))
         if section == WEIGHTS:
             self._update_weights(offset, total)
+            self.updates += offset == 0
         else:
             torch.mul(total, 1.0 / self.config.num_workers,
                       out=_t(self.buffers[offset:offset + length]))
@@ -306,6 +312,7 @@ class AsyncRule(Rule):
         section, offset = key
         if section == WEIGHTS:
             self.sgd.apply(offset, self._compensate(worker, offset, _t(values)))
+            self.updates += offset == 0
         else:  # b += (pushed - b) / N
             mine = _t(self.buffers[offset:offset + len(values)])
             mine.lerp_(_t(values), 1.0 / self.config.num_workers)

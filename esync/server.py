@@ -44,10 +44,11 @@ import zmq
 from esync.checkpoint import Checkpoints, survey
 from esync.errors import UserError
 from esync.registry import EVALUATOR
-from esync.rules import WEIGHTS, Key, Rule, RuleConfig, make_rule
+from esync.rules import Key, Rule, RuleConfig, make_rule
 from esync.transport.cluster import ClusterEnv, advertised_address
-from esync.transport.message import (CHUNK_BYTES, CHUNK_VALUES, FRAME_SLACK, Message, MessageError, chunk_spans,
-                                     decode, encode)
+from esync.transport.message import (CHUNK_BYTES, CHUNK_VALUES, FRAME_SLACK, Message,
+                                     MessageError, chunk_spans, decode, encode,
+                                     integer_field)
 from esync.transport.node import Node
 
 REQUESTS = ("init", "pull", "push", "join", "leave")
@@ -90,12 +91,15 @@ class ShardServer:
         self.early_pulls: List[Tuple[bytes, int]] = []
         self.round_pulls: List[Tuple[bytes, int, int]] = []  # (identity, worker, round)
         self.waiting: Dict[Key, List[Tuple[bytes, int, int]]] = {}  # (identity, worker, round)
-        self.updates = 0  # completions of the first weight chunk: the model's round
         self.started_at: Optional[float] = None  # when worker 0 said training started
         self.age_offset = 0.0  # a restored shard's training clock at its checkpoint
         self.checkpoints, (self.every_rounds, self.every_seconds) = checkpoints, every
         self.saved_updates, self.saved_at = 0, time.monotonic()
-        self.members: List[int] = list(range(num_workers))
+
+    @property
+    def updates(self) -> int:
+        """The model's round (esync.rules.Rule.updates); 0 before `init`."""
+        return 0 if self.rule is None else self.rule.updates
 
     # --- dispatch ---------------------------------------------------------------------
     def handle(self, frames: List[zmq.Frame]) -> None:
@@ -150,10 +154,8 @@ class ShardServer:
 
     @staticmethod
     def _round(header: Dict, name: str = "round", default: Optional[int] = 0) -> int:
-        value = header.get(name, default)
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**62:
-            raise MessageError(f"field {name!r} must be an integer >= 0")
-        return value
+        """A round field (`default` if absent)."""
+        return integer_field(header, name, 0, 2**62) if name in header else default
 
     # --- requests ---------------------------------------------------------------------
     def _on_init(self, identity: bytes, worker: int, msg: Message) -> None:
@@ -192,7 +194,7 @@ class ShardServer:
 
     def _on_pull(self, identity: bytes, worker, msg: Message) -> None:
         round_ = self._round(msg.header)
-        at = self._round(msg.header, "at_round", None) if "at_round" in msg.header else None
+        at = self._round(msg.header, "at_round", None)
         self._take_stop(worker, msg.header)  # only once the pull is known to be good
         if msg.header.get("start") is True and worker != EVALUATOR and self.started_at is None:
             self.started_at = time.monotonic() - self.age_offset
@@ -237,21 +239,13 @@ class ShardServer:
         if problem:
             raise MessageError(problem)
         self._take_stop(worker, header)
-        before = getattr(self.rule, "round", None)
         for stale in self.rule.move_to(round_):
             self._answer_waiting(stale)
-        if before is not None and self.rule.round != before:  # restored, now in step:
-            self.updates = self.rule.round - 1  # the rounds the job has completed
         complete = self.rule.add(worker, key, values)
         self.waiting.setdefault(key, []).append((identity, worker, round_))
         if complete:
-            self._completed(key)
+            self._answer_waiting(key)
         self._after_change()
-
-    def _completed(self, key: Key) -> None:
-        if key == (WEIGHTS, 0):
-            self.updates += 1
-        self._answer_waiting(key)
 
     def _answer_waiting(self, key: Key) -> None:
         length = min(CHUNK_VALUES, len(self.sections[key[0]]) - key[1])
@@ -298,7 +292,6 @@ class ShardServer:
             return
         for identity in [i for i, p in self.peers.items() if p == ("worker", rank)]:
             del self.peers[identity]
-        self.members = [w for w in self.members if w != rank]
         log.warning("[server %d] worker %d died; going on with the others", self.rank, rank)
         if self.rule is not None:
             self._left(rank)
@@ -308,7 +301,7 @@ class ShardServer:
             self.waiting[key] = [w for w in self.waiting[key] if w[1] != worker]
         self.round_pulls = [p for p in self.round_pulls if p[1] != worker]
         for key in self.rule.leave(worker):
-            self._completed(key)
+            self._answer_waiting(key)
         self._after_change()
 
     # --- checkpoints --------------------------------------------------------------------
@@ -346,8 +339,7 @@ class ShardServer:
         self.sections = (tensors.pop("weights").copy(), tensors.pop("buffers").copy())
         self.rule = make_rule(*self.sections, config)
         self.rule.restore(tensors, meta, members)
-        self.members = list(members)
-        self.updates = self.saved_updates = int(meta.get("updates", 0))
+        self.saved_updates = self.updates
         self.age_offset = float(meta.get("age", 0.0))
         if not resumed:  # the others train on: the clock runs
             self.started_at = time.monotonic() - self.age_offset

@@ -97,7 +97,7 @@ def test_a_shard_is_restored_as_it_was(tmp_path, name, momentum):
         before.rule.add(worker, (WEIGHTS, 0), grad)
     if name == "dcasgd":
         before.rule.sent(0, (WEIGHTS, 0), 7)
-    before.updates = 1
+    before.rule.updates = 1  # (the rule counts the model's rounds)
     before.save_checkpoint()
 
     after = ShardServer(0, 2, sock=None, who=lambda identity: None,

@@ -275,7 +275,7 @@ class Harness:
         s = self.server
         return (s.rule is None, s.stop_reason, s.started_at, s.updates,
                 {k: list(v) for k, v in s.waiting.items()}, list(s.early_pulls),
-                list(s.round_pulls), list(s.members))
+                list(s.round_pulls), sorted(getattr(s.rule, "members", ())))
 
     def unchanged(self) -> bool:
         return len(self.saved) == len(self.server.sections) and all(

@@ -18,7 +18,7 @@ message raises `MessageError`, which servers answer or log, never die of.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import msgpack
 import numpy as np
@@ -102,7 +102,8 @@ def encode(header: Dict[str, Any], sections: Sequence[np.ndarray] = ()) -> List[
     return [msgpack.packb(header, use_bin_type=True), *frames]
 
 
-def _field(header: Dict[str, Any], name: str, kind, required: bool = True):
+def field(header: Dict[str, Any], name: str, kind, required: bool = True):
+    """Header field `name` of type `kind` (None if absent and not `required`)."""
     value = header.get(name)
     if value is None:
         if required:
@@ -110,6 +111,29 @@ def _field(header: Dict[str, Any], name: str, kind, required: bool = True):
         return None
     if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
         raise MessageError(f"header field {name!r} has type {type(value).__name__}")
+    return value
+
+
+def integer_field(header: Dict[str, Any], name: str, low: int, high: int,
+                  required: bool = True) -> Optional[int]:
+    """Header field `name`, an integer in low..high (None if absent and not `required`)."""
+    value = header.get(name)
+    if value is None and not required:
+        return None
+    if type(value) is not int or not low <= value <= high:
+        raise MessageError(f"field {name!r} must be an integer in {low}..{high}")
+    return value
+
+
+def text_field(header: Dict[str, Any], name: str, limit: int = 256,
+               required: bool = True) -> Optional[str]:
+    """Header field `name`, a string of at most `limit` characters (None if absent and
+    not `required`)."""
+    value = header.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise MessageError(f"field {name!r} must be a string of at most {limit} characters")
     return value
 
 
@@ -124,10 +148,10 @@ def decode_header(raw, types: Sequence[str]) -> Dict[str, Any]:
         raise MessageError(f"header is not valid msgpack ({type(e).__name__})") from None
     if not isinstance(header, dict):
         raise MessageError(f"header is a {type(header).__name__}, expected a map")
-    kind = _field(header, "type", str)
+    kind = field(header, "type", str)
     if kind not in types:
         raise MessageError(f"unknown message type {kind[:40]!r}")
-    _field(header, "sender", (str, int))
+    field(header, "sender", (str, int))
     return header
 
 
@@ -135,9 +159,9 @@ def check_payload(header: Dict[str, Any], sizes: Sequence[int]) -> None:
     """Check that data frames of `sizes` bytes match what the header announces."""
     if not sizes and not any(name in header for name in ("frames", "lengths", "dtype")):
         return  # a header-only message
-    counts = _field(header, "frames", list)
-    lengths = _field(header, "lengths", list)
-    if _field(header, "dtype", str) != DTYPE:
+    counts = field(header, "frames", list)
+    lengths = field(header, "lengths", list)
+    if field(header, "dtype", str) != DTYPE:
         raise MessageError(f"dtype {header['dtype'][:40]!r}, only {DTYPE!r} is accepted")
     if len(lengths) != len(counts) or not all(
             isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in lengths + counts):

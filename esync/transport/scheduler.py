@@ -42,7 +42,7 @@ from esync.registry import EVALUATOR
 from esync.transport.auth import Guard, job_key
 from esync.transport.cluster import ClusterEnv, resolve
 from esync.transport.message import (FRAME_SLACK, MAX_HEADER_BYTES, MessageError, decode,
-                                     encode)
+                                     encode, integer_field, text_field)
 
 POLL_MS = 100
 REQUESTS = ("register", "heartbeat", "barrier", "finished", "abort", "bye", "who")
@@ -70,24 +70,6 @@ class Policy:
         return cls(opts.on_worker_failure, opts.min_workers, server_patience(opts),
                    opts.checkpoint_dir, opts.resume,
                    registry.of_options(opts).synchronous)
-
-
-def _text(header: Dict, name: str, limit: int = 256, required: bool = True) -> Optional[str]:
-    value = header.get(name)
-    if value is None and not required:
-        return None
-    if not isinstance(value, str) or len(value) > limit:
-        raise MessageError(f"field {name!r} must be a string of at most {limit} characters")
-    return value
-
-
-def _integer(header: Dict, name: str, low: int, high: int, required: bool = True):
-    value = header.get(name)
-    if value is None and not required:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise MessageError(f"field {name!r} must be an integer in {low}..{high}")
-    return value
 
 
 def _checkpoint_rounds(header: Dict) -> Dict[int, List[int]]:
@@ -283,9 +265,9 @@ class Scheduler:
         if msg.type == "abort" and member is None:  # failed before it could join
             if self.assigned:  # the job runs: a node that cannot start does not end it
                 log.warning("[scheduler] a node that is not a member could not start: %s",
-                            _text(msg.header, "reason", 2000, required=False))
+                            text_field(msg.header, "reason", 2000, required=False))
                 return None
-            return self._abort(_text(msg.header, "reason", 2000, required=False)
+            return self._abort(text_field(msg.header, "reason", 2000, required=False)
                                or f"{uid} failed")
         if member is None or not member.alive:
             self._send(identity, {"type": "error", "error": f"{uid} is not registered"})
@@ -293,7 +275,7 @@ class Scheduler:
         if msg.type == "who":
             return self._who(identity, member, msg.header)
         if msg.type == "barrier":
-            group = _text(msg.header, "group", required=False) or "workers"
+            group = text_field(msg.header, "group", required=False) or "workers"
             return self._barrier(identity, uid, group)
         if msg.type == "finished":
             member.finished = True
@@ -303,7 +285,7 @@ class Scheduler:
         if msg.type == "bye":  # a server confirms the shutdown
             member.finished = True
             return None
-        reason = _text(msg.header, "reason", 2000, required=False) or "failed"
+        reason = text_field(msg.header, "reason", 2000, required=False) or "failed"
         if msg.header.get("user_error") is True:  # bad input: a restart fails the same way
             return self._abort(reason, exclude=uid)
         return self._lost(member, f"failed: {reason}")
@@ -312,7 +294,7 @@ class Scheduler:
         """A server asks who a peer is (the node id its socket carries)."""
         if asker.role != "server":
             raise MessageError("only servers may ask who a peer is")
-        peer = self.members.get(_text(header, "uid"))
+        peer = self.members.get(text_field(header, "uid"))
         if peer is None or not peer.alive or peer.role not in ("worker", EVALUATOR):
             self._send(identity, {"type": "error", "error": "not a member of the job"})
         else:
@@ -320,18 +302,18 @@ class Scheduler:
         return None
 
     def _register(self, identity: bytes, uid: str, header: Dict) -> Optional[int]:
-        role = _text(header, "role")
+        role = text_field(header, "role")
         if role not in ROLES:
             raise MessageError(f"unknown role {role!r}")
         if uid in self.members:
             raise MessageError(f"{uid} is already registered")
-        port = _integer(header, "port", 1, 65535, required=False)
-        host = _text(header, "host", required=False)
-        member = Member(uid, role, _text(header, "hostname", required=False) or "?",
-                        _integer(header, "pid", 0, 2**31, required=False) or 0,
+        port = integer_field(header, "port", 1, 65535, required=False)
+        host = text_field(header, "host", required=False)
+        member = Member(uid, role, text_field(header, "hostname", required=False) or "?",
+                        integer_field(header, "pid", 0, 2**31, required=False) or 0,
                         f"tcp://{host}:{port}" if port and host else None,
-                        {k: _text(header, k, required=False) for k in ("mode", "network")},
-                        _text(header, "device", required=False) or "",
+                        {k: text_field(header, k, required=False) for k in ("mode", "network")},
+                        text_field(header, "device", required=False) or "",
                         checkpoints=_checkpoint_rounds(header))
         if role == "server" and member.address is None:
             raise MessageError("a server registers with its 'host' and 'port'")
