@@ -32,6 +32,16 @@ MOMENTUM = 0.9                 # --momentum: SGD momentum (0 = plain SGD, as MXN
 WEIGHT_DECAY = 0.0             # --weight-decay
 DCASGD = False                 # -dcasgd: delay-compensated ASGD in async mode
 DCASGD_LAMDA = 0.04            # --dcasgd-lamda: the variance-control factor of DC-ASGD
+NORMALIZE_DELTAS = False       # --normalize-deltas: esync averages delta / local steps,
+                               #   scaled by the mean steps (FedNova)
+OUTER_MOMENTUM = 0.0           # --outer-momentum: esync's Nesterov momentum on the
+                               #   averaged delta (0: the paper's plain average)
+
+# --- how workers aggregate -------------------------------------------------------------
+BACKEND = "ps"                 # --backend: ps (parameter servers) | allreduce (sync, esync)
+COMPRESS = "none"              # --compress: none | fp16 | topk:R (pushed traffic)
+ALLREDUCE_TIMEOUT = 300.0      # seconds a worker waits in one all-reduce before it gives
+                               #   up (a hung peer; a dead one is noticed at once)
 
 # --- shuffling (CorgiPile's two-level shuffle by default) ----------------------------
 SHUFFLE = "corgipile"          # --shuffle: corgipile | once | none

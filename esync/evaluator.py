@@ -11,6 +11,8 @@ an evaluation, and every mode is evaluated at the same pace.
   waited for, and its death does not end the job), gets the servers' addresses and
   pulls from them (servers accept only pulls from it); a server not ready yet holds the
   pull until worker 0 initialised it. It ends when the scheduler shuts the job down.
+  With `--backend allreduce` (no servers) it pulls from worker 0's publisher
+  (esync.publish), whose address the scheduler's rendezvous gives.
 - DDP (`-m ddp`): rank 0 answers its pulls (esync.publish) at the address it left in
   torch.distributed's rendezvous store (MASTER_ADDR:MASTER_PORT); it ends when rank 0
   says the job is done or the store is gone.
@@ -141,7 +143,10 @@ def run_ps_evaluator(opts: Options, device: torch.device, env: ClusterEnv) -> in
             if node.shutdown_requested:
                 raise JobEnded()
 
-        return evaluate_loop(opts, device, assignment["servers"],
+        servers = assignment["servers"]
+        if not servers:  # an all-reduce job: worker 0 publishes the model
+            servers = [node.rendezvous()["evaluator"]]
+        return evaluate_loop(opts, device, servers,
                              _Source(node.context, check, node),
                              lambda: node.shutdown_requested)
     finally:

@@ -63,14 +63,14 @@ class FlatModel:
         """numpy view of the CPU copy of `params`, `buffers` or `grads`."""
         return self._host[name].numpy()
 
-    def gather_grads(self) -> np.ndarray:
-        """This iteration's gradients as one host vector (zeros where a grad is None)."""
+    def gather_grads(self) -> torch.Tensor:
+        """This iteration's gradients into `grads` (zeros where a grad is None)."""
         for p, (start, n) in zip(self._params_list, self._param_spans):
             if p.grad is None:
                 self.grads[start:start + n].zero_()
             else:
                 self.grads[start:start + n].copy_(p.grad.reshape(-1))
-        return self.to_host("grads")
+        return self.grads
 
     def host_state(self) -> Tuple[np.ndarray, np.ndarray]:
         """Current weights and buffers as host vectors."""

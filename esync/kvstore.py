@@ -19,8 +19,9 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import zmq
 
+from esync.compress import Compression, Compressor
 from esync.link import Link
-from esync.transport.message import (MessageError, check_payload, chunk_spans,
+from esync.transport.message import (DTYPE, MessageError, check_payload, chunk_spans,
                                      decode_header, encode, frame_bytes)
 from esync.transport.node import POLL_MS, JobAborted, Node
 
@@ -40,9 +41,11 @@ class KVStore:
     paces every byte sent and received (esync.link) when the worker's link is emulated."""
 
     def __init__(self, node: Node, servers: Sequence[str], rank: Union[int, str],
-                 num_params: int, num_buffers: int, link: Optional[Link] = None):
+                 num_params: int, num_buffers: int, link: Optional[Link] = None,
+                 compression: Compression = Compression()):
         self.node, self.rank = node, rank
         self.link = link or Link()
+        self.compressor = Compressor(compression, num_params)
         self.shards = list(zip(shard_bounds(num_params, len(servers)),
                                shard_bounds(num_buffers, len(servers))))
         self.addresses = list(servers)
@@ -99,6 +102,8 @@ class KVStore:
                 check_payload(header, [])
                 self.link.received(frame_bytes(raw))
                 return header
+            if header.get("dtype") != DTYPE:
+                raise MessageError("answer chunk is not float32")
             section, offset = header.get("section"), header.get("offset")
             length = (header.get("lengths") or [None])[0]
             if section not in (0, 1) or not isinstance(offset, int) or not isinstance(length, int) \
@@ -203,18 +208,25 @@ class KVStore:
 
     def push_pull(self, round_: int, grads: np.ndarray, buffers: np.ndarray,
                   params_out: np.ndarray, buffers_out: np.ndarray,
-                  stop: Optional[str] = None) -> None:
+                  stop: Optional[str] = None, steps: Optional[int] = None) -> None:
         """Push this round's gradient (or delta) and buffers; receive the new weights and
-        buffers into `params_out` and `buffers_out` (which may be `buffers` itself)."""
+        buffers into `params_out` and `buffers_out` (which may be `buffers` itself).
+        The weight chunks are compressed as `--compress` says; `steps` (ESync with
+        --normalize-deltas) is the worker's number of local steps of the round."""
         header = {"type": "push", "round": round_}
         if stop is not None:
             header["stop"] = stop
+        if steps is not None:
+            header["steps"] = steps
         self._outstanding = {}
         for s in range(len(self.sockets)):
             for section, values in enumerate(self._slices(s, grads, buffers)):
                 for offset, length in chunk_spans(len(values)):
-                    self._request(s, {**header, "shard": s, "section": section,
-                                      "offset": offset}, [values[offset:offset + length]])
+                    chunk = values[offset:offset + length]
+                    fields, sections = ({}, [chunk]) if section else \
+                        self.compressor.encode(self.shards[s][0][0] + offset, chunk)
+                    self._request(s, {**header, **fields, "shard": s, "section": section,
+                                      "offset": offset}, sections)
         self._receive([self._values(s) for s in range(len(self.sockets))], params_out,
                       buffers_out)
 

@@ -20,7 +20,8 @@ import config
 from esync.data import DATASETS, SHUFFLES
 from esync.errors import UserError
 from esync.models import NETWORKS
-from esync.registry import MODES
+from esync.compress import Compression
+from esync.registry import BACKENDS, MODES
 
 # A bool that takes a value (`-c 1`, `-s True`), as the original's flags did. The
 # annotation keeps argparse-dataclass from turning it into a value-less switch.
@@ -61,6 +62,18 @@ _fraction = _number(float, "a number in (0, 1]", low=0.0, high=1.0, low_open=Tru
 _momentum = _number(float, "a number in [0, 1)", low=0.0, high=0.999999)
 _slowdown = _number(float, "a number >= 1", low=1.0)
 _port = _number(int, "a port number in 1..65535", low=1, high=65535)
+
+
+def _compress(text: str) -> str:
+    """--compress: none, fp16 or topk:R, kept as text (esync.compress parses it)."""
+    try:
+        return str(Compression.parse(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def compression(opts: "Options") -> Compression:
+    return Compression.parse(opts.compress)
 
 
 def _every(text: str) -> str:
@@ -133,6 +146,22 @@ class Options:
                               "1: delay-compensated ASGD (with -m async)", type=_switch)
     dcasgd_lamda: float = _opt(["--dcasgd-lamda"], config.DCASGD_LAMDA,
                                "DC-ASGD's variance-control factor", type=_non_negative_float)
+    normalize_deltas: Switch = _opt(["--normalize-deltas"], config.NORMALIZE_DELTAS,
+                                    "esync: 1: average each delta divided by its local "
+                                    "steps, scaled by the mean steps (FedNova)",
+                                    type=_switch)
+    outer_momentum: float = _opt(["--outer-momentum"], config.OUTER_MOMENTUM,
+                                 "esync: Nesterov momentum of the outer step on the "
+                                 "averaged delta, -gl its learning rate (DiLoCo); 0: the "
+                                 "plain average", type=_momentum)
+    backend: str = _opt(["--backend"], config.BACKEND,
+                        "sync, esync: aggregate through the parameter servers (ps) or by "
+                        "all-reduce among the workers (allreduce, with DMLC_NUM_SERVER=0)",
+                        choices=list(BACKENDS))
+    compress: str = _opt(["--compress"], config.COMPRESS,
+                         "pushed weight traffic: none, fp16 (half the bytes), topk:R (the "
+                         "largest fraction R of each chunk, with error feedback; ps only)",
+                         type=_compress)
     split_by_class: Switch = _opt(["-s", "--split-by-class"], config.SPLIT_BY_CLASS,
                                   "1: non-IID partitions, each worker sees few classes",
                                   type=_switch)
@@ -218,6 +247,37 @@ def server_patience(opts: Options) -> float:
     if opts.server_patience is not None:
         return opts.server_patience
     return config.SERVER_PATIENCE if opts.checkpoint_dir else 0.0
+
+
+def check_aggregation(opts: Options, num_servers: Optional[int] = None) -> None:
+    """--backend, --compress and ESync's aggregation options against the mode and (if
+    known) the job's DMLC_NUM_SERVER; UserError names the flag."""
+    from esync import registry
+
+    algorithm = registry.of_options(opts)
+    if (opts.normalize_deltas or opts.outer_momentum) and not algorithm.state_server:
+        flag = "--normalize-deltas" if opts.normalize_deltas else "--outer-momentum"
+        raise UserError(f"{flag} applies to -m esync only, not -m {opts.mode}")
+    if opts.compress != "none" and not algorithm.parameter_server:
+        raise UserError(f"--compress applies to the parameter-server modes, not -m {opts.mode}")
+    able = [a.mode for a in registry.ALGORITHMS.values() if a.all_reduce]
+    if opts.backend == "ps":
+        if num_servers == 0:
+            raise UserError(f"DMLC_NUM_SERVER=0: a job without servers aggregates by "
+                            f"all-reduce: pass --backend allreduce (-m {' or '.join(able)})")
+        return
+    if not algorithm.all_reduce:
+        raise UserError(f"--backend allreduce: -m {opts.mode} runs on the parameter "
+                        f"servers only (all-reduce: -m {' or '.join(able)})")
+    if opts.compress.startswith("topk"):
+        raise UserError(f"--compress {opts.compress} works with --backend ps only; the "
+                        f"all-reduce takes none or fp16")
+    if opts.checkpoint_dir or opts.resume:
+        raise UserError("--checkpoint-dir and --resume need the servers' shards: use "
+                        "--backend ps")
+    if num_servers:
+        raise UserError(f"--backend allreduce: DMLC_NUM_SERVER={num_servers}, but the "
+                        f"all-reduce needs no servers: set DMLC_NUM_SERVER=0")
 
 
 def build_parser(prog: str = "esync") -> ArgumentParser:

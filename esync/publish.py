@@ -36,7 +36,8 @@ STORE_FINISHED = "esync/finished"
 
 
 class ModelPublisher:
-    def __init__(self, model: nn.Module, host: str = "127.0.0.1"):
+    def __init__(self, model: nn.Module, host: str = "127.0.0.1", name: str = "ddp"):
+        self.name = name  # the algorithm's, in the log's lines
         self.params = trainable(model)
         self.buffers = [b for _, _, b in floating_buffers(model)]
         self.sections = (np.empty(sum(p.numel() for p in self.params), np.float32),
@@ -95,13 +96,13 @@ class ModelPublisher:
             if msg.header.get("sender") != EVALUATOR:
                 raise MessageError("only the evaluator pulls from the DDP baseline")
         except MessageError as e:
-            log.warning("[ddp] publisher rejected a message: %s", e)
+            log.warning("[%s] publisher rejected a message: %s", self.name, e)
             self._send(identity, {"type": "error", "error": str(e)})
             return
         stop = msg.header.get("stop")
         if isinstance(stop, str) and self.stop_reason is None:
             self.stop_reason = stop
-            log.info("[ddp] the evaluator ends the job: %s", stop)
+            log.info("[%s] the evaluator ends the job: %s", self.name, stop)
         self._waiting.append(identity)
         self._wanted.set()
 

@@ -39,6 +39,9 @@ class Algorithm:
     #                                RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), None
     #                                (one process trains alone)
 
+    all_reduce: bool = False  # may aggregate by all-reduce among the workers instead of
+    #                           through servers (`--backend allreduce`)
+
     @property
     def distributed(self) -> bool:
         """Runs as several processes (else: one process trains alone)."""
@@ -75,9 +78,10 @@ class Algorithm:
 ALGORITHMS: Dict[str, Algorithm] = {a.key: a for a in (
     Algorithm("esync", "esync", False, "esync.algorithms.esync:ESync",
               "esync.rules:ESyncRule", "esync", "ESync", "ESync",
-              synchronous=True, state_server=True),
+              synchronous=True, state_server=True, all_reduce=True),
     Algorithm("sync", "sync", False, "esync.algorithms.pushpull:PushPull",
-              "esync.rules:SyncRule", "sync", "Sync", "SSGD", synchronous=True),
+              "esync.rules:SyncRule", "sync", "Sync", "SSGD", synchronous=True,
+              all_reduce=True),
     Algorithm("async", "async", False, "esync.algorithms.pushpull:PushPull",
               "esync.rules:AsyncRule", "async", "Async", "ASGD"),
     Algorithm("dcasgd", "async", True, "esync.algorithms.pushpull:PushPull",
@@ -97,6 +101,10 @@ STANDALONE = "local"
 #: (LOG_DIR/<host>/evaluator/) and the `sender` of its pulls. It logs the global model's
 #: test accuracy; it trains on nothing and is no worker
 EVALUATOR = "evaluator"
+
+#: the values `--backend` takes: "ps" (through the parameter servers) or "allreduce"
+#: (torch.distributed among the workers; algorithms with `all_reduce` only)
+BACKENDS: Tuple[str, ...] = ("ps", "allreduce")
 
 #: the values `-m` takes, in registry order
 MODES: Tuple[str, ...] = tuple(dict.fromkeys(a.mode for a in ALGORITHMS.values()))

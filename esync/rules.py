@@ -12,13 +12,21 @@ answer chunk i while chunk i+1 is still on the wire.
   without waiting for anyone).
 - `esync` (ESync, Li et al.): as `sync`, but workers push their model delta of the
   round (after their budget of local SGD steps), and the weights move by the mean delta
-  scaled by the global learning rate `lr` (`-gl`): w <- w + lr * mean(delta).
+  scaled by the global learning rate `lr` (`-gl`): w <- w + lr * mean(delta). Two
+  options, off by default: `normalize` (`--normalize-deltas`, FedNova's normalised
+  averaging): workers push delta / steps with their number of local steps (`steps` in
+  the push), and the mean is scaled by the mean number of steps; `momentum`
+  (`--outer-momentum M`): the mean delta is a pseudo-gradient g = -mean(delta) for SGD
+  with Nesterov momentum (DiLoCo's outer optimiser): v <- M v + g; w <- w - lr (g + M v).
 - `dcasgd` (DC-ASGD, Zheng et al. 2017): as async, with the gradient compensated for
   delay: g + lamda * g * g * (w - w_backup[worker]), w_backup[worker] being the weights
   that worker last received.
 
 The arithmetic runs in place on torch views of the numpy vectors (fused multiply-adds,
-no temporaries), one chunk of a few MiB at a time, so it stays in cache.
+no temporaries), one chunk of a few MiB at a time, so it stays in cache. With
+`--backend allreduce` (esync.allreduce) each worker runs the same rule on its own copy
+of the whole model (torch tensors, on its device), handing `aggregate` the sum the
+all-reduce made: both backends do the same arithmetic.
 """
 from __future__ import annotations
 
@@ -38,8 +46,9 @@ WEIGHTS, BUFFERS = 0, 1
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
-def _t(array: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(array)
+def _t(array) -> torch.Tensor:
+    """A torch view of a numpy vector (a tensor is taken as it is)."""
+    return array if isinstance(array, torch.Tensor) else torch.from_numpy(array)
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,7 @@ class RuleConfig:
     momentum: float = 0.0
     weight_decay: float = 0.0
     lamda: float = 0.0
+    normalize: bool = False  # esync: FedNova's normalised averaging of the deltas
 
     @classmethod
     def from_header(cls, header: Dict[str, Any]) -> "RuleConfig":
@@ -70,7 +80,12 @@ class RuleConfig:
         workers = header.get("num_workers")
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise ValueError("rule field 'num_workers' must be a positive integer")
-        return cls(name, workers, **numbers)
+        normalize = header.get("normalize", False)
+        if not isinstance(normalize, bool):
+            raise ValueError("rule field 'normalize' must be true or false")
+        if numbers["momentum"] >= 1:
+            raise ValueError("rule field 'momentum' must be below 1")
+        return cls(name, workers, **numbers, normalize=normalize)
 
     def to_header(self) -> Dict[str, Any]:
         return dict(self.__dict__)
@@ -146,8 +161,10 @@ class Rule:
         pushes must now be answered without being taken."""
         return []
 
-    def add(self, worker: int, key: Key, values: np.ndarray) -> bool:
-        """Take a pushed chunk; True when the chunk is complete and can be answered."""
+    def add(self, worker: int, key: Key, values: np.ndarray,
+            steps: Optional[int] = None) -> bool:
+        """Take a pushed chunk (`steps`: the pusher's local steps of the round, where it
+        says); True when the chunk is complete and can be answered."""
         raise NotImplementedError
 
     def sent(self, worker: int, key: Key, length: int) -> None:
@@ -196,7 +213,10 @@ class SyncRule(Rule):
         self.members = set(range(config.num_workers))  # the living workers
         self.joining: Dict[int, int] = {}  # worker -> the round it comes back at
         self.resync = False  # restored: the workers' pushes say which round it is
-        self.sums = (np.empty_like(weights), np.empty_like(buffers))
+        self.sums: Optional[Tuple[np.ndarray, np.ndarray]] = None  # made on first use
+        self.round_steps: Dict[int, int] = {}  # worker -> its local steps this round
+        #: the living workers' mean number of local steps of the round being aggregated
+        self.mean_steps = 1.0
         # pushed chunks held (as views of their frames) until the last worker's arrives
         self.held: Dict[Key, Dict[int, np.ndarray]] = {}
         self.completed = 0  # values of this round already aggregated
@@ -222,8 +242,10 @@ class SyncRule(Rule):
         self.updates = round_ - 1  # the rounds the job has completed
         return flushed
 
-    def add(self, worker, key, values):
+    def add(self, worker, key, values, steps=None):
         self.held.setdefault(key, {})[worker] = values
+        if steps is not None and key[0] == WEIGHTS:
+            self.round_steps[worker] = steps
         return self._complete(key)
 
     def _complete(self, key: Key) -> bool:
@@ -235,23 +257,36 @@ class SyncRule(Rule):
         section, offset = key
         parts = [held[w] for w in sorted(self.members)]
         length = len(parts[0])
+        if self.sums is None:
+            self.sums = (np.empty_like(self.weights), np.empty_like(self.buffers))
         total = self._sum(parts, self.sums[section][offset:offset + length])
-        if len(parts) != self.config.num_workers:  # fewer living workers: their mean
-            total = total.mul(self.config.num_workers / len(parts))
         if section == WEIGHTS:
-            self._update_weights(offset, total)
-            self.updates += offset == 0
-        else:
-            torch.mul(total, 1.0 / self.config.num_workers,
-                      out=_t(self.buffers[offset:offset + length]))
+            self.mean_steps = float(np.mean([self.round_steps.get(w, 1)
+                                             for w in self.members]))
+        self.aggregate(key, total, len(parts))
         self.completed += length
         if self.completed == len(self.weights) + len(self.buffers):
             self.round, self.completed, self.resync = self.round + 1, 0, False
+            self.round_steps = {}
             for w, at in list(self.joining.items()):
                 if at == self.round:
                     self.members.add(w)
                     del self.joining[w]
         return True
+
+    def aggregate(self, key: Key, total: torch.Tensor, count: int) -> None:
+        """Apply `total`, the sum of `count` workers' pushes of chunk `key` (the held
+        chunks' sum here; the all-reduce's sum in esync.allreduce). The weights take the
+        rule's step; the buffers become the mean."""
+        section, offset = key
+        if count != self.config.num_workers:  # fewer living workers: their mean
+            total = total.mul(self.config.num_workers / count)
+        if section == WEIGHTS:
+            self._update_weights(offset, total)
+            self.updates += offset == 0
+        else:
+            torch.mul(total, 1.0 / self.config.num_workers,
+                      out=_t(self.buffers)[offset:offset + len(total)])
 
     def leave(self, worker):
         self.members.discard(worker)
@@ -302,13 +337,22 @@ class SyncRule(Rule):
 
 class ESyncRule(SyncRule):
     def _update_weights(self, offset, total):
-        """`total` is the sum of the N workers' deltas: w += lr * total / N."""
+        """`total` is the sum of the N workers' deltas (with `normalize`, of delta / steps):
+        w += lr * mean, or the outer Nesterov step on g = -mean."""
+        c = self.config
+        scale = (self.mean_steps if c.normalize else 1.0) / c.num_workers
         w = self.sgd.w[offset:offset + len(total)]
-        w.add_(total, alpha=self.config.lr / self.config.num_workers)
+        if not c.momentum:
+            w.add_(total, alpha=c.lr * scale)
+            return
+        g = torch.mul(total, -scale)
+        v = self.sgd.velocity[offset:offset + len(total)]
+        v.mul_(c.momentum).add_(g)
+        w.add_(g.add_(v, alpha=c.momentum), alpha=-c.lr)
 
 
 class AsyncRule(Rule):
-    def add(self, worker, key, values):
+    def add(self, worker, key, values, steps=None):
         section, offset = key
         if section == WEIGHTS:
             self.sgd.apply(offset, self._compensate(worker, offset, _t(values)))

@@ -44,7 +44,8 @@ import zmq
 from esync.checkpoint import Checkpoints, survey
 from esync.errors import UserError
 from esync.registry import EVALUATOR
-from esync.rules import Key, Rule, RuleConfig, make_rule
+from esync.compress import CompressionError, decode_chunk
+from esync.rules import WEIGHTS, Key, Rule, RuleConfig, make_rule
 from esync.transport.cluster import ClusterEnv, advertised_address
 from esync.transport.message import (CHUNK_BYTES, CHUNK_VALUES, FRAME_SLACK, Message,
                                      MessageError, chunk_spans, decode, encode,
@@ -230,18 +231,18 @@ class ShardServer:
         if self.rule is None:
             raise MessageError("push before init")
         header = msg.header
-        round_, key = self._round(header), self._chunk_key(msg)
-        values = msg.sections()[0][0][1]
+        round_, (key, values) = self._round(header), self._chunk(msg)
         if self.rule.late(worker, round_):  # that round went on without it: catch up
             self._answer(identity, worker, round_, key, len(values))
             return
         problem = self.rule.check(worker, round_, key)
         if problem:
             raise MessageError(problem)
+        steps = integer_field(header, "steps", 1, 2**31, required=False)
         self._take_stop(worker, header)
         for stale in self.rule.move_to(round_):
             self._answer_waiting(stale)
-        complete = self.rule.add(worker, key, values)
+        complete = self.rule.add(worker, key, values, steps)
         self.waiting.setdefault(key, []).append((identity, worker, round_))
         if complete:
             self._answer_waiting(key)
@@ -267,22 +268,30 @@ class ShardServer:
             who = "the evaluator" if sender == EVALUATOR else f"worker {sender}"
             log.info("[server %d] %s ends the job: %s", self.rank, who, self.stop_reason)
 
-    def _chunk_key(self, msg: Message) -> Key:
-        """(section, offset) of a pushed chunk, checked against the shard's chunk layout."""
+    def _chunk(self, msg: Message) -> Tuple[Key, np.ndarray]:
+        """(section, offset) of a pushed chunk, checked against the shard's chunk layout,
+        and its values as dense float32 (a compressed chunk decoded: esync.compress)."""
         section, offset = msg.header.get("section"), msg.header.get("offset")
-        lengths = msg.header.get("lengths")
+        lengths, frames = msg.header.get("lengths"), msg.header.get("frames")
         if type(section) is not int or section not in (0, 1) or type(offset) is not int \
-                or not isinstance(lengths, list) or len(lengths) != 1 \
-                or msg.header.get("frames") != [1]:
+                or not isinstance(lengths, list) or not 1 <= len(lengths) <= 2 \
+                or frames != [1] * len(lengths):
             raise MessageError("push must carry one chunk, with 'section' 0 or 1 and an "
                                "integer 'offset'")
         size = len(self.sections[section])
         expected = min(CHUNK_VALUES, size - offset)
-        if offset < 0 or offset % CHUNK_VALUES or offset >= size or lengths[0] != expected:
+        if offset < 0 or offset % CHUNK_VALUES or offset >= size or \
+                (msg.header.get("codec") is None and lengths[0] != expected):
             raise MessageError(f"chunk of {lengths[0]} values at offset {offset} of section "
                                f"{section} does not fit the shard's {size} values in chunks "
                                f"of {CHUNK_VALUES}")
-        return section, offset
+        if section != WEIGHTS and msg.header.get("codec") is not None:
+            raise MessageError("only weight chunks (section 0) may be compressed")
+        try:
+            values = decode_chunk(msg.header, [s[0][1] for s in msg.sections()], expected)
+        except CompressionError as e:
+            raise MessageError(str(e)) from None
+        return (section, offset), values
 
     # --- membership ---------------------------------------------------------------------
     def notice(self, header: Dict[str, Any]) -> None:

@@ -17,9 +17,9 @@ import torch
 from esync import registry
 from esync.algorithms.base import Job
 from esync.errors import UserError
-from esync.options import Options
+from esync.options import Options, check_aggregation
 from esync.train import StopCriteria, TrainResult, train
-from esync.transport.cluster import REQUIRED, ClusterEnv, DDPEnv
+from esync.transport.cluster import REQUIRED, ClusterEnv, DDPEnv, advertised_address
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ def check(opts: Options, env: Optional[ClusterEnv]) -> WorkerPlan:
                                          if a.parameter_server))
         raise UserError(f"-m/--mode {opts.mode} does not run with DMLC_ROLE={env.role}: "
                         f"unset DMLC_ROLE, or pick a parameter-server mode ({others})")
+    check_aggregation(opts, env.num_servers if env is not None else None)
     device = select_device(opts)
     patience = 0.0
     if algorithm.state_server:
@@ -143,7 +144,7 @@ def run_cluster_worker(plan: WorkerPlan, env: ClusterEnv) -> int:
         assignment = node.register(mode=plan.algorithm.key, network=plan.opts.network,
                                    device=device_label(plan.opts, plan.device))
         job = Job.from_assignment(node, assignment, plan.state_server_patience,
-                                  resume=plan.opts.resume)
+                                  resume=plan.opts.resume, host=advertised_address(env))
         result = _train(plan, job)
         node.finish()
     return _exit_status(result)

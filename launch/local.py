@@ -70,7 +70,7 @@ from tqdm import tqdm
 import config
 from esync import registry
 from esync.errors import UserError
-from esync.options import Options, flags_given, parse_options
+from esync.options import Options, check_aggregation, flags_given, parse_options
 from esync.options import build_parser as options_parser
 from esync.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
 from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
@@ -161,7 +161,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument("-m", "--mode", required=True, choices=registry.MODES,
                         help="training algorithm (as main.py's -m)")
     parser.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
-    parser.add_argument("--servers", type=int, default=1, help="number of servers (default 1)")
+    parser.add_argument("--servers", type=int, default=None,
+                        help="number of servers (default 1; none with --backend allreduce)")
     parser.add_argument("--slowdown", default="1",
                         help="one --slowdown factor per worker, comma-separated, or one for "
                              "all (default 1)")
@@ -254,9 +255,19 @@ def plan(argv: Sequence[str], prog: str = PROG,
         if dest in given:
             flag = "-ld/--log-dir" if dest == "log_dir" else "--device-name"
             raise LaunchError(f"{flag} is set by the launcher (see --out, --slowdown)")
-    if args.workers < 1 or args.servers < 1:
+    all_reduce = opts.backend == "allreduce"
+    if args.servers is None:
+        args.servers = 0 if all_reduce else 1
+    elif all_reduce and args.servers:
+        raise LaunchError(f"--servers {args.servers}: --backend allreduce runs without "
+                          f"servers")
+    if args.workers < 1 or (args.servers < 1 and not all_reduce):
         raise LaunchError("--workers and --servers must be at least 1")
     algorithm = registry.of_options(opts)
+    try:
+        check_aggregation(opts, args.servers if algorithm.parameter_server else None)
+    except UserError as e:
+        raise LaunchError(str(e)) from None
     workers = args.workers if algorithm.distributed else 1
     slowdowns = _per_worker("--slowdown", args.slowdown, workers, low=1.0, noun="factor")
     bandwidths = _per_worker("--bandwidth", args.bandwidth, workers, none_ok=True)

@@ -31,9 +31,11 @@ class Cluster:
         self.num_servers, self.num_workers = num_servers, num_workers
         self.procs: Dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, role: str, args: Sequence[str] = ()) -> subprocess.Popen:
+    def start(self, name: str, role: str, args: Sequence[str] = (),
+              program: Sequence[str] = (MAIN,)) -> subprocess.Popen:
+        """Start `python main.py ARGS` (or `python PROGRAM ARGS`) as `role`."""
         out = open(os.path.join(self.dir, f"{name}.out"), "w")
-        proc = subprocess.Popen([sys.executable, MAIN, *args], cwd=REPO, stdout=out,
+        proc = subprocess.Popen([sys.executable, *program, *args], cwd=REPO, stdout=out,
                                 stderr=subprocess.STDOUT, env=dict(self.env, DMLC_ROLE=role))
         self.procs[name] = proc
         return proc

@@ -35,7 +35,7 @@ AFTER_INIT = [
     (_push(length=999), "chunk of 999 values at offset 0 of section 0 does not fit"),
     (_push(section=1, offset=4, length=2), "does not fit the shard's 6 values"),
     (_push(section=2, length=6), "with 'section' 0 or 1"),
-    (_push(dtype="float64"), "only 'float32' is accepted"),
+    (_push(dtype="float64"), "dtype 'float64', only float32"),
     (_push(round_=5), "push for round 5, but the current round is 1"),
     (_push(payload=b"\0" * 3996), "its frames hold 3996 bytes"),
     ([msgpack.packb({"type": "init", "sender": 0, "shard": 0})], "already initialised"),

@@ -39,10 +39,11 @@ class Job:
 
     @classmethod
     def from_assignment(cls, node: "Node", assignment: Dict[str, Any],
-                        state_server_patience: float = 0.0, resume: bool = False) -> "Job":
+                        state_server_patience: float = 0.0, resume: bool = False,
+                        host: str = "127.0.0.1") -> "Job":
         return cls(node, assignment["rank"], assignment["num_workers"],
                    list(assignment["servers"]), assignment["job"], state_server_patience,
-                   rejoin=assignment.get("rejoin") is True, resume=resume)
+                   host=host, rejoin=assignment.get("rejoin") is True, resume=resume)
 
 
 class Algorithm:

@@ -18,14 +18,15 @@ import logging
 import time
 from typing import Any, Dict, Optional, Tuple
 
-import numpy as np
 import torch
 from torch import nn
 
 from esync import registry
 from esync.algorithms.base import Job, Phases
 from esync.algorithms.pushpull import PushPull
+from esync.compress import Compression
 from esync.link import Link, link_of
+from esync.options import compression
 from esync.rules import RuleConfig
 from esync.stateclient import PendingBudget, StateClient
 
@@ -35,9 +36,13 @@ log = logging.getLogger(__name__)
 class ESync(PushPull):
     def __init__(self, job: Job, state: StateClient, local_lr: float, momentum: float,
                  weight_decay: float, global_lr: float, max_local_steps: int,
-                 eval_every: int, key: str, link: Optional[Link] = None):
-        rule = RuleConfig(key, job.num_workers, lr=global_lr)
-        super().__init__(rule, job, eval_every, synchronous=True, link=link)
+                 eval_every: int, key: str, link: Optional[Link] = None,
+                 backend: str = "ps", compression: Compression = Compression(),
+                 normalize_deltas: bool = False, outer_momentum: float = 0.0):
+        rule = RuleConfig(key, job.num_workers, lr=global_lr, momentum=outer_momentum,
+                          normalize=normalize_deltas)
+        super().__init__(rule, job, eval_every, synchronous=True, link=link,
+                         backend=backend, compression=compression)
         self.state = state
         self.local = (local_lr, momentum, weight_decay)
         self.max_local_steps = max_local_steps
@@ -56,7 +61,8 @@ class ESync(PushPull):
             log.info("[esync] job %s; budgets at %s/jobs/%s/", job.id, state.url, job.id)
         return cls(job, state, opts.local_lr, opts.momentum, opts.weight_decay,
                    opts.global_lr, opts.max_local_steps, opts.eval_every,
-                   registry.of_options(opts).key, link_of(opts))
+                   registry.of_options(opts).key, link_of(opts), opts.backend,
+                   compression(opts), opts.normalize_deltas, opts.outer_momentum)
 
     def setup(self, model: nn.Module, device: torch.device) -> None:
         if self.rank == 0 and not self.rejoin:  # before the barrier: the job is known
@@ -93,11 +99,20 @@ class ESync(PushPull):
         self._next = self.state.budget_later(self.rank, round_ + 1, self.time_per_iteration)
         return super().end_round(round_, model)
 
-    def pushed(self) -> np.ndarray:
-        """The round's delta: the weights now minus those the round started with."""
+    def pushed(self) -> torch.Tensor:
+        """The round's delta: the weights now minus those the round started with (with
+        --normalize-deltas, divided by the round's local steps). With all-reduce, the
+        weights go back to the round's start: the rule moves them from there."""
         delta = self.flat.grads  # reused as the delta's buffer: no gradient is pushed
         torch.sub(self.flat.params, self.round_start_weights, out=delta)
-        return self.flat.to_host("grads")
+        if self.rule.normalize:
+            delta.div_(max(1, self._steps))
+        if self.all_reduce:
+            self.flat.params.copy_(self.round_start_weights)
+        return delta
+
+    def pushed_steps(self) -> Optional[int]:
+        return max(1, self._steps) if self.rule.normalize else None
 
     def round_record(self) -> Dict[str, Any]:
         return {"budget": self.budget, "state_server_request": round(self.request_seconds, 6)}

@@ -1,4 +1,6 @@
-"""The worker's side of the parameter servers: at a round's end, push, then pull.
+"""The worker's side of synchronous and asynchronous aggregation: at a round's end, push,
+then pull (`--backend ps`: through the parameter servers, esync.kvstore), or all-reduce
+among the workers (`--backend allreduce`, SSGD and ESync only: esync.allreduce).
 
 SSGD, ASGD and DC-ASGD run this class as it is: each round is one local iteration and
 pushes its gradient. On the worker the three are the same; they differ in the server's
@@ -9,7 +11,7 @@ on it and pushes its model delta instead.
 from __future__ import annotations
 
 import time
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -17,18 +19,23 @@ from torch import nn
 
 from esync import registry
 from esync.algorithms.base import Algorithm, Job, Phases
+from esync.allreduce import AllReduce
+from esync.compress import Compression
 from esync.flat import FlatModel
 from esync.kvstore import KVStore
 from esync.transport.node import JobAborted
 from esync.link import Link, link_of
+from esync.options import compression
 from esync.rules import RuleConfig
 
 
 class PushPull(Algorithm):
     def __init__(self, rule: RuleConfig, job: Job, eval_every: int, synchronous: bool,
-                 link: Optional[Link] = None):
+                 link: Optional[Link] = None, backend: str = "ps",
+                 compression: Compression = Compression()):
         self.name = rule.name
-        self.rule, self.node = rule, job.node
+        self.rule, self.job, self.node = rule, job, job.node
+        self.backend, self.compression = backend, compression
         self.rank = job.rank
         self.servers = job.servers
         self.rejoin, self.resume = job.rejoin, job.resume
@@ -37,7 +44,7 @@ class PushPull(Algorithm):
         self.synchronous = synchronous  # every worker waits for all in each round
         self.link = link
         self.flat: Optional[FlatModel] = None
-        self.kv: Optional[KVStore] = None
+        self.kv: Union[KVStore, AllReduce, None] = None
         self._announced: Optional[str] = None
 
     @classmethod
@@ -45,12 +52,23 @@ class PushPull(Algorithm):
         algorithm = registry.of_options(opts)
         rule = RuleConfig(algorithm.key, job.num_workers, opts.learning_rate, opts.momentum,
                           opts.weight_decay, opts.dcasgd_lamda if algorithm.dcasgd else 0.0)
-        return cls(rule, job, opts.eval_every, algorithm.synchronous, link_of(opts))
+        return cls(rule, job, opts.eval_every, algorithm.synchronous, link_of(opts),
+                   opts.backend, compression(opts))
+
+    @property
+    def all_reduce(self) -> bool:
+        return self.backend == "allreduce"
 
     def setup(self, model: nn.Module, device: torch.device) -> None:
         self.flat = FlatModel(model, device)
+        if self.all_reduce:
+            self.kv = AllReduce(self.job, self.flat, self.rule, self.compression, self.link)
+            self.kv.start(model)
+            self.node.barrier("workers")  # start the clocks together
+            self.kv.started()
+            return
         self.kv = KVStore(self.node, self.servers, self.rank, self.flat.params.numel(),
-                          self.flat.buffers.numel(), self.link)
+                          self.flat.buffers.numel(), self.link, self.compression)
         params, buffers = self.flat.host_state()
         if self.rejoin:
             self._come_back(params, buffers)
@@ -101,16 +119,25 @@ class PushPull(Algorithm):
     #: the log's name of end_round's phase: push, wait for the servers, pull
     aggregate_phase = "global aggregate"
 
-    def pushed(self) -> np.ndarray:
-        """The host vector this round pushes for the weights: the gradient."""
+    def pushed(self) -> torch.Tensor:
+        """The vector this round pushes for the weights (on the model's device: the flat
+        model's `grads`): the gradient."""
         return self.flat.gather_grads()
+
+    def pushed_steps(self) -> Optional[int]:
+        """The local steps the push reports (ESync with --normalize-deltas), or None."""
+        return None
 
     def end_round(self, round_: int, model: nn.Module) -> Phases:
         start = time.perf_counter()
-        self.kv.push_pull(round_, self.pushed(), self.flat.to_host("buffers"),
-                          self.flat.host("params"), self.flat.host("buffers"),
-                          stop=self._announced)
-        self.flat.load_host_state()
+        pushed = self.pushed()
+        if self.all_reduce:
+            self.kv.push_pull(round_, pushed, stop=self._announced, steps=self.pushed_steps())
+        else:
+            self.kv.push_pull(round_, self.flat.to_host("grads"), self.flat.to_host("buffers"),
+                              self.flat.host("params"), self.flat.host("buffers"),
+                              stop=self._announced, steps=self.pushed_steps())
+            self.flat.load_host_state()
         return {self.aggregate_phase: time.perf_counter() - start}
 
     def evaluates(self, round_: int) -> bool:

@@ -66,7 +66,7 @@ class ClusterEnv:
             raise UserError(f"PS_HEARTBEAT_TIMEOUT={timeout:g} must be longer than "
                             f"PS_HEARTBEAT_INTERVAL={interval:g}")
         return cls(role, environ["DMLC_PS_ROOT_URI"], port,
-                   number("DMLC_NUM_SERVER", int, 1), number("DMLC_NUM_WORKER", int, 1),
+                   number("DMLC_NUM_SERVER", int, 0), number("DMLC_NUM_WORKER", int, 1),
                    environ.get("DMLC_INTERFACE") or None,
                    environ.get("PS_VERBOSE", "0") not in ("", "0"), interval, timeout)
 

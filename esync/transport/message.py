@@ -1,4 +1,4 @@
-"""The wire format: one msgpack header frame, then raw float32 tensor frames.
+"""The wire format: one msgpack header frame, then raw tensor frames.
 
     [header, frame, frame, ...]        header = msgpack map, e.g.
     {"type": "push", "sender": 1, "shard": 0, "round": 7, "section": 0,
@@ -6,7 +6,9 @@
 
 A payload is a list of *sections* (for example a shard of the parameter vector and a
 shard of the buffer vector); `lengths` gives each section's number of elements and
-`frames` how many frames carry it. Sections are cut into frames of at most CHUNK_BYTES,
+`frames` how many frames carry it; `dtype` is each section's element type (one name for
+all sections, or a list of one per section): float32, or float16 and int32 for the
+compressed pushes of esync.compress. Sections are cut into frames of at most CHUNK_BYTES,
 because ZeroMQ moves frames of a few MiB faster per byte than one huge frame (the
 runtime's pushes go further and send one message per chunk, see esync.server). Tensor
 bytes never pass through msgpack and are sent and received without copies: a frame is
@@ -30,7 +32,8 @@ MAX_HEADER_BYTES = 64 << 10
 #: as it arrives: with CurveZMQ, the box's MAC, nonce and command name come on top)
 FRAME_SLACK = 1024
 DTYPE = "float32"
-_ITEM = 4
+#: the element types a frame may hold, with their sizes in bytes
+DTYPES = {"float32": 4, "float16": 2, "int32": 4}
 
 
 class MessageError(ValueError):
@@ -48,12 +51,13 @@ class Message:
         return self.header["type"]
 
     def sections(self) -> List[List[Tuple[int, np.ndarray]]]:
-        """Per section, its frames as (element offset, float32 view) pairs."""
+        """Per section, its frames as (element offset, view of its dtype) pairs."""
         out, i = [], 0
-        for count in self.header.get("frames") or []:
+        counts = self.header.get("frames") or []
+        for count, dtype in zip(counts, section_dtypes(self.header, len(counts))):
             chunks, offset = [], 0
             for frame in self.frames[i:i + count]:
-                view = np.frombuffer(_buffer(frame), dtype=np.float32)
+                view = np.frombuffer(_buffer(frame), dtype=dtype)
                 chunks.append((offset, view))
                 offset += len(view)
             out.append(chunks)
@@ -82,8 +86,20 @@ def chunk_spans(length: int) -> Iterator[Tuple[int, int]]:
         yield offset, min(CHUNK_VALUES, length - offset)
 
 
-def _chunks(array: np.ndarray) -> Iterator[memoryview]:
-    flat = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+def _wire_dtype(array) -> str:
+    """The dtype a section travels as: its own if the wire format has it, else float32."""
+    name = getattr(getattr(array, "dtype", None), "name", None)
+    return name if name in DTYPES else DTYPE
+
+
+def section_dtypes(header: Dict[str, Any], count: int) -> List[str]:
+    """The dtype of each of `count` sections, from a checked header."""
+    dtype = header.get("dtype", DTYPE)
+    return list(dtype) if isinstance(dtype, list) else [dtype] * count
+
+
+def _chunks(array: np.ndarray, dtype: str) -> Iterator[memoryview]:
+    flat = np.ascontiguousarray(array, dtype=dtype).reshape(-1)
     for offset, length in chunk_spans(len(flat)):
         yield memoryview(flat[offset:offset + length])
 
@@ -93,12 +109,13 @@ def encode(header: Dict[str, Any], sections: Sequence[np.ndarray] = ()) -> List[
     header = dict(header)
     frames: List[Any] = []
     if sections:
-        counts = []
-        for section in sections:
-            chunks = list(_chunks(section))
+        counts, dtypes = [], [_wire_dtype(s) for s in sections]
+        for section, dtype in zip(sections, dtypes):
+            chunks = list(_chunks(section, dtype))
             counts.append(len(chunks))
             frames.extend(chunks)
-        header.update(dtype=DTYPE, lengths=[int(np.size(s)) for s in sections], frames=counts)
+        header.update(dtype=dtypes[0] if len(set(dtypes)) == 1 else dtypes,
+                      lengths=[int(np.size(s)) for s in sections], frames=counts)
     return [msgpack.packb(header, use_bin_type=True), *frames]
 
 
@@ -161,8 +178,14 @@ def check_payload(header: Dict[str, Any], sizes: Sequence[int]) -> None:
         return  # a header-only message
     counts = field(header, "frames", list)
     lengths = field(header, "lengths", list)
-    if field(header, "dtype", str) != DTYPE:
-        raise MessageError(f"dtype {header['dtype'][:40]!r}, only {DTYPE!r} is accepted")
+    dtype = field(header, "dtype", (str, list))
+    names = dtype if isinstance(dtype, list) else [dtype] * len(counts)
+    for name in names:
+        if not isinstance(name, str) or name not in DTYPES:
+            raise MessageError(f"dtype {str(name)[:40]!r}, only {', '.join(DTYPES)} are "
+                               f"accepted")
+    if len(names) != len(counts):
+        raise MessageError("header field 'dtype' must name one dtype, or one per section")
     if len(lengths) != len(counts) or not all(
             isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in lengths + counts):
         raise MessageError("header fields 'lengths' and 'frames' must be lists of "
@@ -171,14 +194,14 @@ def check_payload(header: Dict[str, Any], sizes: Sequence[int]) -> None:
         raise MessageError(f"header announces {sum(counts)} data frames, "
                            f"message has {len(sizes)}")
     i = 0
-    for n, (length, count) in enumerate(zip(lengths, counts)):
-        part = sizes[i:i + count]
-        if any(size % _ITEM for size in part):
+    for n, (length, count, name) in enumerate(zip(lengths, counts, names)):
+        part, item = sizes[i:i + count], DTYPES[name]
+        if any(size % item for size in part):
             raise MessageError(f"section {n} has a frame whose size is not a multiple of "
-                               f"{_ITEM} bytes")
-        if sum(part) != length * _ITEM:
-            raise MessageError(f"section {n} announces {length} float32 values "
-                               f"({length * _ITEM} bytes), its frames hold {sum(part)} bytes")
+                               f"{item} bytes")
+        if sum(part) != length * item:
+            raise MessageError(f"section {n} announces {length} {name} values "
+                               f"({length * item} bytes), its frames hold {sum(part)} bytes")
         i += count
 
 

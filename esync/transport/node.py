@@ -30,7 +30,7 @@ from esync.transport.message import Message, MessageError, decode, encode
 POLL_MS = 100
 RECONNECT_S = 2.0
 NOTICES = ("ack", "abort", "shutdown", "left", "servers")
-REPLIES = ("assign", "barrier_done", "ack", "error", "member")
+REPLIES = ("assign", "barrier_done", "ack", "error", "member", "rendezvous")
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +131,12 @@ class Node:
         self._control.send_multipart(encode({"sender": self.uid, "type": "who", "uid": uid}))
         reply = self.wait(self._control, REPLIES)
         return reply.header if reply.type == "member" else None
+
+    def rendezvous(self, **published: str) -> Dict[str, Any]:
+        """A job without servers (`--backend allreduce`): worker 0 leaves where the others
+        meet it (`store`: torch's TCPStore, host:port; `evaluator`: its model publisher);
+        the others (workers, evaluators) get that once it is there."""
+        return self._request({"type": "rendezvous", **published}).header
 
     def barrier(self, group: str = "workers") -> None:
         self._request({"type": "barrier", "group": group})

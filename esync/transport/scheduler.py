@@ -6,6 +6,11 @@ Besides DMLC_NUM_SERVER servers and DMLC_NUM_WORKER workers, any number of evalu
 servers' address book, are not waited for, and their death does not end the job; they
 are shut down with the servers.
 
+A job may have no servers (DMLC_NUM_SERVER=0: `--backend allreduce`, esync.allreduce):
+its workers meet through the scheduler (`rendezvous`: worker 0 says where its
+torch.distributed store and its model publisher are; the others and the evaluators are
+told), and a worker that dies ends it.
+
 Failures (`Policy`, from main.py's flags):
 - a worker that dies (no heartbeat for PS_HEARTBEAT_TIMEOUT, or a crash it reports) is
   left behind (`--on-worker-failure continue`, the default): the servers are told
@@ -45,7 +50,8 @@ from esync.transport.message import (FRAME_SLACK, MAX_HEADER_BYTES, MessageError
                                      encode, integer_field, text_field)
 
 POLL_MS = 100
-REQUESTS = ("register", "heartbeat", "barrier", "finished", "abort", "bye", "who")
+REQUESTS = ("register", "heartbeat", "barrier", "finished", "abort", "bye", "who",
+            "rendezvous")
 ROLES = ("server", "worker", EVALUATOR)
 QUEUED = 16
 JOB_FILE = "job.json"
@@ -126,6 +132,10 @@ class Scheduler:
     #: nodes that registered to replace one not yet known to be dead (bounded)
     queued: List[Member] = field(default_factory=list)
     closing_since: Optional[float] = None  # when every living worker had finished
+    #: a job without servers: where its workers meet (worker 0's `rendezvous`), and the
+    #: members waiting to hear it
+    meeting: Optional[Dict[str, str]] = None
+    meeting_waiters: List[str] = field(default_factory=list)
     #: names the job where several share a service (the ESync state server)
     job: str = field(default_factory=lambda: time.strftime("job-%Y%m%d-%H%M%S-")
                      + secrets.token_hex(3))
@@ -274,6 +284,8 @@ class Scheduler:
             return None
         if msg.type == "who":
             return self._who(identity, member, msg.header)
+        if msg.type == "rendezvous":
+            return self._rendezvous(member, msg.header)
         if msg.type == "barrier":
             group = text_field(msg.header, "group", required=False) or "workers"
             return self._barrier(identity, uid, group)
@@ -299,6 +311,27 @@ class Scheduler:
             self._send(identity, {"type": "error", "error": "not a member of the job"})
         else:
             self._send(identity, {"type": "member", "role": peer.role, "rank": peer.rank})
+        return None
+
+    def _rendezvous(self, member: Member, header: Dict) -> None:
+        """A job without servers (all-reduce): worker 0 says where the workers meet; the
+        others, and evaluators, are told once it has."""
+        if self.env.num_servers:
+            raise MessageError("rendezvous is for jobs without servers (DMLC_NUM_SERVER=0)")
+        if "store" in header:
+            if member.role != "worker" or member.rank != 0:
+                raise MessageError("only worker 0 says where the workers meet")
+            self.meeting = {k: text_field(header, k) for k in ("store", "evaluator")}
+            self._send(f"{member.uid}/ctl".encode(), {"type": "ack"})
+            waiters, self.meeting_waiters = self.meeting_waiters, []
+        else:
+            waiters = [member.uid]
+            if self.meeting is None:
+                if member.uid not in self.meeting_waiters:
+                    self.meeting_waiters.append(member.uid)
+                return None
+        for uid in waiters:
+            self._send(f"{uid}/ctl".encode(), {"type": "rendezvous", **self.meeting})
         return None
 
     def _register(self, identity: bytes, uid: str, header: Dict) -> Optional[int]:
@@ -490,6 +523,9 @@ class Scheduler:
             return None
         if not self.assigned:
             return self._abort(reason, exclude=member.uid)
+        if not self.env.num_servers and member.role == "worker":
+            return self._abort(f"{reason}; an all-reduce job cannot go on without it",
+                               exclude=member.uid)
         if member.role == "worker" and self.policy.on_worker_failure == "continue" \
                 and self.started:  # before, the others wait for it (worker 0's init)
             member.dead_since = time.monotonic()

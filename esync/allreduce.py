@@ -1,0 +1,211 @@
+"""The worker's side of `--backend allreduce`: SSGD and ESync without servers.
+
+Beside esync.kvstore, at the same level: where the kvstore pushes a round's gradient
+(or delta) to the servers and pulls the new weights, here the workers sum it among
+themselves with torch.distributed's all_reduce and each applies the update itself,
+with the servers' own rule (esync.rules) on its copy of the whole model, so that both
+backends do the same arithmetic and every worker holds the same weights.
+
+- *Process group*: gloo, or nccl when every worker trains on a GPU (a job of CPU and GPU
+  workers uses gloo, through host copies). The job is started by the same DMLC_*
+  variables and scheduler as a parameter-server job, with DMLC_NUM_SERVER=0: worker 0
+  hosts torch's TCPStore on a free port and leaves its address with the scheduler
+  (`rendezvous`), where the other workers and the evaluator find it.
+- *A round*: one all_reduce (sum) of the pushed weights vector (with `--compress fp16`
+  in float16, divided by the number of workers first so that the sum cannot overflow,
+  as DDP's fp16 hook does), then one of a small float32 vector holding the buffers
+  (BatchNorm statistics), each worker's stop flag and its local steps (ESync with
+  --normalize-deltas). A worker whose stop criterion (or, on worker 0, the evaluator's)
+  says stop raises its flag and leaves the reason in the store: all stop after that
+  round, as with the servers.
+- *The evaluator* pulls worker 0's model (esync.publish), whose address is part of the
+  rendezvous.
+- *Failures*: an all-reduce cannot lose a member, so a dead worker ends the job: its
+  peers' all_reduce fails at once when its connections drop (or after
+  ALLREDUCE_TIMEOUT seconds if it hangs), and the scheduler, which hears of it too,
+  aborts the job. Checkpoints, `--resume` and rejoining need the servers.
+
+Traffic is estimated, as gloo and nccl do not count bytes: a ring all-reduce of n bytes
+sends (and receives) 2(W-1)/W * n per worker.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Optional
+
+import torch
+import torch.distributed as dist
+
+import config
+from esync.compress import Compression
+from esync.flat import FlatModel
+from esync.link import Link
+from esync.rules import BUFFERS, WEIGHTS, RuleConfig, make_rule
+from esync.transport.node import JobAborted
+
+if TYPE_CHECKING:
+    from esync.algorithms.base import Job
+
+log = logging.getLogger(__name__)
+
+#: the store's key under which a worker leaves the reason it stops the job
+STOP_KEY = "esync/stop/{rank}"
+
+
+class AllReduce:
+    """`flat` is the worker's model; `rule` the aggregation rule (as the servers would
+    get it); `compression` as `--compress` says (none or fp16)."""
+
+    def __init__(self, job: "Job", flat: FlatModel, rule: RuleConfig,
+                 compression: Compression = Compression(), link: Optional[Link] = None,
+                 timeout: float = config.ALLREDUCE_TIMEOUT):
+        if compression.kind not in ("none", "fp16"):
+            raise ValueError(f"--compress {compression} works with the parameter servers "
+                             f"only")
+        self.node, self.rank, self.world = job.node, job.rank, job.num_workers
+        self.host = job.host
+        self.flat, self.config, self.compression = flat, rule, compression
+        self.link = link or Link()
+        self.timeout = timeout
+        self.store: Optional[dist.TCPStore] = None
+        self.publisher = None  # worker 0: the evaluator's source
+        self.rule = None
+        self.on_host = False  # gloo with a GPU model: collectives on host copies
+        self.stop_reason: Optional[str] = None
+        self.bytes_sent = self.bytes_received = 0
+        self._started = time.monotonic()
+
+    # --- joining -----------------------------------------------------------------------
+    def start(self, model: torch.nn.Module) -> None:
+        """Meet the other workers, join the process group and take worker 0's weights
+        and buffers (rank 0 also opens the evaluator's publisher)."""
+        if self.rank == 0:
+            from esync.publish import ModelPublisher
+
+            self.publisher = ModelPublisher(model, self.host, self.config.name)
+            self.store = dist.TCPStore(self.host, 0, self.world, is_master=True,
+                                       wait_for_workers=False,
+                                       timeout=timedelta(seconds=self.timeout))
+            self.node.rendezvous(store=f"{self.host}:{self.store.port}",
+                                 evaluator=self.publisher.address)
+        else:
+            host, _, port = self.node.rendezvous()["store"].rpartition(":")
+            self.store = dist.TCPStore(host, int(port), self.world, is_master=False,
+                                       timeout=timedelta(seconds=self.timeout))
+        device = self.flat.device
+        self.store.set(f"esync/device/{self.rank}", device.type)
+        kinds = {self.store.get(f"esync/device/{r}").decode() for r in range(self.world)}
+        backend = "nccl" if kinds == {"cuda"} else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, store=self.store, rank=self.rank,
+                                world_size=self.world,
+                                timeout=timedelta(seconds=self.timeout))
+        self.on_host = backend == "gloo" and device.type != "cpu"
+        params = torch.from_numpy(self.flat.host("params")) if self.on_host else self.flat.params
+        buffers = torch.from_numpy(self.flat.host("buffers")) if self.on_host \
+            else self.flat.buffers
+        self.rule = make_rule(params, buffers, self.config)
+        if self.on_host:
+            self.flat.host_state()
+        with _failures(self.node):
+            for tensor in (params, buffers):
+                if tensor.numel():
+                    dist.broadcast(tensor, src=0)
+        if self.on_host:
+            self.flat.load_host_state()
+        if self.rank == 0:
+            log.info("[%s] all-reduce (%s) among %d workers%s", self.config.name, backend,
+                     self.world, f", {self.compression} pushes"
+                     if self.compression.kind != "none" else "")
+
+    def started(self) -> None:
+        """Every worker joined (after the scheduler's barrier): the clock starts."""
+        self._started = time.monotonic()
+        if self.publisher is not None:
+            self.publisher.restart_clock()
+
+    # --- a round -----------------------------------------------------------------------
+    def push_pull(self, round_: int, pushed: torch.Tensor, stop: Optional[str] = None,
+                  steps: Optional[int] = None) -> None:
+        """Sum `pushed` (the round's gradient or delta, on the model's device) and the
+        buffers over the workers, and apply the rule to the weights (which must be those
+        the round started from) and buffers, in place."""
+        if stop is None and self.publisher is not None:
+            stop = self.publisher.stop_reason
+        if stop is not None:
+            self.store.set(STOP_KEY.format(rank=self.rank), stop[:500])
+        flat, world = self.flat, self.world
+        if self.on_host:  # the rule works on the host copies
+            pushed = pushed.cpu()
+            flat.host_state()
+        buffers = self.rule.buffers
+        control = torch.zeros(len(buffers) + world + 1, dtype=torch.float32,
+                              device=pushed.device)
+        control[:len(buffers)] = buffers
+        control[len(buffers) + self.rank] = 1.0 if stop is not None else 0.0
+        control[-1] = float(steps or 1)
+        with _failures(self.node):
+            total = self._sum_weights(pushed)
+            self._all_reduce(control)
+        self.rule.mean_steps = float(control[-1]) / world
+        self.rule.aggregate((WEIGHTS, 0), total, world)
+        if len(buffers):
+            self.rule.aggregate((BUFFERS, 0), control[:len(buffers)], world)
+        if self.on_host:
+            flat.load_host_state()
+        flags = control[len(buffers):len(buffers) + world]
+        if self.stop_reason is None and bool((flags > 0).any()):
+            first = int(torch.nonzero(flags > 0)[0])
+            self.stop_reason = self.store.get(STOP_KEY.format(rank=first)).decode()
+        if self.publisher is not None:
+            self.publisher.offer(self.rule.updates)
+
+    def _sum_weights(self, pushed: torch.Tensor) -> torch.Tensor:
+        """The sum over the workers of `pushed` (float32; it may be reused in place)."""
+        if self.compression.kind == "fp16":
+            half = pushed.div(self.world).half()
+            self._all_reduce(half)
+            return half.float().mul_(self.world)
+        self._all_reduce(pushed)
+        return pushed
+
+    def _all_reduce(self, tensor: torch.Tensor) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        self.link.before_allreduce(nbytes, self.world)
+        dist.all_reduce(tensor)
+        moved = Link.ring_allreduce_bytes(nbytes, self.world)
+        self.bytes_sent += moved
+        self.bytes_received += moved
+
+    # --- what PushPull reads ----------------------------------------------------------
+    @property
+    def model_round(self) -> int:
+        return 0 if self.rule is None else self.rule.updates
+
+    @property
+    def model_age(self) -> float:
+        return time.monotonic() - self._started
+
+    def close(self) -> None:
+        if self.publisher is not None:
+            self.publisher.close()
+            self.publisher = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.store = None
+
+
+@contextlib.contextmanager
+def _failures(node):
+    """A failed collective ends the job, saying what to look for."""
+    try:
+        yield
+    except RuntimeError as e:  # gloo's and nccl's errors (DistBackendError too)
+        node.check()  # the scheduler's reason, if it already knows one
+        raise JobAborted(f"the all-reduce among the workers failed (a worker died or hung; "
+                         f"an all-reduce job cannot go on without it): "
+                         f"{str(e).splitlines()[0][:300]}") from None

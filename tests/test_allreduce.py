@@ -1,0 +1,196 @@
+"""`--backend allreduce` (issue 12): SSGD and ESync without servers, their workers
+summing with torch.distributed; the same arithmetic as through the servers; compressed
+pushes and ESync's aggregation options in whole jobs; a dead worker ends an all-reduce
+job; bad combinations of flags are refused with one line."""
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.cluster import Cluster
+from tests.helpers import REPO, run_main
+from tests.stateserver import StateServer
+
+pytestmark = pytest.mark.slow  # whole clusters of real processes
+
+LAUNCH = os.path.join(REPO, "launch", "local.py")
+
+
+def assert_all_exit_0(job, codes):
+    assert codes == {name: 0 for name in job.procs}, \
+        {n: job.output(n)[-800:] for n, c in codes.items() if c != 0}
+
+
+def probe(tmp_path, backend, flags):
+    """Weights and buffers before and after the probe's rounds (tests/round_probe.py),
+    2 workers."""
+    folder = tmp_path / backend
+    folder.mkdir()
+    servers = 1 if backend == "ps" else 0
+    with Cluster(folder, servers, 2) as job:
+        job.start("scheduler", "scheduler")
+        if servers:
+            job.start("server0", "server")
+        for w in range(2):
+            job.start(f"worker{w}", "worker",
+                      [str(folder / f"w{w}.npy"), "--backend", backend, *flags],
+                      program=("-m", "tests.round_probe"))
+        assert_all_exit_0(job, job.wait(120))
+    results = [np.load(folder / f"w{w}.npy") for w in range(2)]
+    np.testing.assert_array_equal(results[0], results[1])  # every worker holds the same
+    return results[0]
+
+
+@pytest.mark.parametrize("flags, tolerance", [
+    (["-m", "sync", "--momentum", "0.9", "--weight-decay", "0.01"], 1e-6),
+    (["-m", "esync", "-gl", "0.8", "--normalize-deltas", "1", "--outer-momentum", "0.9"],
+     1e-6),
+    # fp16 pushes: the servers round each worker's gradient, the all-reduce their mean;
+    # 3 steps of lr 0.05 on gradients up to ~5 in fp16 (2**-11 relative) stay within 1e-3
+    (["-m", "sync", "--compress", "fp16"], 1e-3)], ids=["sync", "esync-options", "fp16"])
+def test_a_round_gives_the_same_weights_with_either_backend(tmp_path, flags, tolerance):
+    (start, ps), (start_too, allreduce) = probe(tmp_path, "ps", flags), \
+        probe(tmp_path, "allreduce", flags)
+    np.testing.assert_array_equal(start, start_too)
+    np.testing.assert_allclose(allreduce, ps, rtol=tolerance, atol=tolerance)
+    assert np.mean(ps != start) > 0.9  # the rounds moved (nearly) every value
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+@pytest.mark.parametrize("mode", ["sync", "esync"])
+def test_allreduce_job_started_by_env_vars_reaches_90_percent(tmp_path, mode, workers):
+    flags = ["-m", mode, "--backend", "allreduce", "-n", "lenet", "--num-threads", "1",
+             "--target-accuracy", "0.9", "--max-rounds", "400", "-e", "5"]
+    slowdowns = {2: [1, 4], 4: [1, 1, 4, 4]}[workers] if mode == "esync" else [1] * workers
+    with StateServer(tmp_path) if mode == "esync" else _Nothing() as state, \
+            Cluster(tmp_path, 0, workers) as job:
+        if state is not None:
+            flags += ["-port", str(state.port)]
+        job.start("scheduler", "scheduler")
+        for w, slowdown in enumerate(slowdowns):
+            job.start(f"worker{w}", "worker", [*flags, "--slowdown", str(slowdown),
+                                                "--device-name", f"w{w}", "-ld", job.log_dir])
+        assert_all_exit_0(job, job.wait(240))
+        outputs = [job.output(f"worker{w}") for w in range(workers)]
+        assert any(f"all-reduce (gloo) among {workers} workers" in o for o in outputs)
+        rank0 = next(w for w, o in enumerate(outputs) if "rank 0 of" in o)
+        accuracy = [r["accuracy"] for r in job.rounds(rank0) if "accuracy" in r]
+        assert accuracy[-1] >= 0.90, accuracy
+        for w in range(workers):  # every worker stopped after the same round
+            assert len(job.rounds(w)) == len(job.rounds(rank0))
+            assert job.rounds(w)[-1]["bytes_sent"] > 0
+        if mode == "esync":  # budgets by speed: the fast workers ran more local steps
+            budgets = [max(r.get("budget", 0) for r in job.rounds(w)) for w in range(workers)]
+            assert max(budgets) > 1, budgets
+
+
+class _Nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return None
+
+
+def launch(tmp_path, args, timeout=240):
+    proc = subprocess.run([sys.executable, LAUNCH, *args, "-n", "lenet", "--no-auth",
+                           "--out", str(tmp_path), "--target-accuracy", "0.9",
+                           "--time-limit", "90"], cwd=REPO, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    return proc.returncode, proc.stdout
+
+
+def evaluator_accuracy(tmp_path, folder):
+    import glob
+    import json
+
+    records = [json.load(open(f)) for f in glob.glob(
+        os.path.join(tmp_path, "lenet", folder, "*", "evaluator", "iter-*.json"))]
+    return max(r["accuracy"] for r in records)
+
+
+def round_bytes(tmp_path, folder, worker="w0"):
+    """bytes_sent of worker `worker`'s second round (the first may differ)."""
+    import glob
+    import json
+
+    path, = glob.glob(os.path.join(tmp_path, "lenet", folder, "*", worker, "iter-2.json"))
+    return json.load(open(path))["bytes_sent"]
+
+
+@pytest.mark.parametrize("args", [
+    ["-m", "sync", "--backend", "allreduce", "--workers", "4", "--compress", "fp16"],
+    ["-m", "esync", "--backend", "allreduce", "--workers", "2", "--normalize-deltas", "1"],
+    ["-m", "esync", "--workers", "4", "--slowdown", "1,1,4,4", "--compress", "topk:0.01",
+     "--outer-momentum", "0.5"],
+], ids=["sync-allreduce-fp16", "esync-allreduce-normalized", "esync-ps-topk-momentum"])
+def test_launcher_runs_backends_and_options_to_90_percent(tmp_path, args):
+    code, output = launch(tmp_path, args)
+    assert code == 0, output[-2000:]
+    assert "0 server(s)" in output if "allreduce" in args else "1 server(s)" in output
+    assert evaluator_accuracy(tmp_path, args[1]) >= 0.90
+
+
+def test_compression_shows_in_the_logged_bytes(tmp_path):
+    sent = {}
+    for compress in ("none", "fp16", "topk:0.01"):
+        out = tmp_path / compress.replace(":", "")
+        code, output = launch(out, ["-m", "sync", "--workers", "2", "--compress", compress,
+                                    "-e", "0", "--max-rounds", "3"])
+        assert code == 0, output[-2000:]
+        sent[compress] = round_bytes(out, "sync")
+    # lenet: 62,158 weights (compressed) and 452 buffer values (not), plus headers
+    assert 0.45 < sent["fp16"] / sent["none"] < 0.55, sent
+    assert sent["topk:0.01"] / sent["none"] < 0.05, sent
+
+
+def test_a_dead_worker_ends_an_allreduce_job(tmp_path):
+    flags = ["-m", "sync", "--backend", "allreduce", "-n", "lenet", "--num-threads", "1",
+             "-e", "0", "--max-rounds", "100000"]
+    with Cluster(tmp_path, 0, 3, heartbeat_timeout=2.0) as job:
+        job.start_all(flags, server_args=())
+        job.wait_for_output("worker2", "training lenet", timeout=120)
+        job.wait_for_output("worker0", "training lenet", timeout=120)
+        job.procs["worker1"].send_signal(signal.SIGKILL)
+        codes = job.wait(60)
+        assert codes["worker1"] == -signal.SIGKILL
+        assert codes["scheduler"] == 1 and codes["worker0"] == 1 and codes["worker2"] == 1, codes
+        for w in (0, 2):
+            output = job.output(f"worker{w}")
+            assert "job aborted" in output, output[-1500:]
+            assert "all-reduce" in output or "cannot go on without it" in output, output[-1500:]
+        assert "an all-reduce job cannot go on without it" in job.output("scheduler")
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["-m", "async", "--backend", "allreduce"], {}, "runs on the parameter servers only"),
+    (["-m", "sync", "--backend", "allreduce", "--compress", "topk:0.1"], {},
+     "works with --backend ps only"),
+    (["-m", "sync", "--backend", "allreduce", "--checkpoint-dir", "ck"], {},
+     "need the servers' shards"),
+    (["-m", "sync"], {"DMLC_NUM_SERVER": "0"}, "pass --backend allreduce"),
+    (["-m", "sync", "--backend", "allreduce"], {"DMLC_NUM_SERVER": "1"},
+     "set DMLC_NUM_SERVER=0"),
+    (["-m", "sync", "--normalize-deltas", "1"], {}, "applies to -m esync only"),
+    (["-m", "local", "--compress", "fp16"], None, "applies to the parameter-server modes"),
+    (["-m", "sync", "--compress", "topk:2"], {}, "expected none, fp16 or topk:R"),
+])
+def test_bad_combinations_are_refused_with_one_line(tmp_path, args, env, message):
+    cluster = None if env is None else {
+        "DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "1",
+        "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1", **env}
+    result = run_main(args, env=cluster, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert message in lines[-1], lines
+
+
+def test_launcher_refuses_servers_with_allreduce(tmp_path):
+    proc = subprocess.run([sys.executable, LAUNCH, "-m", "sync", "--backend", "allreduce",
+                           "--servers", "2"], cwd=REPO, text=True, capture_output=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert "--servers 2: --backend allreduce runs without servers" in proc.stderr
