@@ -63,6 +63,11 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                         help=f"base folder (default {config.RUNS_DIR})")
     parser.add_argument("--workers", type=int, default=4, help="workers per job (default 4)")
     parser.add_argument("--servers", type=int, default=1, help="servers per job (default 1)")
+    parser.add_argument("--backend", choices=registry.BACKENDS, default=config.BACKEND,
+                        help=f"how the modes that can all-reduce ("
+                             f"{', '.join(a.key for a in registry.ALGORITHMS.values() if a.all_reduce)}"
+                             f") aggregate: ps or allreduce (main.py's --backend; the others "
+                             f"stay on the servers; default {config.BACKEND})")
     parser.add_argument("--slowdown", default="1,1,4,4",
                         help="one factor per worker (default 1,1,4,4); the standalone run "
                              "uses the first")
@@ -110,11 +115,13 @@ def _count(text: str) -> int:
 
 def _job_args(args, folder: str, flags: List[str], cfg: str, seed: int,
               extra: Sequence[str]) -> List[str]:
-    distributed = registry.from_folder(folder)[0].distributed
-    slowdown = args.slowdown if distributed else args.slowdown.split(",")[0]
+    algorithm = registry.from_folder(folder)[0]
+    slowdown = args.slowdown if algorithm.distributed else args.slowdown.split(",")[0]
     links = ["--bandwidth", args.links_bandwidth, "--latency", args.links_latency] \
         if cfg == LINKS else []
-    return [*flags, "--workers", str(args.workers), "--servers", str(args.servers),
+    servers = ["--backend", "allreduce"] if args.backend == "allreduce" and \
+        algorithm.all_reduce else ["--servers", str(args.servers)]
+    return [*flags, "--workers", str(args.workers), *servers,
             "--slowdown", slowdown, *links,
             "--out", os.path.join(args.out, cfg, f"seed{seed}"), "-n", args.network,
             "--dataset", args.dataset, "--time-limit", f"{args.time_limit:g}",

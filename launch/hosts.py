@@ -108,7 +108,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import config
 from esync import registry
 from esync.errors import UserError
-from esync.options import parse_options
+from esync.options import check_aggregation, parse_options
 from esync.transport.auth import KEY_FILE_ENV, job_key, new_key
 from launch.local import STATE_TOKEN_ENV, new_token
 from launch.supervisor import GRACE_S, Interrupted, Supervisor, interrupt_on
@@ -273,7 +273,8 @@ def parse_hostfile(path: str) -> List[Host]:
     """The hosts of a host file, in file order (see the module's docstring for the format).
 
     Raises HostFileError (message `PATH:LINE: problem` or `PATH: problem`) on a bad line,
-    a host given twice, no or two schedulers, no server, no worker, two state servers."""
+    a host given twice, no or two schedulers, no worker, two state servers. (Whether the
+    job needs a server depends on main.py's --backend: `commands` checks it.)"""
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
@@ -304,8 +305,6 @@ def parse_hostfile(path: str) -> List[Host]:
         hosts.append(host)
     if "scheduler" not in first:
         raise HostFileError(f"{path}: no host has the scheduler role (roles=scheduler,...)")
-    if not any("server" in h.roles for h in hosts):
-        raise HostFileError(f"{path}: no host has the server role (roles=server,...)")
     if not any("worker" in h.roles for h in hosts):
         raise HostFileError(f"{path}: no host has a worker")
     return hosts
@@ -377,6 +376,17 @@ def commands(hosts: Sequence[Host], args,
         raise HostFileError(f"{path}: {' '.join(algorithm.flags)} needs a host with the "
                             f"stateserver role (roles=...,stateserver)")
     num_servers = sum("server" in h.roles for h in hosts)
+    all_reduce = parse_options(flags, prog="main.py").backend == "allreduce"
+    if not num_servers and not all_reduce:
+        raise HostFileError(f"{path}: no host has the server role (roles=server,...)")
+    if all_reduce and num_servers:
+        raise HostFileError(f"{path}: --backend allreduce runs without servers: no host "
+                            f"takes the server role")
+    try:
+        check_aggregation(parse_options(flags, prog="main.py"),
+                          num_servers if algorithm.parameter_server else None)
+    except UserError as e:
+        raise UserError(f"{e} (a main.py flag after --)") from None
     num_workers = sum(h.workers for h in hosts)
     shorts = _short_names(hosts)
     out: List[Tuple[str, str, str]] = []

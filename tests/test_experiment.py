@@ -87,3 +87,18 @@ def test_bad_input_is_refused_before_any_job(tmp_path, args, message):
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert len(result.stderr.splitlines()) == 1
     assert not os.listdir(tmp_path)
+
+
+def test_backend_allreduce_goes_to_the_modes_that_can_all_reduce():
+    from launch import experiment, local
+
+    args, extra = experiment.build_parser().parse_known_args(
+        ["--backend", "allreduce", "--modes", "esync,sync,async,ddp"])
+    planned = {(c, f): argv for c, f, _, argv in experiment.plan(args, extra)}
+    for folder in ("esync", "sync"):
+        argv = planned[("plain", folder)]
+        assert argv[argv.index("--backend") + 1] == "allreduce" and "--servers" not in argv
+        assert local.plan(argv).servers == 0  # the launcher starts no servers for it
+    for folder in ("async", "ddp"):
+        assert "--backend" not in planned[("plain", folder)]
+    assert local.plan(planned[("plain", "async")]).servers == 1

@@ -225,7 +225,7 @@ def test_help_documents_the_format():
 #: runtime (and no torch); the job key's module (zmq only), to draw the job's key
 ALLOWED = {"esync", "esync.options", "esync.registry", "esync.errors", "esync.data",
            "esync.models", "esync.ready", "esync.transport", "esync.transport.auth",
-           "esync.stateclient"}
+           "esync.stateclient", "esync.compress"}
 
 
 def test_api_and_no_runtime_import(cluster_file, tmp_path):
@@ -410,3 +410,23 @@ def test_run_stops_the_state_server_when_the_job_ends(tmp_path, fake):
     pids = _pids(fake)
     assert len(pids) == 1
     _assert_all_gone(pids)
+
+
+def test_an_allreduce_job_has_no_servers(tmp_path):
+    """--backend allreduce: DMLC_NUM_SERVER=0 and no server command; a server role is
+    refused, as is a host file without servers for the parameter servers."""
+    module = _load_module()
+    path = _write(tmp_path / "hosts", "a roles=scheduler,worker workers=2\nb workers=2\n")
+    hosts = module.parse_hostfile(path)
+    args = module.build_parser().parse_args([path])
+    args.flags = ["-m", "sync", "--backend", "allreduce"]
+    cmds = module.commands(hosts, args)
+    assert [r for _, r, _ in cmds] == ["scheduler", "worker", "worker", "worker", "worker"]
+    assert all("DMLC_NUM_SERVER=0" in c for _, _, c in cmds)
+    args.flags = ["-m", "sync"]
+    with pytest.raises(module.HostFileError, match="no host has the server role"):
+        module.commands(hosts, args)
+    served = module.parse_hostfile(_write(tmp_path / "served", "a roles=scheduler,server,worker\n"))
+    args.flags = ["-m", "sync", "--backend", "allreduce"]
+    with pytest.raises(module.HostFileError, match="runs without servers"):
+        module.commands(served, args)
