@@ -77,6 +77,7 @@ class AllReduce:
         self.stop_reason: Optional[str] = None
         self.bytes_sent = self.bytes_received = 0
         self._started = time.monotonic()
+        self._half: Optional[torch.Tensor] = None  # --compress fp16: the sent copy
 
     # --- joining -----------------------------------------------------------------------
     def start(self, model: torch.nn.Module) -> None:
@@ -165,11 +166,14 @@ class AllReduce:
             self.publisher.offer(self.rule.updates)
 
     def _sum_weights(self, pushed: torch.Tensor) -> torch.Tensor:
-        """The sum over the workers of `pushed` (float32; it may be reused in place)."""
+        """The sum over the workers of `pushed` (float32), in its place."""
         if self.compression.kind == "fp16":
-            half = pushed.div(self.world).half()
-            self._all_reduce(half)
-            return half.float().mul_(self.world)
+            if self._half is None or self._half.device != pushed.device:
+                self._half = torch.empty(pushed.shape, dtype=torch.float16,
+                                         device=pushed.device)
+            self._half.copy_(pushed.div_(self.world))
+            self._all_reduce(self._half)
+            return pushed.copy_(self._half).mul_(self.world)
         self._all_reduce(pushed)
         return pushed
 
