@@ -4,7 +4,8 @@ The weight vector and the buffer vector are each cut into one contiguous shard p
 server, balanced by bytes. A push streams each shard to its server as one message per
 chunk (esync.transport.message.chunk_spans), to every server before awaiting any
 answer, so shards move in parallel; each answer chunk is received straight into the worker's vector
-(`recv_into`), with no copy in between.
+(`recv_into`), with no copy in between. Pushed weight chunks are compressed as
+`--compress` says (esync.compress); buffers and answers travel as float32.
 
 Each socket carries the node's id as its ZeroMQ identity, `<node id>/kv-<random>` (servers serve
 only the scheduler's members) and, with a job key, proves the key (CurveZMQ). When the scheduler

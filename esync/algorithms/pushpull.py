@@ -11,7 +11,7 @@ on it and pushes its model delta instead.
 from __future__ import annotations
 
 import time
-from typing import Optional, Tuple, Union
+from typing import TYPE_CHECKING, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -19,7 +19,6 @@ from torch import nn
 
 from esync import registry
 from esync.algorithms.base import Algorithm, Job, Phases
-from esync.allreduce import AllReduce
 from esync.compress import Compression
 from esync.flat import FlatModel
 from esync.kvstore import KVStore
@@ -27,6 +26,9 @@ from esync.transport.node import JobAborted
 from esync.link import Link, link_of
 from esync.options import compression
 from esync.rules import RuleConfig
+
+if TYPE_CHECKING:
+    from esync.allreduce import AllReduce
 
 
 class PushPull(Algorithm):
@@ -44,7 +46,7 @@ class PushPull(Algorithm):
         self.synchronous = synchronous  # every worker waits for all in each round
         self.link = link
         self.flat: Optional[FlatModel] = None
-        self.kv: Union[KVStore, AllReduce, None] = None
+        self.kv: Union[KVStore, "AllReduce", None] = None
         self._announced: Optional[str] = None
 
     @classmethod
@@ -62,6 +64,8 @@ class PushPull(Algorithm):
     def setup(self, model: nn.Module, device: torch.device) -> None:
         self.flat = FlatModel(model, device)
         if self.all_reduce:
+            from esync.allreduce import AllReduce  # torch.distributed: only where used
+
             self.kv = AllReduce(self.job, self.flat, self.rule, self.compression, self.link)
             self.kv.start(model)
             self.node.barrier("workers")  # start the clocks together
