@@ -13,9 +13,9 @@ backends do the same arithmetic and every worker holds the same weights.
   (`rendezvous`), where the other workers and the evaluator find it.
 - *A round*: one all_reduce (sum) of the pushed weights vector (with `--compress fp16`
   in float16, divided by the number of workers first so that the sum cannot overflow,
-  as DDP's fp16 hook does), then one of a small float32 vector holding the buffers
-  (BatchNorm statistics), each worker's stop flag and its local steps (ESync with
-  --normalize-deltas). A worker whose stop criterion (or, on worker 0, the evaluator's)
+  as DDP's fp16 hook does) and, in flight beside it (gloo runs the two at once), one
+  of a small float32 vector holding the buffers (BatchNorm statistics), each worker's
+  stop flag and its local steps (ESync with --normalize-deltas). A worker whose stop criterion (or, on worker 0, the evaluator's)
   says stop raises its flag and leaves the reason in the store: all stop after that
   round, as with the servers.
 - *The evaluator* pulls worker 0's model (esync.publish), whose address is part of the
@@ -150,8 +150,9 @@ class AllReduce:
         control[len(buffers) + self.rank] = 1.0 if stop is not None else 0.0
         control[-1] = float(steps or 1)
         with _failures(self.node):
+            pending = self._all_reduce(control, async_op=True)  # beside the weights'
             total = self._sum_weights(pushed)
-            self._all_reduce(control)
+            pending.wait()
         self.rule.mean_steps = float(control[-1]) / world
         self.rule.aggregate((WEIGHTS, 0), total, world)
         if len(buffers):
@@ -177,13 +178,16 @@ class AllReduce:
         self._all_reduce(pushed)
         return pushed
 
-    def _all_reduce(self, tensor: torch.Tensor) -> None:
+    def _all_reduce(self, tensor: torch.Tensor, async_op: bool = False):
+        """Sum `tensor` over the workers in place (paced for the emulated link, counted);
+        with `async_op`, the work to wait for."""
         nbytes = tensor.numel() * tensor.element_size()
         self.link.before_allreduce(nbytes, self.world)
-        dist.all_reduce(tensor)
+        work = dist.all_reduce(tensor, async_op=async_op)
         moved = Link.ring_allreduce_bytes(nbytes, self.world)
         self.bytes_sent += moved
         self.bytes_received += moved
+        return work
 
     # --- what PushPull reads ----------------------------------------------------------
     @property

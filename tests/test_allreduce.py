@@ -61,21 +61,26 @@ def test_a_round_gives_the_same_weights_with_either_backend(tmp_path, flags, tol
 
 @pytest.mark.parametrize("workers", [2, 4])
 @pytest.mark.parametrize("mode", ["sync", "esync"])
-def test_allreduce_job_started_by_env_vars_reaches_90_percent(tmp_path, mode, workers):
-    flags = ["-m", mode, "--backend", "allreduce", "-n", "lenet", "--num-threads", "1",
+@pytest.mark.parametrize("backend", ["allreduce", "ps"])
+def test_job_started_by_env_vars_reaches_90_percent(tmp_path, backend, mode, workers):
+    flags = ["-m", mode, "--backend", backend, "-n", "lenet", "--num-threads", "1",
              "--target-accuracy", "0.9", "--max-rounds", "400", "-e", "5"]
     slowdowns = {2: [1, 4], 4: [1, 1, 4, 4]}[workers] if mode == "esync" else [1] * workers
+    servers = 1 if backend == "ps" else 0
     with StateServer(tmp_path) if mode == "esync" else _Nothing() as state, \
-            Cluster(tmp_path, 0, workers) as job:
+            Cluster(tmp_path, servers, workers) as job:
         if state is not None:
             flags += ["-port", str(state.port)]
         job.start("scheduler", "scheduler")
+        if servers:
+            job.start("server0", "server")
         for w, slowdown in enumerate(slowdowns):
             job.start(f"worker{w}", "worker", [*flags, "--slowdown", str(slowdown),
                                                 "--device-name", f"w{w}", "-ld", job.log_dir])
         assert_all_exit_0(job, job.wait(240))
         outputs = [job.output(f"worker{w}") for w in range(workers)]
-        assert any(f"all-reduce (gloo) among {workers} workers" in o for o in outputs)
+        assert any(f"all-reduce (gloo) among {workers} workers" in o
+                   for o in outputs) == (backend == "allreduce")
         rank0 = next(w for w, o in enumerate(outputs) if "rank 0 of" in o)
         accuracy = [r["accuracy"] for r in job.rounds(rank0) if "accuracy" in r]
         assert accuracy[-1] >= 0.90, accuracy
