@@ -150,7 +150,10 @@ def test_slowdown_scales_computing_not_the_all_reduce(tmp_path):
             [c + q["time"]["0"]["global aggregate"]
              for c, q in zip(computed[-15:], rounds[max(0, len(computed) - 15):])])
         assert with_all_reduce - phases["slowdown"] > 0.05  # what counting it would give
-    assert 1.5 < statistics.median(waited) / statistics.median(computed) < 2.5
+    # after the last step the wait is twice the median of every step's computing (the
+    # median of waits against that of computing depended on how slow the first, warming
+    # up steps happened to be: 2.64 on a loaded machine)
+    assert waited[-1] == pytest.approx(2 * statistics.median(computed), abs=1e-4)
     assert aggregate(rounds) > 0.1  # rank 0 did wait for rank 1 in the all-reduce
     assert all("slowdown" not in r["time"]["0"] for r in job.rounds(1))
 
