@@ -51,7 +51,7 @@ import sys
 import time
 from typing import Dict, List, Sequence
 
-from nodes import NodeRun
+from nodes import NodeRun, cluster_node
 
 WARMUP = 2
 TIMEOUT_S = 600.0
@@ -68,18 +68,12 @@ LR = 0.1
 # --- the parent: start the nodes, collect their times ------------------------------------
 def esync_round(values: int, buffers: int, workers: int, rounds: int, compress: str) -> float:
     """(a): the mean over workers of their median push_pull through AllReduce."""
-    cluster = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_NUM_SERVER": "0",
-               "DMLC_NUM_WORKER": str(workers), "PS_HEARTBEAT_TIMEOUT": "60"}
     args = ["--values", str(values), "--buffers", str(buffers), "--rounds", str(rounds),
             "--compress", compress]
     with NodeRun(SCRIPT, "esync-allreduce-", TIMEOUT_S) as run:
-        scheduler = run.start("scheduler", "scheduler", [], ready_=True,
-                              env={**cluster, "DMLC_ROLE": "scheduler",
-                                   "DMLC_PS_ROOT_PORT": "0"})
-        cluster["DMLC_PS_ROOT_PORT"] = str(run.port(scheduler))
+        env = run.start_job(0, workers)
         for w in range(workers):
-            run.start(f"worker{w}", "esync-worker", args, result=True,
-                      env={**cluster, "DMLC_ROLE": "worker"})
+            run.start(f"worker{w}", "esync-worker", args, result=True, env=env)
         return statistics.mean(statistics.median(r) for r in run.results_after_wait())
 
 
@@ -191,11 +185,9 @@ def _bare_worker(rank: int, port: int, world: int, values: int, rounds: int,
 
 def node_main(args) -> int:
     """One node of a measurement (`--node KIND`), started by the parent."""
-    if args.node == "scheduler":
-        from esync.transport.cluster import ClusterEnv
-        from esync.transport.scheduler import Scheduler
-
-        return Scheduler(ClusterEnv.from_environ()).run()
+    code = cluster_node(args.node)
+    if code is not None:
+        return code
     if args.node == "esync-worker":
         _esync_worker(args.values, args.buffers, args.rounds, args.compress, args.result)
     else:

@@ -54,7 +54,7 @@ from typing import Dict, List, Sequence
 
 from esync import registry
 from launch import local  # the jobs run through the launcher
-from nodes import NodeRun, length_flags, parse_rounds
+from nodes import NodeRun, cluster_node, length_flags, parse_rounds
 from logs_tools.summary import summarize  # and are read by summary.py
 
 SCRIPT = os.path.abspath(__file__)
@@ -73,17 +73,10 @@ ROUNDS = {"esync": "15", "sync": "20", "async": "3s", "dcasgd": "3s", "ddp": "20
 # --- (i) the model's accuracy: the parent ---------------------------------------------
 def kvstore_times(values: int, mbit: float, repeats: int) -> dict:
     """push_pull times, paced and not, alternately, from one worker of a real job."""
-    cluster = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_NUM_SERVER": "1",
-               "DMLC_NUM_WORKER": "1", "PS_HEARTBEAT_TIMEOUT": "60"}
     with NodeRun(SCRIPT, "esync-links-", TIMEOUT_S) as run:
-        scheduler = run.start("scheduler", "scheduler", [], ready_=True,
-                              env={**cluster, "DMLC_ROLE": "scheduler",
-                                   "DMLC_PS_ROOT_PORT": "0"})
-        cluster["DMLC_PS_ROOT_PORT"] = str(run.sup.wait_ready(scheduler))
-        run.start("server0", "server", [], env={**cluster, "DMLC_ROLE": "server"})
+        env = run.start_job(1, 1)
         run.start("worker0", "kv-worker", ["--values", str(values), "--mbit", f"{mbit:g}",
-                                           "--repeats", str(repeats)],
-                  result=True, env={**cluster, "DMLC_ROLE": "worker"})
+                                           "--repeats", str(repeats)], result=True, env=env)
         return run.results_after_wait()[0]
 
 
@@ -193,16 +186,9 @@ def _allreduce_node(rank: int, port: int, values: int, mbit: float, repeats: int
 
 
 def node_main(args) -> int:
-    if args.node == "scheduler":
-        from esync.transport.cluster import ClusterEnv
-        from esync.transport.scheduler import Scheduler
-
-        return Scheduler(ClusterEnv.from_environ()).run()
-    if args.node == "server":
-        from esync.server import run_server
-        from esync.transport.cluster import ClusterEnv
-
-        return run_server(ClusterEnv.from_environ())
+    code = cluster_node(args.node)
+    if code is not None:
+        return code
     if args.node == "kv-worker":
         _kv_worker(args.values, args.mbit, args.repeats, args.result)
     else:

@@ -3,6 +3,8 @@ path when run as `python bench/NAME.py`).
 
 - `NodeRun`: one measurement's child nodes (the benchmark script itself, run with
   `--node KIND`) under one supervisor, with their logs and JSON results in a temp dir;
+  `NodeRun.start_job` starts a job's scheduler (and servers) on loopback, and
+  `cluster_node` runs those nodes in the child;
 - `parse_rounds` / `length_flags`: a job's length per mode, `N` rounds or `Ns` seconds.
 """
 from __future__ import annotations
@@ -11,7 +13,7 @@ import json
 import os
 import sys
 import tempfile
-from typing import Dict, List, Mapping, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 from launch.supervisor import Supervisor
 
@@ -44,6 +46,20 @@ class NodeRun:
     def port(self, child) -> int:
         return self.sup.wait_ready(child)
 
+    def start_job(self, servers: int, workers: int) -> Dict[str, str]:
+        """Start a job's scheduler (on a free loopback port) and its `servers` servers
+        (`--node scheduler` and `--node server`: `cluster_node`); the DMLC_* variables
+        for its workers."""
+        cluster = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_NUM_SERVER": str(servers),
+                   "DMLC_NUM_WORKER": str(workers), "PS_HEARTBEAT_TIMEOUT": "60"}
+        scheduler = self.start("scheduler", "scheduler", [], ready_=True,
+                               env={**cluster, "DMLC_ROLE": "scheduler",
+                                    "DMLC_PS_ROOT_PORT": "0"})
+        cluster["DMLC_PS_ROOT_PORT"] = str(self.port(scheduler))
+        for s in range(servers):
+            self.start(f"server{s}", "server", [], env={**cluster, "DMLC_ROLE": "server"})
+        return {**cluster, "DMLC_ROLE": "worker"}
+
     def results_after_wait(self) -> List:
         """Wait for every node; the results they wrote, in the order they were started."""
         outcome = self.sup.wait(timeout=self.timeout)
@@ -63,6 +79,22 @@ class NodeRun:
     def __exit__(self, *exc) -> None:
         self.sup.close()
         self.tmp.cleanup()
+
+
+def cluster_node(kind: str) -> Optional[int]:
+    """In a child started by `NodeRun.start_job`: run the scheduler or a server (the
+    real runtime's) and return its exit status; None for any other kind of node."""
+    from esync.transport.cluster import ClusterEnv
+
+    if kind == "scheduler":
+        from esync.transport.scheduler import Scheduler
+
+        return Scheduler(ClusterEnv.from_environ()).run()
+    if kind == "server":
+        from esync.server import run_server
+
+        return run_server(ClusterEnv.from_environ())
+    return None
 
 
 def length_flags(length: str) -> List[str]:

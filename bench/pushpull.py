@@ -42,7 +42,7 @@ import zmq
 
 from esync import ready
 from esync.transport.message import CHUNK_VALUES
-from nodes import NodeRun
+from nodes import NodeRun, cluster_node
 
 WARMUP = 2
 TIMEOUT_S = 600.0
@@ -53,19 +53,11 @@ SCRIPT = os.path.abspath(__file__)
 def framework_round(values: int, workers: int, servers: int, rounds: int,
                     rule: str = "sync") -> float:
     """(a): the mean over workers of their median round through the real runtime."""
-    cluster = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_NUM_SERVER": str(servers),
-               "DMLC_NUM_WORKER": str(workers), "PS_HEARTBEAT_TIMEOUT": "60"}
     args = ["--values", str(values), "--rounds", str(rounds), "--rule", rule]
     with NodeRun(SCRIPT, "esync-pushpull-", TIMEOUT_S) as run:
-        scheduler = run.start("scheduler", "scheduler", [], ready_=True,
-                              env={**cluster, "DMLC_ROLE": "scheduler",
-                                   "DMLC_PS_ROOT_PORT": "0"})
-        cluster["DMLC_PS_ROOT_PORT"] = str(run.port(scheduler))
-        for s in range(servers):
-            run.start(f"server{s}", "server", [], env={**cluster, "DMLC_ROLE": "server"})
+        env = run.start_job(servers, workers)
         for w in range(workers):
-            run.start(f"worker{w}", "worker", args, result=True,
-                      env={**cluster, "DMLC_ROLE": "worker"})
+            run.start(f"worker{w}", "worker", args, result=True, env=env)
         return statistics.mean(statistics.median(r) for r in run.results_after_wait())
 
 
@@ -196,16 +188,9 @@ def _bare_worker(ports: Sequence[int], values: int, rounds: int, result: str,
 def node_main(args) -> int:
     """One node of a measurement (`--node KIND`), started by the parent."""
     kind = args.node
-    if kind == "scheduler":
-        from esync.transport.cluster import ClusterEnv
-        from esync.transport.scheduler import Scheduler
-
-        return Scheduler(ClusterEnv.from_environ()).run()
-    if kind == "server":
-        from esync.server import run_server
-        from esync.transport.cluster import ClusterEnv
-
-        return run_server(ClusterEnv.from_environ())
+    code = cluster_node(kind)
+    if code is not None:
+        return code
     if kind == "worker":
         _framework_worker(args.values, args.rounds, args.rule, args.result)
     elif kind in ("bare-stream-server", "bare-echo-server"):
