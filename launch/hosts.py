@@ -326,13 +326,18 @@ def _join_path(base: str, name: str) -> str:
     return base.rstrip("/") + "/" + name if base.rstrip("/") else "/" + name
 
 
-def algorithm_of(flags: Sequence[str]) -> registry.Algorithm:
-    """The algorithm main.py's flags select, parsed by main.py's own parser; UserError
-    (one line naming the flag) if a flag is bad."""
+def options_of(flags: Sequence[str]):
+    """main.py's settings from its flags, parsed by its own parser; UserError (one line
+    naming the flag) if a flag is bad."""
     try:
-        return registry.of_options(parse_options(list(flags), prog="main.py"))
+        return parse_options(list(flags), prog="main.py")
     except UserError as e:
         raise UserError(f"{e} (a main.py flag after --)") from None
+
+
+def algorithm_of(flags: Sequence[str]) -> registry.Algorithm:
+    """The algorithm main.py's flags select (UserError as `options_of`)."""
+    return registry.of_options(options_of(flags))
 
 
 def _short_names(hosts: Sequence[Host]) -> Dict[str, str]:
@@ -371,20 +376,20 @@ def commands(hosts: Sequence[Host], args,
     remote_dir = getattr(args, "remote_dir", DEFAULT_REMOTE_DIR)
     scheduler = next(h for h in hosts if "scheduler" in h.roles)
     state = next((h for h in hosts if "stateserver" in h.roles), None)
-    algorithm = algorithm_of(flags)
+    opts = options_of(flags)
+    algorithm = registry.of_options(opts)
     if state is None and algorithm.state_server:
         raise HostFileError(f"{path}: {' '.join(algorithm.flags)} needs a host with the "
                             f"stateserver role (roles=...,stateserver)")
     num_servers = sum("server" in h.roles for h in hosts)
-    all_reduce = parse_options(flags, prog="main.py").backend == "allreduce"
+    all_reduce = opts.backend == "allreduce"
     if not num_servers and not all_reduce:
         raise HostFileError(f"{path}: no host has the server role (roles=server,...)")
     if all_reduce and num_servers:
         raise HostFileError(f"{path}: --backend allreduce runs without servers: no host "
                             f"takes the server role")
     try:
-        check_aggregation(parse_options(flags, prog="main.py"),
-                          num_servers if algorithm.parameter_server else None)
+        check_aggregation(opts, num_servers if algorithm.parameter_server else None)
     except UserError as e:
         raise UserError(f"{e} (a main.py flag after --)") from None
     num_workers = sum(h.workers for h in hosts)

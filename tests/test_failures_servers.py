@@ -16,16 +16,21 @@ from tests.test_failures import COMMON, TIMEOUT, _final_accuracy, _logs, _wait, 
 pytestmark = pytest.mark.slow  # whole clusters of real processes
 
 
+def _start(job, keep, args, suffix="", extra=()):
+    """The scheduler, server 0 and 2 SSGD workers (`args`), their names ending in
+    `suffix`; `keep` (checkpoints) and `extra` go to every role."""
+    job.start(f"scheduler{suffix}", "scheduler", ["-m", "sync", *keep, *extra])
+    job.start(f"server0{suffix}", "server", ["-m", "sync", "-c", "1", *keep, *extra])
+    for k in range(2):
+        _worker(job, f"worker{k}{suffix}", k, [*args, *extra])
+
+
 def test_a_killed_server_restores_its_shard_from_the_latest_checkpoint(tmp_path):
     every = 10
     with Cluster(tmp_path, 1, 2, heartbeat_timeout=TIMEOUT) as job:
         checkpoints = os.path.join(job.dir, "checkpoints")
         keep = ["--checkpoint-dir", checkpoints, "--checkpoint-every", str(every)]
-        args = ["-m", "sync", *COMMON, "--time-limit", "15", "-e", "5", *keep]
-        job.start("scheduler", "scheduler", ["-m", "sync", *keep])
-        job.start("server0", "server", ["-m", "sync", "-c", "1", *keep])
-        for k in range(2):
-            _worker(job, f"worker{k}", k, args)
+        _start(job, keep, ["-m", "sync", *COMMON, "--time-limit", "15", "-e", "5", *keep])
         _wait(job, "a checkpoint and 35 rounds",
               lambda: len(_logs(job, "w0")) >= 35
               and glob.glob(os.path.join(checkpoints, "shard0", "round-*")))
@@ -56,10 +61,7 @@ def test_a_killed_job_resumes_from_its_latest_checkpoint(tmp_path, damaged):
         checkpoints = os.path.join(job.dir, "checkpoints")
         keep = ["--checkpoint-dir", checkpoints, "--checkpoint-every", str(every)]
         args = ["-m", "sync", *COMMON, "--max-rounds", "400", "-e", "5", *keep]
-        job.start("scheduler", "scheduler", ["-m", "sync", *keep])
-        job.start("server0", "server", ["-m", "sync", "-c", "1", *keep])
-        for k in range(2):
-            _worker(job, f"worker{k}", k, args)
+        _start(job, keep, args)
         _wait(job, "two checkpoints", lambda: len(glob.glob(
             os.path.join(checkpoints, "shard0", "round-*"))) >= 2)
         for proc in job.procs.values():  # the whole job dies at once
@@ -78,10 +80,7 @@ def test_a_killed_job_resumes_from_its_latest_checkpoint(tmp_path, damaged):
 
         short = [a if a != "400" else str(saved[-1] + 30) for a in args]
         job.procs.clear()
-        job.start("scheduler-again", "scheduler", ["-m", "sync", *keep, "--resume", "1"])
-        job.start("server0-again", "server", ["-m", "sync", "-c", "1", *keep, "--resume", "1"])
-        for k in range(2):
-            _worker(job, f"worker{k}-again", k, [*short, "--resume", "1"])
+        _start(job, keep, short, "-again", ["--resume", "1"])
         codes = job.wait(90)
 
         assert set(codes.values()) == {0}, codes

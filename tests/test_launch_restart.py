@@ -506,6 +506,13 @@ class Launched:
                    f"{text!r} from the launcher", timeout)
         assert any(text in line for line in self.lines), self.output()
 
+    def wait_running(self, condition, what, timeout=120):
+        """Until `condition()` holds, which the launcher must still be running to see
+        (an ended job fails at once, with its output); its children: pid -> (argv, env)."""
+        wait_until(lambda: condition() or self.proc.poll() is not None, what, timeout)
+        assert self.proc.poll() is None, self.output()
+        return _children_env(self.proc.pid)
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
@@ -536,22 +543,18 @@ def test_a_killed_worker_is_restarted_and_rejoins(tmp_path, mode):
                     "--time-limit", "300", "--restart-failed", "--max-restarts", "2"])
     seen = set()
     try:
-        wait_until(lambda: len(_rounds(folder, "w1")) >= 3 or job.proc.poll() is not None,
-                   "3 rounds of w1", timeout=180)
-        assert job.proc.poll() is None, job.output()
-        kids = _children_env(job.proc.pid)
+        kids = job.wait_running(lambda: len(_rounds(folder, "w1")) >= 3, "3 rounds of w1",
+                                timeout=180)
         seen.update(kids)
         victim = _device_pid(kids, "w1")
         before = max(_rounds(folder, "w1"))
         os.kill(victim, signal.SIGKILL)
         job.wait_line("launch: worker1 died (signal 9); restarting it (restart 1 of 2)")
         host = glob.glob(os.path.join(folder, "*"))[0]
-        wait_until(lambda: "rejoins as worker" in open(os.path.join(host, "scheduler.log")).read()
-                   or job.proc.poll() is not None, "w1 to rejoin", timeout=120)
-        wait_until(lambda: max(_rounds(folder, "w1")) >= before + 3
-                   or job.proc.poll() is not None, "w1 to train again", timeout=120)
-        assert job.proc.poll() is None, job.output()
-        kids = _children_env(job.proc.pid)
+        job.wait_running(lambda: "rejoins as worker"
+                         in open(os.path.join(host, "scheduler.log")).read(), "w1 to rejoin")
+        kids = job.wait_running(lambda: max(_rounds(folder, "w1")) >= before + 3,
+                                "w1 to train again")
         seen.update(kids)
         assert _device_pid(kids, "w1") != victim
         assert "# restart 1: " in open(os.path.join(host, "w1", "worker.log")).read()
@@ -570,19 +573,15 @@ def test_a_killed_server_is_restarted_from_its_checkpoint(tmp_path):
                     "--checkpoint-every", "2"])
     seen = set()
     try:
-        wait_until(lambda: glob.glob(str(ck / "shard0" / "round-*"))
-                   or job.proc.poll() is not None, "a checkpoint", timeout=180)
-        assert job.proc.poll() is None, job.output()
-        kids = _children_env(job.proc.pid)
+        kids = job.wait_running(lambda: glob.glob(str(ck / "shard0" / "round-*")),
+                                "a checkpoint", timeout=180)
         seen.update(kids)
         server = next(pid for pid, kid in kids.items() if _role(*kid) == "server")
         before = max(_rounds(folder, "w0"), default=0)
         os.kill(server, signal.SIGKILL)
         job.wait_line("launch: server0 died (signal 9); restarting it (restart 1 of 3)")
-        wait_until(lambda: max(_rounds(folder, "w0")) >= before + 4
-                   or job.proc.poll() is not None, "training after the restart", timeout=120)
-        assert job.proc.poll() is None, job.output()
-        seen.update(_children_env(job.proc.pid))
+        seen.update(job.wait_running(lambda: max(_rounds(folder, "w0")) >= before + 4,
+                                     "training after the restart"))
     finally:
         code = job.stop()
     assert code == 130, job.output()
@@ -597,10 +596,9 @@ def test_a_killed_job_resumes_from_the_launcher(tmp_path):
               "--checkpoint-dir", ck, "--checkpoint-every", "2"]
     job = Launched([*common, "--time-limit", "300"])
     try:
-        wait_until(lambda: len(glob.glob(os.path.join(ck, "shard0", "round-*"))) >= 2
-                   or job.proc.poll() is not None, "two checkpoints", timeout=180)
-        assert job.proc.poll() is None, job.output()
-        seen = set(_children_env(job.proc.pid))
+        seen = set(job.wait_running(
+            lambda: len(glob.glob(os.path.join(ck, "shard0", "round-*"))) >= 2,
+            "two checkpoints", timeout=180))
     finally:
         job.proc.kill()  # the launcher killed outright: its children die with it
         job.stop()
