@@ -1,9 +1,11 @@
-"""Commands for a job on a real multi-host cluster, from a host file: printed (default)
-for you to run on each host, or run over ssh (`--run`).
+"""The commands of a job on a real multi-host cluster, from a host file: for each process
+of the job, the shell command that starts it on its host (DMLC_* variables and `python
+main.py ...`), printed for you to run by hand or from your own scripts, or, with
+`--slurm`, a Slurm batch script that starts and watches them all.
 
     python launch/hosts.py HOSTFILE [--port 9091] [--state-port 10010]
-        [--remote-dir ~/esync] [--ssh "ssh -o BatchMode=yes"] [--ssh-form] [--run]
-        [--grace 5] [--no-auth] -- [main.py flags, e.g. -m esync -n resnet18-v1 -dd data]
+        [--remote-dir ~/esync] [--ssh-form [--ssh "ssh -o BatchMode=yes"] | --slurm]
+        [--no-auth] -- [main.py flags, e.g. -m esync -n resnet18-v1 -dd data]
 
 Everything after `--` is passed to every main.py (scheduler, servers and workers), the
 flags of checkpoints and failures (--checkpoint-dir, --resume 1, ...) included.
@@ -18,16 +20,16 @@ with spaces is quoted as in a shell (dir="/data/my esync").
     cloud2 workers=2 gpus=0,1
     cloud3 workers=2 gpus=0,1 slowdown=2 dir=/opt/esync python=/opt/venv/bin/python
 
-  HOST          what ssh connects to (`user@host` allowed); the name without `user@`
-                must be reachable from every other host: it becomes DMLC_PS_ROOT_URI
-                (the scheduler's host) and -ip (the state server's host). A host may
-                appear on one line only.
+  HOST          the host (`user@host` allowed: what --ssh-form's ssh connects to); the
+                name without `user@` must be reachable from every other host: it becomes
+                DMLC_PS_ROOT_URI (the scheduler's host) and -ip (the state server's
+                host). A host may appear on one line only.
   roles=R,...   among scheduler, server, worker, stateserver (default: worker)
   workers=N     worker processes on this host (default 1; needs the worker role)
   gpus=G,...    worker k of this host gets `-g G[k % len]`; absent: `-c 1` (the CPU)
   slowdown=F    F >= 1, passed to this host's workers as `--slowdown F`
   dir=PATH      the repository's checkout on this host (default: --remote-dir);
-                a leading `~` is left to the remote shell
+                a leading `~` is left to the host's shell
   python=PATH   the Python that runs main.py / manage.py (default: python)
   iface=NAME    DMLC_INTERFACE for this host's scheduler, server and workers
 
@@ -45,50 +47,76 @@ and the shell command to run ON that host:
         PYTHON main.py <main.py flags> [worker flags]
     cd DIR/stateserver && PYTHON manage.py runserver 0.0.0.0:<state port>
 
-The job's key and token: unless `--no-auth`, every process gets the job's key
-(ESYNC_JOB_KEY_FILE: CurveZMQ for all ZeroMQ traffic) and the state server's token
-(ESYNC_STATE_TOKEN), fresh for each job (the user's ESYNC_JOB_KEY, or the file
-ESYNC_JOB_KEY_FILE names, read here, and ESYNC_STATE_TOKEN, where exported). Neither
-is on any process's command line (ps shows those): each host keeps them in files of
-mode 0600, DIR/.esync/jobs/<id>/job.key and state.token, and each command reads them:
-
-    cd DIR && ESYNC_JOB_KEY_FILE="$PWD/.esync/jobs/<id>/job.key"
-        ESYNC_STATE_TOKEN="$(cat .esync/jobs/<id>/state.token)" env DMLC_ROLE=...
-        PYTHON main.py ...
-
-Printed, the commands start with one per host that stores the two files, `# HOST:
-the job's key and token (run first)`, which reads them from its input:
-
-    printf '%s\\n' KEY TOKEN | sh -c 'cd DIR && umask 077 && mkdir -p .esync/jobs/<id> && ...'
-
-(`--ssh-form`: `printf '%s\\n' KEY TOKEN | SSH -T HOST '...'`); remove the folder after
-the job. `--run` stores them over ssh (the secrets on ssh's input) before it starts
-anything, and removes them when the job ends.
-
 Worker flags, after the main.py flags so that they win: `--device-name SHORT-wK` (SHORT:
 the host's first name label, or the whole name when two hosts share it or it is an IP
 address), `-g G` or `-c 1`, `--slowdown F` (when set), and `-ip <state server host>
 -port <state port>` when there is a state server. Every argument is quoted for a POSIX
 shell. With `--ssh-form`, each command line is instead the complete command to run from
-here: `SSH -tt HOST 'command'`, exactly what `--run` runs.
+here: `SSH -tt HOST 'command'` (SSH: `--ssh` split like a shell; `-tt` is added unless
+it already has -t/-tt/-T: the remote process then gets a terminal, so that it dies of
+SIGHUP when its ssh ends).
 
-`--run` starts every process as `SSH -tt HOST 'command'` (SSH: `--ssh` split like a
-shell; `-tt` is added unless it already has -t/-tt/-T: the remote processes then get a
-terminal, so that they die of SIGHUP when their ssh ends, and print line by line),
-prints their output with each line prefixed by `[HOST ROLE]`, and waits (through
-launch.supervisor). When every scheduler, server and worker has exited 0, the state
-server is stopped and the exit status is 0. When one of them fails (or the state server
-ends first), or on Ctrl-C (or SIGTERM/SIGHUP), every other one is stopped: SIGTERM to
-each ssh's process group, SIGKILL after `--grace` seconds (a second Ctrl-C: at once);
-each ssh is also killed if the launcher itself dies. Exit status then 1 (130 after
-Ctrl-C). hosts.py restarts nothing (launch/local.py's --restart-failed is for one
-machine): a server or worker process started again by hand with its printed command
-rejoins the job (see main.py's --on-worker-failure, --server-patience).
+The job's key and token (--slurm: see below): unless `--no-auth`, every process gets
+the job's key (ESYNC_JOB_KEY_FILE: CurveZMQ for all ZeroMQ traffic) and the state
+server's token (ESYNC_STATE_TOKEN), fresh for each job (the user's ESYNC_JOB_KEY, or
+the file ESYNC_JOB_KEY_FILE names, read here, and ESYNC_STATE_TOKEN, where exported).
+Neither is on any process's command line (ps shows those): each host keeps them in
+files of mode 0600, DIR/.esync/jobs/<id>/job.key and state.token, and each command
+reads them:
+
+    cd DIR && ESYNC_JOB_KEY_FILE="$PWD/.esync/jobs/<id>/job.key"
+        ESYNC_STATE_TOKEN="$(cat .esync/jobs/<id>/state.token)" env DMLC_ROLE=...
+        PYTHON main.py ...
+
+The commands start with one per host that stores the two files, `# HOST: the job's key
+and token (run first)`, which reads them from its input:
+
+    printf '%s\\n' KEY TOKEN | sh -c 'cd DIR && umask 077 && mkdir -p .esync/jobs/<id> && ...'
+
+(`--ssh-form`: `printf '%s\\n' KEY TOKEN | SSH -T HOST '...'`); remove the folder after
+the job.
+
+`--slurm` prints, instead, a bash script for Slurm's `sbatch` (`hosts.py HOSTFILE
+--slurm -- FLAGS > job.sh`, then `sbatch job.sh`) that runs the whole job:
+
+  * `#SBATCH` lines: --job-name=esync, --nodes=<hosts>, --nodelist=<the hosts, without
+    `user@`>, --ntasks-per-node=<the most processes on one host> (each host gets at
+    least that many CPUs), and, when a host has gpus=, --gres=gpu:N (N: the highest GPU
+    number given, plus one: Slurm numbers the GPUs it gives the job on a host from 0,
+    and `-g G` counts among those). sbatch's other options (--time, --partition,
+    --account, ...) go on its command line, which wins over the script's lines.
+  * The job's key and token, unless --no-auth: the script exports ESYNC_JOB_KEY and
+    ESYNC_STATE_TOKEN when it runs, fresh (the key drawn on the first host by its Python,
+    `python -m esync.transport.auth`, in a step of its own; the token from
+    /dev/urandom) unless exported when the job was submitted (sbatch passes the
+    environment on; ESYNC_JOB_KEY_FILE too, then read on each host). Every step gets
+    them in its environment (srun passes it on): on no command line, in no file. No key
+    or token is written into the script. With --no-auth it unsets all three.
+  * Each process is one job step, started in the background:
+    `srun --nodes=1 --ntasks=1 --nodelist=HOST --overlap bash -c 'COMMAND' &`
+    (--overlap: the steps on one host share the CPUs, memory and GPUs the job has there,
+    as processes started by hand do; without it a step can wait for ever for resources
+    another step holds.)
+  * It then waits. When every scheduler, server and worker step has exited 0, it stops
+    the state server's step and exits 0. When one fails (or the state server's ends
+    first), it stops every other step (SIGTERM to its srun, which passes it on to the
+    step's processes; SIGKILL after 10 s) and exits 1. On SIGINT, SIGTERM or SIGHUP it
+    stops every step and exits 128 + the signal's number.
+  * Every process writes to the job's output file (slurm-<job id>.out); the script's own
+    lines there start with `esync:`. Needs Slurm 20.11 or later (srun --overlap) and
+    bash; the host names must be Slurm's node names (`sinfo -N`), which the hosts also
+    reach each other by.
+
+hosts.py starts nothing itself. To start and supervise processes on other machines,
+use `esync-launch --ray` (a Ray cluster) or `--slurm` here. Nothing is restarted
+(esync-launch's --restart-failed is for one machine): a server or worker process started
+again by hand with its printed command rejoins the job (see main.py's
+--on-worker-failure, --server-patience).
 
 The main.py flags are checked by main.py's own parser (esync.options) before anything
-is printed or started: a bad one is one line, exit status 2. Which algorithm needs a
-state server comes from esync.registry; the job key from esync.transport.auth. This
-file imports nothing else of esync (and no torch): it only starts processes.
+is printed: a bad one is one line, exit status 2. Which algorithm needs a state server
+comes from esync.registry; the job key from esync.transport.auth. This file imports
+nothing else of esync (and no torch): it only writes commands.
 """
 from __future__ import annotations
 
@@ -98,10 +126,7 @@ import os
 import re
 import secrets
 import shlex
-import signal
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -109,9 +134,8 @@ import config
 from esync import registry
 from esync.errors import UserError
 from esync.options import check_aggregation, parse_options
-from esync.transport.auth import KEY_FILE_ENV, job_key, new_key
+from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
 from launch.local import STATE_TOKEN_ENV, new_token
-from launch.supervisor import GRACE_S, Interrupted, Supervisor, interrupt_on
 
 ROLES = ("scheduler", "server", "worker", "stateserver")
 KEYS = ("roles", "workers", "gpus", "slowdown", "dir", "python", "iface")
@@ -125,8 +149,8 @@ _TILDE = re.compile(r"^~[A-Za-z0-9._-]*(/|$)")
 SECRETS_DIR = ".esync/jobs"
 KEY_FILE = "job.key"
 TOKEN_FILE = "state.token"
-#: seconds for storing (or removing) the secrets on every host over ssh
-SECRETS_TIMEOUT_S = 60.0
+#: --slurm: seconds from SIGTERM to SIGKILL when the script stops the job's steps
+SLURM_GRACE_S = 10
 
 
 class HostFileError(ValueError):
@@ -135,7 +159,7 @@ class HostFileError(ValueError):
 
 @dataclass
 class Host:
-    name: str                      # as written: what ssh connects to
+    name: str                      # as written (`user@` included)
     line: int                      # its line in the host file
     roles: Tuple[str, ...] = ("worker",)
     workers: int = 1               # worker processes (0 without the worker role)
@@ -467,112 +491,143 @@ def ssh_argv(ssh: str, host: str, command: str, tty: bool = True) -> List[str]:
     return [*argv, host, command]
 
 
-# --- running --------------------------------------------------------------------------
+# --- Slurm ----------------------------------------------------------------------------
 
-def _say(line: str) -> None:
-    sys.stderr.write(f"{PROG}: {line}\n")
-    sys.stderr.flush()
+#: the --slurm script's part that follows its steps: waiting for them, stopping them
+_SLURM_WAIT = """\
 
+# Wait: the job is done when every scheduler, server and worker step has exited 0; one
+# that fails, or the state server's step ending first, ends it as a failure.
+while [ "$left" -gt 0 ]; do
+    sleep 1
+    for pid in "${!label[@]}"; do
+        kill -0 "$pid" 2>/dev/null && continue  # still running
+        wait "$pid"
+        status=$?
+        name=${label[$pid]}
+        unset "label[$pid]"
+        if [ "$pid" = "$service" ]; then
+            echo "esync: $name ended (status $status) before the job; stopping the others" >&2
+        elif [ "$status" -ne 0 ]; then
+            echo "esync: $name exited with status $status; stopping the others" >&2
+        else
+            left=$((left - 1))
+            continue
+        fi
+        stop
+        exit 1
+    done
+done
+echo "esync: every scheduler, server and worker exited 0" >&2
+stop  # the state server, if any
+exit 0
+"""
 
-def _raise_interrupted(signum: int) -> BaseException:
-    return Interrupted(signum)
+#: the --slurm script's functions: stopping the steps (bash, after `label=()`)
+_SLURM_STOP = """\
+running() {  # whether a step's srun still runs
+    local pid
+    for pid in "${!label[@]}"; do
+        kill -0 "$pid" 2>/dev/null && return 0
+    done
+    return 1
+}
 
+stop() {  # stop every step still running: SIGTERM to its srun, which passes it on to
+          # the step's processes; SIGKILL after @GRACE@ s
+    local n=0
+    trap '' INT TERM HUP
+    [ "${#label[@]}" -gt 0 ] || return 0
+    kill -TERM "${!label[@]}" 2>/dev/null
+    while running && [ "$n" -lt @TENTHS@ ]; do
+        sleep 0.1
+        n=$((n + 1))
+    done
+    kill -KILL "${!label[@]}" 2>/dev/null
+    wait
+}
 
-def _on_every_host(ssh: str, scripts: Sequence[Tuple[str, str]], data: str = "",
-                   timeout: float = SECRETS_TIMEOUT_S) -> List[str]:
-    """Run each (host, command) over ssh at once, `data` on its input; the problems,
-    one line each (none: all exited 0 within `timeout`)."""
-    procs = []
-    problems = []
-    try:
-        for host, script in scripts:
-            procs.append((host, subprocess.Popen(
-                ssh_argv(ssh, host, script, tty=False), stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
-        deadline = time.monotonic() + timeout
-        for host, proc in procs:
-            try:
-                out, _ = proc.communicate(data, timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                problems.append(f"{host}: no answer within {timeout:g} s")
-                continue
-            if proc.returncode != 0:
-                last = (out or "").strip().splitlines()[-1:] or [""]
-                problems.append(f"{host}: status {proc.returncode}"
-                                + (f": {last[0]}" if last[0] else ""))
-    except OSError as e:
-        problems.append(f"cannot start {shlex.split(ssh)[0]!r}: {e.strerror or e}")
-    finally:
-        for _, proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return problems
-
-
-def run(cmds, ssh: str = DEFAULT_SSH, grace: float = GRACE_S,
-        stores: Sequence[Tuple[str, str, str]] = (), secret_input: str = "") -> int:
-    """Run every command over ssh, stream the outputs, stop all if one fails (module doc).
-    `stores`: (host, store command, remove command) of the job's secrets
-    (secret_commands), run before the job (`secret_input` on their input) and after."""
-    sup = Supervisor(grace=grace, say=_say)
-    names = labels(cmds)
-    stored = False
-    try:
-        with interrupt_on([signal.SIGTERM, signal.SIGHUP], _raise_interrupted):
-            try:
-                if stores:
-                    stored = True
-                    problems = _on_every_host(ssh, [(h, c) for h, c, _ in stores],
-                                              secret_input)
-                    if problems:
-                        _say(f"error: cannot store the job's key and token: "
-                             f"{'; '.join(problems)}")
-                        return 1
-                for (host, role, cmd), label in zip(cmds, names):
-                    argv = ssh_argv(ssh, host, cmd)
-                    sys.stdout.write(f"[{label}] $ {shlex.join(argv)}\n")
-                    sys.stdout.flush()
-                    # stdin stays open (a pipe): with -tt, ssh would pass its end on
-                    sup.start(label, argv, prefix=f"[{label}] ", stdin=subprocess.PIPE,
-                              essential=role != "stateserver")
-                outcome = sup.wait()
-            except OSError as e:  # the ssh command cannot be started
-                _say(f"error: cannot start {shlex.split(ssh)[0]!r}: {e.strerror or e}")
-                sup.stop()
-                return 2
-            except (KeyboardInterrupt, Interrupted) as e:
-                _say("interrupted; stopping every process")
-                sup.stop()
-                return 130 if isinstance(e, KeyboardInterrupt) else 1
-            failed = outcome.failed
-            if failed is None:
-                sup.stop([c for c in sup.children if not c.essential])
-                return 0
-            if failed.essential:
-                _say(f"{failed.name} exited with status {failed.returncode}; "
-                     f"stopping the others")
-            else:
-                _say(f"{failed.name} ended (status {failed.returncode}) before the job; "
-                     f"stopping the others")
-            sup.stop()
-            return 1
-    finally:
-        sup.close()
-        if stored:
-            _remove_secrets(ssh, stores)
+on_signal() {  # on_signal NAME STATUS
+    echo "esync: $1; stopping every step" >&2
+    stop
+    exit "$2"
+}
+trap 'on_signal SIGINT 130' INT
+trap 'on_signal SIGTERM 143' TERM
+trap 'on_signal SIGHUP 129' HUP
+"""
 
 
-def _remove_secrets(ssh: str, stores: Sequence[Tuple[str, str, str]]) -> None:
-    try:
-        with interrupt_on([signal.SIGTERM, signal.SIGHUP], _raise_interrupted):
-            problems = _on_every_host(ssh, [(h, c) for h, _, c in stores],
-                                      timeout=SECRETS_TIMEOUT_S / 4)
-    except (KeyboardInterrupt, Interrupted):
-        problems = ["interrupted"]
-    if problems:
-        _say(f"could not remove the job's key and token ({SECRETS_DIR}/...): "
-             f"{'; '.join(problems)}")
+def _srun(host: Host, command: str) -> List[str]:
+    """The srun command that runs `command` as a job step of one task on `host`."""
+    return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={host.address}", "--overlap",
+            "bash", "-c", command]
+
+
+def slurm_script(hosts: Sequence[Host], args, cmds: Sequence[Tuple[str, str, str]],
+                 auth: bool = True, generated_by: str = "hosts.py --slurm") -> str:
+    """The bash script for `sbatch` that runs `cmds` (as `commands(hosts, args)` gives
+    them: without `job`), each as a job step on its host, and waits for them (see the
+    module's docstring). `auth`: export the job's key and token (else unset them)."""
+    by_name = {h.name: h for h in hosts}
+    per_host: Dict[str, int] = {}
+    for host, _, _ in cmds:
+        per_host[host] = per_host.get(host, 0) + 1
+    gpus = max((max(h.gpus) + 1 for h in hosts if h.gpus), default=0)
+    out = [
+        "#!/bin/bash",
+        "# An esync job as a Slurm batch job, written by",
+        f"#   {' '.join(generated_by.splitlines())}",
+        "# Submit it with `sbatch job.sh` (sbatch's options on its command line win over the",
+        "# #SBATCH lines: sbatch --time=2:00:00 --partition=NAME job.sh). It starts each",
+        "# process of the job as a job step on its host, then waits: exit status 0 once the",
+        "# scheduler, the servers and the workers have all exited 0 (the state server is",
+        "# then stopped); when one fails, or the state server ends first, it stops the",
+        "# others and exits 1. Needs Slurm 20.11 or later (srun --overlap).",
+        "#SBATCH --job-name=esync",
+        f"#SBATCH --nodes={len(hosts)}",
+        f"#SBATCH --nodelist={','.join(h.address for h in hosts)}",
+        f"#SBATCH --ntasks-per-node={max(per_host.values())}",
+    ]
+    if gpus:
+        out.append(f"#SBATCH --gres=gpu:{gpus}")
+    out += ["", "label=()     # each step's srun pid: `HOST ROLE`",
+            "service=     # the state server step's: stopped when the job is done",
+            "left=0       # the scheduler, server and worker steps still running", ""]
+    out += _SLURM_STOP.replace("@GRACE@", f"{SLURM_GRACE_S:g}").replace(
+        "@TENTHS@", str(int(SLURM_GRACE_S * 10))).split("\n")
+    if auth:
+        first = hosts[0]
+        draw = shlex.join(_srun(first, f"cd {_quote_path(checkout(first, args))} && "
+                                       f"{_quote_path(first.python)} -m esync.transport.auth"))
+        out += [
+            "# The job's key (CurveZMQ: all its ZeroMQ traffic) and the state server's token:",
+            "# those exported when the job was submitted, else fresh ones. Exported: every",
+            "# step gets them in its environment (srun passes it on), on no command line and",
+            "# in no file.",
+            f'if [ -z "${{{KEY_ENV}:-}}" ] && [ -z "${{{KEY_FILE_ENV}:-}}" ]; then',
+            f'    if ! {KEY_ENV}=$({draw}) || [ -z "${KEY_ENV}" ]; then',
+            f'        echo "esync: cannot draw the job\'s key on {first.address}" >&2',
+            "        exit 1",
+            "    fi",
+            f"    export {KEY_ENV}",
+            "fi",
+            f'if [ -z "${{{STATE_TOKEN_ENV}:-}}" ]; then',
+            f"    {STATE_TOKEN_ENV}=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \\n')",
+            "fi",
+            f"export {STATE_TOKEN_ENV}",
+        ]
+    else:
+        out += ["# --no-auth: no job key, no state server token (ZeroMQ traffic unauthenticated",
+                "# and unencrypted, state server writes open)",
+                f"unset {KEY_ENV} {KEY_FILE_ENV} {STATE_TOKEN_ENV}"]
+    out += ["", "# The job's processes, one step each"]
+    for (name, role, cmd), label in zip(cmds, labels(cmds)):
+        out.append(f"# {name}: {label.split(' ', 1)[1]}")
+        out.append(shlex.join(_srun(by_name[name], cmd)) + " &")
+        out.append(f"label[$!]={shlex.quote(label)}")
+        out.append("service=$!" if role == "stateserver" else "left=$((left + 1))")
+    return "\n".join(out) + "\n" + _SLURM_WAIT
 
 
 # --- command line ---------------------------------------------------------------------
@@ -592,16 +647,6 @@ def _port(text: str) -> int:
     return value
 
 
-def _grace(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
-    return value
-
-
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = _Parser(prog=prog, description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -615,15 +660,14 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument("--remote-dir", default=DEFAULT_REMOTE_DIR,
                         help="the checkout on hosts without dir= (default: ~/esync)")
     parser.add_argument("--ssh", default=DEFAULT_SSH,
-                        help=f"the ssh command, split like a shell; -tt is added unless it "
-                             f"has -t/-tt/-T (default: {DEFAULT_SSH})")
-    parser.add_argument("--ssh-form", action="store_true",
-                        help="print each command as `SSH -tt HOST 'command'` to run from here")
-    parser.add_argument("--run", action="store_true",
-                        help="run every command over ssh, stream their outputs, wait")
-    parser.add_argument("--grace", type=_grace, default=GRACE_S,
-                        help=f"--run: seconds from SIGTERM to SIGKILL when stopping "
-                             f"(default: {GRACE_S:g})")
+                        help=f"--ssh-form's ssh command, split like a shell; -tt is added "
+                             f"unless it has -t/-tt/-T (default: {DEFAULT_SSH})")
+    form = parser.add_mutually_exclusive_group()
+    form.add_argument("--ssh-form", action="store_true",
+                      help="print each command as `SSH -tt HOST 'command'` to run from here")
+    form.add_argument("--slurm", action="store_true",
+                      help="print a bash script for sbatch instead, that runs every process "
+                           "as a job step on its host and waits for them (see above)")
     parser.add_argument("--no-auth", action="store_true",
                         help="no job key and no state server token (ZeroMQ traffic "
                              "unauthenticated and unencrypted, state server writes open)")
@@ -647,27 +691,34 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
         parser.error(f"argument --ssh: expected a command such as {DEFAULT_SSH!r} ({e})")
     try:
         hosts = parse_hostfile(args.hostfile)
-        job = None if args.no_auth else JobSecrets.for_job(os.environ)
+        job = None if args.no_auth or args.slurm else JobSecrets.for_job(os.environ)
         cmds = commands(hosts, args, job)
     except (HostFileError, UserError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
-    stores = secret_commands(hosts, args, job) if job is not None else []
-    if args.run:
-        return run(cmds, args.ssh, args.grace, stores, job.input if job else "")
     try:
-        for host, store, _ in stores:
-            print(f"# {host}: the job's key and token (run first)")
-            print(f"{job.printed()} | "
-                  + (shlex.join(ssh_argv(args.ssh, host, store, tty=False)) if args.ssh_form
-                     else f"sh -c {shlex.quote(store)}"))
-        for (host, role, cmd), label in zip(cmds, labels(cmds)):
-            print(f"# {host}: {label.split(' ', 1)[1]}")
-            print(shlex.join(ssh_argv(args.ssh, host, cmd)) if args.ssh_form else cmd)
+        if args.slurm:
+            sys.stdout.write(slurm_script(hosts, args, cmds, auth=not args.no_auth,
+                                          generated_by=shlex.join([prog, *argv])))
+        else:
+            _print_commands(args, cmds, job, hosts)
         sys.stdout.flush()
     except BrokenPipeError:  # `hosts.py FILE | head`: the reader left
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+def _print_commands(args, cmds: Sequence[Tuple[str, str, str]], job: Optional[JobSecrets],
+                    hosts: Sequence[Host]) -> None:
+    """The commands, `# HOST: ROLE` before each; first the job's key and token's."""
+    for host, store, _ in (secret_commands(hosts, args, job) if job is not None else []):
+        print(f"# {host}: the job's key and token (run first)")
+        print(f"{job.printed()} | "
+              + (shlex.join(ssh_argv(args.ssh, host, store, tty=False)) if args.ssh_form
+                 else f"sh -c {shlex.quote(store)}"))
+    for (host, role, cmd), label in zip(cmds, labels(cmds)):
+        print(f"# {host}: {label.split(' ', 1)[1]}")
+        print(shlex.join(ssh_argv(args.ssh, host, cmd)) if args.ssh_form else cmd)
 
 
 def console_main() -> int:

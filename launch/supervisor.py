@@ -1,5 +1,6 @@
 """The one supervisor of child processes for every launcher (`launch/local.py`,
-`launch/hosts.py --run`, `launch/experiment.py` through local.py) and the benchmarks.
+`launch/experiment.py` through local.py, `launch/onray.py` on each Ray node) and the
+benchmarks.
 
     with Supervisor(grace=5.0) as sup:
         scheduler = sup.start("scheduler", argv, env=env, log="scheduler.log", ready=True)
@@ -21,10 +22,8 @@ What it guarantees, on Linux:
   the **parent-death signal** SIGKILL (prctl PR_SET_PDEATHSIG): if the launcher is
   killed outright, its children die with it. (The signal follows the thread that
   started the child: start children from a thread that lives as long as they should.)
-* **Output** goes to a log file (`log=`, first line `# <the command>`), or is pumped line
-  by line with a prefix (`prefix=`, e.g. hosts.py's `[HOST ROLE] `) to `out`, or is
-  left to the launcher's own (neither). Pumping runs inside the supervisor's waits (one
-  thread, one selector): output flows while the caller waits, as it always does.
+* **Output** goes to a log file (`log=`, first line `# <the command>`), or is left to
+  the launcher's own (without `log=`). A child's input is /dev/null.
 * **Essential** children are the job: `wait` ends when all of them have exited 0. A
   non-essential child is a service (the ESync state server): it is not waited for, but
   its exit, with any status, ends the job as a failure.
@@ -47,7 +46,7 @@ What it guarantees, on Linux:
   the pipe's end of file (the child's copy closes when it dies): event-driven, no
   polling and no connection attempts.
 * **Waiting** is woken by child exits (a pidfd per child, os.pidfd_open, in a selector;
-  on kernels without pidfds, a 50 ms poll) and by output; `wait(timeout)` returns None
+  on kernels without pidfds, a 50 ms poll) and by readiness; `wait(timeout)` returns None
   when the timeout passes first, so that a caller can refresh a progress bar. The
   outcome names the first child, in the order they exited, that failed (non-zero
   status of a fatal child, or a service that ended), and the children the job lost.
@@ -70,7 +69,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import os
 import selectors
 import shlex
@@ -81,8 +79,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import (IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence,
-                    Union)
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
 from esync.ready import ENV as READY_ENV
 
@@ -156,8 +153,7 @@ class Child:
     argv: List[str]
     proc: subprocess.Popen
     essential: bool = True
-    log: Optional[str] = None         # where its output goes (None: pumped or inherited)
-    prefix: Optional[str] = None      # pumped output: each line as prefix + line
+    log: Optional[str] = None         # where its output goes (None: inherited)
     port: Optional[int] = None        # what it reported (ready=True)
     #: whether its failure ends the job: a bool, or asked (with the child) at its death
     fatal: Union[bool, Callable[["Child"], bool]] = True
@@ -169,8 +165,6 @@ class Child:
     _pidfd: Optional[int] = None
     _ready_fd: Optional[int] = None   # read end of its readiness pipe
     _ready_buf: bytes = b""
-    _out_fd: Optional[int] = None     # read end of its output pipe (pumped)
-    _out_buf: bytes = b""
 
     @property
     def pid(self) -> int:
@@ -211,7 +205,6 @@ class Supervisor:
     """Starts, watches and stops child processes (see the module's docstring)."""
 
     grace: float = GRACE_S
-    out: Optional[IO[str]] = None     # where pumped lines go (default: sys.stdout)
     say: Optional[Callable[[str], None]] = None  # its own notes (default: stderr)
     children: List[Child] = field(default_factory=list)
     _exited: List[Child] = field(default_factory=list)  # in the order they exited
@@ -221,23 +214,21 @@ class Supervisor:
     # --- starting ---------------------------------------------------------------------
     def start(self, name: str, argv: Sequence[str], *, env: Optional[Dict[str, str]] = None,
               cwd: Optional[str] = None, log: Optional[str] = None,
-              prefix: Optional[str] = None, essential: bool = True, ready: bool = False,
-              stdin=subprocess.DEVNULL,
+              essential: bool = True, ready: bool = False,
               fatal: Union[bool, Callable[[Child], bool]] = True,
               restart: int = 0) -> Child:
         """Start one child (OSError if it cannot be started). `log`: a file for its
-        output; `prefix`: pump its output line by line with this prefix; neither: it
-        writes where the launcher does. `ready`: it reports its port (wait_ready).
+        output (without: it writes where the launcher does). `ready`: it reports its
+        port (wait_ready).
         `fatal`: whether its failure ends the job (a callable: asked at its death);
         `restart`: how many times it is started again when it fails while the job runs."""
         if restart < 0:
             raise ValueError(f"restart={restart}: expected a number of restarts >= 0")
         argv = list(argv)
-        spec = dict(env=dict(os.environ if env is None else env), cwd=cwd, ready=ready,
-                    stdin=stdin)
-        proc, ready_r = self._popen(argv, spec, log, prefix, f"# {shlex.join(argv)}\n", "w")
-        child = Child(name, argv, proc, essential, log, prefix, fatal=fatal,
-                      max_restarts=restart, _spec=spec)
+        spec = dict(env=dict(os.environ if env is None else env), cwd=cwd, ready=ready)
+        proc, ready_r = self._popen(argv, spec, log, f"# {shlex.join(argv)}\n", "w")
+        child = Child(name, argv, proc, essential, log, fatal=fatal, max_restarts=restart,
+                      _spec=spec)
         self._watch(child, ready_r)
         self.children.append(child)
         return child
@@ -254,19 +245,19 @@ class Supervisor:
         self._reap()
         self._forget(child)
         child.restarts += 1
-        proc, ready_r = self._popen(child.argv, child._spec, child.log, child.prefix,
+        proc, ready_r = self._popen(child.argv, child._spec, child.log,
                                     f"# restart {child.restarts}: {shlex.join(child.argv)}\n",
                                     "a")
         child.proc = proc
         child.port = None
         child._settled = child._tolerated = False
-        child._ready_buf = child._out_buf = b""
+        child._ready_buf = b""
         self._watch(child, ready_r)
         self._exited = [c for c in self._exited if c is not child]
         return child
 
     def _popen(self, argv: List[str], spec: Dict[str, Any], log: Optional[str],
-               prefix: Optional[str], header: str, mode: str) -> tuple:
+               header: str, mode: str) -> tuple:
         """The started process and the read end of its readiness pipe (or None)."""
         env = dict(spec["env"])
         pass_fds: tuple = ()
@@ -288,10 +279,8 @@ class Supervisor:
                 log_file.write(header)
                 log_file.flush()
                 stdout, stderr = log_file, subprocess.STDOUT
-            elif prefix is not None:
-                stdout, stderr = subprocess.PIPE, subprocess.STDOUT
             parent = os.getpid()
-            proc = subprocess.Popen(argv, cwd=spec["cwd"], env=env, stdin=spec["stdin"],
+            proc = subprocess.Popen(argv, cwd=spec["cwd"], env=env, stdin=subprocess.DEVNULL,
                                     stdout=stdout, stderr=stderr, pass_fds=pass_fds,
                                     start_new_session=True,
                                     preexec_fn=lambda: _die_with_parent(parent))
@@ -308,13 +297,8 @@ class Supervisor:
         return proc, ready_r
 
     def _watch(self, child: Child, ready_r: Optional[int]) -> None:
-        """Register the child's output, readiness and exit with the selector."""
+        """Register the child's readiness and exit with the selector."""
         proc = child.proc
-        if proc.stdout is not None:
-            out_r = proc.stdout.fileno()
-            os.set_blocking(out_r, False)
-            child._out_fd = out_r
-            self._selector.register(out_r, selectors.EVENT_READ, ("out", child))
         if ready_r is not None:
             child._ready_fd = ready_r
             self._selector.register(ready_r, selectors.EVENT_READ, ("ready", child))
@@ -326,21 +310,13 @@ class Supervisor:
                 self._pidfds = False
 
     def _forget(self, child: Child) -> None:
-        """Before a restart: pass on what its dead process left in its output pipe, close
-        its descriptors, and kill what is left in its process group."""
-        self._pump(child)
-        if child._out_fd is not None:  # held open by a process it left: not waited for
-            self._selector.unregister(child._out_fd)
-            child.proc.stdout.close()
-            child._out_fd = None
+        """Before a restart: close its descriptors, and kill what is left in its process
+        group."""
         self._close_ready(child)
         if child._pidfd is not None:
             self._selector.unregister(child._pidfd)
             os.close(child._pidfd)
             child._pidfd = None
-        if child.proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                child.proc.stdin.close()
         if self._populated([child]):
             _signal_groups([child], signal.SIGKILL)
 
@@ -442,7 +418,7 @@ class Supervisor:
                     child._pidfd = None
 
     def _select(self, timeout: Optional[float]) -> None:
-        """Wait up to `timeout` for an exit, output or readiness, and handle what came."""
+        """Wait up to `timeout` for an exit or readiness, and handle what came."""
         if not self._pidfds:
             timeout = POLL_S if timeout is None else min(timeout, POLL_S)
         if not self._selector.get_map():
@@ -450,16 +426,11 @@ class Supervisor:
                 raise RuntimeError("nothing to wait for")
             time.sleep(timeout)
             return
-        events = self._selector.select(timeout)
-        # output first: a child's last lines are shown before its exit is reported
-        for key, _ in sorted(events, key=lambda e: e[0].data[0] == "exit"):
+        for key, _ in self._selector.select(timeout):
             kind, child = key.data
-            if kind == "out":
-                self._pump(child)
-            elif kind == "ready":
+            if kind == "ready":
                 self._read_ready(child)
             else:
-                self._pump(child)
                 self._reap()
 
     def _read_ready(self, child: Child) -> None:
@@ -486,44 +457,11 @@ class Supervisor:
             os.close(child._ready_fd)
             child._ready_fd = None
 
-    def _pump(self, child: Child) -> None:
-        """Pass on the complete lines waiting in child's output pipe; at its end, the
-        rest."""
-        if child._out_fd is None:
-            return
-        while True:
-            try:
-                data = os.read(child._out_fd, 65536)
-            except BlockingIOError:
-                break
-            except OSError as e:
-                if e.errno != errno.EIO:
-                    raise
-                data = b""
-            if not data:
-                if child._out_buf:
-                    self._emit(child, child._out_buf)
-                    child._out_buf = b""
-                self._selector.unregister(child._out_fd)
-                child.proc.stdout.close()
-                child._out_fd = None
-                return
-            child._out_buf += data
-            *lines, child._out_buf = child._out_buf.split(b"\n")
-            for line in lines:
-                self._emit(child, line)
-
-    def _emit(self, child: Child, raw: bytes) -> None:
-        out = self.out or sys.stdout
-        text = raw.decode("utf-8", "replace").rstrip("\r\n")
-        out.write(f"{child.prefix}{text}\n")
-        out.flush()
-
     # --- stopping ---------------------------------------------------------------------
     def stop(self, children: Optional[Iterable[Child]] = None) -> None:
         """Stop these children (default: all) and everything in their process groups:
         SIGTERM, up to `grace` seconds, then SIGKILL to every group still populated.
-        Returns once the children are reaped and their output pumped."""
+        Returns once the children are reaped."""
         targets = list(self.children if children is None else children)
         _signal_groups(self._populated(targets), signal.SIGTERM)
         deadline = time.monotonic() + self.grace
@@ -542,12 +480,8 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 self._note(f"{child.name}: still running after SIGKILL")
         self._reap()
-        self._drain(targets)
         for child in targets:
             self._close_ready(child)
-            if child.proc.stdin is not None:
-                with contextlib.suppress(OSError):
-                    child.proc.stdin.close()
 
     def _populated(self, targets: Sequence[Child]) -> List[Child]:
         """Those of targets with a live process (not a zombie) in their process group."""
@@ -562,21 +496,6 @@ class Supervisor:
             elif child.running():
                 result.append(child)
         return result
-
-    def _drain(self, targets: Sequence[Child], timeout: float = 1.0) -> None:
-        """Pump what the stopped children left in their pipes (a process outside their
-        groups may hold a pipe open: not longer than `timeout`)."""
-        deadline = time.monotonic() + timeout
-        while any(c._out_fd is not None for c in targets):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            self._select(remaining)
-        for child in targets:
-            if child._out_fd is not None:
-                self._selector.unregister(child._out_fd)
-                child.proc.stdout.close()
-                child._out_fd = None
 
     def close(self) -> None:
         """Stop every child still running and release the supervisor's descriptors."""

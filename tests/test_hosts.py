@@ -1,8 +1,11 @@
-"""launch/hosts.py: the per-host commands of a multi-host job, printed or run over ssh.
+"""launch/hosts.py: the per-host commands of a multi-host job, printed, or as a Slurm
+batch script (--slurm).
 
-The printed commands are checked word by word (parsed back with shlex.split); `--run`
-is checked with a fake ssh (a script that ignores the host and runs the command here
-with `sh -c`) and fake Pythons (host file `python=` scripts that print, fail or sleep)."""
+The printed commands are checked word by word (parsed back with shlex.split). The Slurm
+script is checked line by line, and run here for real: with bash, and a stand-in for
+Slurm's `srun` (a script first on PATH that drops srun's options and runs the step's
+command on this machine, passing signals on to it as Slurm does), for host files whose
+hosts are names of this machine (localhost, 127.0.0.1, 127.0.0.2)."""
 from __future__ import annotations
 
 import importlib.util
@@ -13,9 +16,11 @@ import stat
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
+from launch.supervisor import free_port
 from tests.helpers import REPO
 
 HOSTS_PY = os.path.join(REPO, "launch", "hosts.py")
@@ -217,8 +222,10 @@ def test_help_documents_the_format():
     result = hosts_py("--help")
     assert result.returncode == 0
     for word in ("roles=", "workers=", "gpus=", "slowdown=", "dir=", "python=", "iface=",
-                 "--run", "--ssh-form", "--state-port", "--remote-dir", "--grace"):
+                 "--slurm", "--ssh-form", "--state-port", "--remote-dir", "sbatch job.sh"):
         assert word in result.stdout, word
+    for gone in ("--run", "--grace"):
+        assert gone not in result.stdout, gone
 
 
 #: what hosts.py may import of esync: main.py's parser and the registry, nothing of the
@@ -249,169 +256,6 @@ def test_api_and_no_runtime_import(cluster_file, tmp_path):
     assert [shlex.split(c) for _, _, c in cmds] == [w for _, w in EXPECTED]
 
 
-# --- --run, with a fake ssh and fake Pythons ------------------------------------------
-
-FAKE_SSH = """\
-#!{python}
-import os, sys
-# ssh [options] HOST COMMAND: ignore the options and the host, run COMMAND here
-os.execvp("sh", ["sh", "-c", sys.argv[-1]])
-"""
-OK = """\
-#!/bin/sh
-n=0
-while [ "$(ls "$PIDDIR" 2>/dev/null | wc -l)" -lt "${WAITFOR:-0}" ] && [ $n -lt 100 ]; do
-  sleep 0.1; n=$((n+1))
-done
-echo "role=${DMLC_ROLE:-stateserver} uri=$DMLC_PS_ROOT_URI workers=$DMLC_NUM_WORKER"
-for a in "$@"; do echo "arg:$a"; done
-"""
-SLEEP = """\
-#!/bin/sh
-echo "cwd=$(pwd)"
-echo $$ > "$PIDDIR/${DMLC_ROLE:-stateserver}-$$.pid"
-exec sleep 60
-"""
-STUBBORN = """\
-#!/bin/sh
-trap '' TERM
-echo $$ > "$PIDDIR/stubborn-$$.pid"
-exec sleep 60
-"""
-FAIL = """\
-#!/bin/sh
-n=0
-while [ "$(ls "$PIDDIR" | wc -l)" -lt "$WAITFOR" ] && [ $n -lt 100 ]; do sleep 0.1; n=$((n+1)); done
-echo "giving up"
-exit 3
-"""
-
-
-@pytest.fixture
-def fake(tmp_path):
-    """Fake ssh and Pythons in tmp_path; pids of sleeping children land in tmp_path/pids."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (tmp_path / "pids").mkdir()
-    (tmp_path / "work" / "stateserver").mkdir(parents=True)
-    paths = {"ssh": _write(bin_dir / "fake-ssh", FAKE_SSH.format(python=sys.executable), True)}
-    for name, text in (("ok", OK), ("sleep", SLEEP), ("stubborn", STUBBORN), ("fail", FAIL)):
-        paths[name] = _write(bin_dir / f"{name}.sh", text, True)
-    paths["work"] = str(tmp_path / "work")
-    paths["pids"] = str(tmp_path / "pids")
-    return paths
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (killed, not yet reaped by init) is dead too
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _pids(fake):
-    return [int(open(os.path.join(fake["pids"], name)).read())
-            for name in sorted(os.listdir(fake["pids"]))]
-
-
-def _assert_all_gone(pids):
-    deadline = time.monotonic() + 3
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [p for p in pids if _alive(p)]
-
-
-def _hostfile(tmp_path, fake, lines):
-    text = "".join(f"{host} {keys} dir={fake['work']} python={fake[script]}\n"
-                   for host, keys, script in lines)
-    return _write(tmp_path / "hosts.run", text)
-
-
-def _run_args(hostfile, fake, *extra):
-    return [sys.executable, HOSTS_PY, hostfile, "--run", "--ssh", shlex.quote(fake["ssh"]),
-            *extra]
-
-
-def test_run_streams_prefixed_output_and_exits_0(tmp_path, fake):
-    hostfile = _hostfile(tmp_path, fake, [("alpha", "roles=scheduler,server,worker", "ok"),
-                                          ("beta", "workers=2 gpus=1", "ok")])
-    # -dd takes any text: a value with a space that main.py's parser accepts
-    result = subprocess.run(_run_args(hostfile, fake, "--", "-m", "sync", "-dd", "a b"),
-                            cwd=REPO, capture_output=True, text=True, timeout=30, env=_env())
-    assert result.returncode == 0, result.stdout + result.stderr
-    lines = result.stdout.splitlines()
-    for label, role in (("alpha scheduler", "scheduler"), ("alpha server", "server"),
-                        ("alpha worker 0", "worker"), ("beta worker 0", "worker"),
-                        ("beta worker 1", "worker")):
-        assert f"[{label}] role={role} uri=alpha workers=3" in lines
-        assert f"[{label}] arg:a b" in lines  # quoting survives the ssh layer
-        assert any(line.startswith(f"[{label}] $ ") and "-tt" in line for line in lines)
-    assert "[alpha worker 0] arg:alpha-w0" in lines
-    assert lines.index("[beta worker 1] arg:-g") + 1 == lines.index("[beta worker 1] arg:1")
-    assert "[beta worker 1] arg:beta-w1" in lines
-    # every line of the children is prefixed
-    assert all(line.startswith("[") for line in lines)
-
-
-def test_run_a_failing_child_stops_the_others(tmp_path, fake):
-    hostfile = _hostfile(tmp_path, fake, [("alpha", "roles=scheduler,server", "sleep"),
-                                          ("beta", "", "fail"), ("gamma", "", "stubborn")])
-    env = dict(_env(), PIDDIR=fake["pids"], WAITFOR="3")
-    start = time.monotonic()
-    result = subprocess.run(_run_args(hostfile, fake, "--grace", "1", "--", "-m", "sync"),
-                            cwd=REPO, capture_output=True, text=True, timeout=30, env=env)
-    elapsed = time.monotonic() - start
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert 1 <= elapsed < 10  # the child that ignores SIGTERM got SIGKILL after --grace 1
-    assert "[beta worker 0] giving up" in result.stdout.splitlines()
-    assert "hosts.py: beta worker 0 exited with status 3; stopping the others" in result.stderr
-    pids = _pids(fake)
-    assert len(pids) == 3  # scheduler, server and the worker that ignores SIGTERM
-    _assert_all_gone(pids)
-
-
-def test_run_ctrl_c_stops_everything(tmp_path, fake):
-    hostfile = _hostfile(tmp_path, fake, [("alpha", "roles=scheduler,server", "sleep"),
-                                          ("beta", "workers=2", "sleep")])
-    env = dict(_env(), PIDDIR=fake["pids"])
-    proc = subprocess.Popen(_run_args(hostfile, fake, "--", "-m", "sync"), cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 15
-        while len(os.listdir(fake["pids"])) < 4 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        pids = _pids(fake)
-        assert len(pids) == 4
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=15)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, out + err
-    assert "interrupted; stopping every process" in err
-    _assert_all_gone(pids)
-
-
-def test_run_stops_the_state_server_when_the_job_ends(tmp_path, fake):
-    hostfile = _hostfile(tmp_path, fake, [("state", "roles=stateserver", "sleep"),
-                                          ("alpha", "roles=scheduler,server,worker", "ok")])
-    env = dict(_env(), PIDDIR=fake["pids"], WAITFOR="1")  # the state server has started
-    result = subprocess.run(_run_args(hostfile, fake, "--", "-m", "esync"), cwd=REPO,
-                            capture_output=True, text=True, timeout=30, env=env)
-    assert result.returncode == 0, result.stdout + result.stderr
-    lines = result.stdout.splitlines()
-    assert f"[state stateserver] cwd={fake['work']}/stateserver" in lines
-    assert "[alpha worker 0] arg:-ip" in lines and "[alpha worker 0] arg:state" in lines
-    pids = _pids(fake)
-    assert len(pids) == 1
-    _assert_all_gone(pids)
-
-
 def test_an_allreduce_job_has_no_servers(tmp_path):
     """--backend allreduce: DMLC_NUM_SERVER=0 and no server command; a server role is
     refused, as is a host file without servers for the parameter servers."""
@@ -430,3 +274,298 @@ def test_an_allreduce_job_has_no_servers(tmp_path):
     args.flags = ["-m", "sync", "--backend", "allreduce"]
     with pytest.raises(module.HostFileError, match="runs without servers"):
         module.commands(served, args)
+
+
+# --- --slurm: the batch script ----------------------------------------------------------
+
+AUTH = ("ESYNC_JOB_KEY", "ESYNC_JOB_KEY_FILE", "ESYNC_STATE_TOKEN")
+
+
+def _slurm(*args, env=None):
+    result = hosts_py(*args, env=env or {k: v for k, v in _env().items() if k not in AUTH})
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    return result.stdout
+
+
+def _sbatch_lines(script):
+    return [line for line in script.splitlines() if line.startswith("#SBATCH")]
+
+
+def _steps(script):
+    """(host, command) of each step the script starts: `srun ... bash -c COMMAND &`."""
+    steps = []
+    for line in script.splitlines():
+        if line.startswith("srun ") and line.endswith(" &"):
+            argv = shlex.split(line[:-2])
+            assert argv[:3] == ["srun", "--nodes=1", "--ntasks=1"] and \
+                argv[4:7] == ["--overlap", "bash", "-c"] and len(argv) == 8, argv
+            steps.append((argv[3].split("=", 1)[1], argv[7]))
+    return steps
+
+
+def _bash_n(script, tmp_path):
+    path = _write(tmp_path / "job.sh", script)
+    result = subprocess.run(["bash", "-n", path], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+
+
+def test_slurm_script_from_the_host_file(cluster_file, tmp_path):
+    key, token = "k" * 40, "s3cr3t-T0ken"
+    env = dict({k: v for k, v in _env().items() if k not in AUTH}, ESYNC_JOB_KEY=key,
+               ESYNC_STATE_TOKEN=token)
+    script = _slurm(cluster_file, "--port", "9200", "--state-port", "10020", "--slurm",
+                    "--", *TRAIN, env=env)
+    _bash_n(script, tmp_path)
+    assert script.startswith("#!/bin/bash\n# An esync job as a Slurm batch job, written by\n"
+                             f"#   hosts.py {cluster_file} --port 9200 ")
+    assert "sbatch job.sh" in script
+    # gpus=0,1 and gpus=3: -g 3 is the fourth GPU Slurm gives the job on gpu2
+    assert _sbatch_lines(script) == [
+        "#SBATCH --job-name=esync", "#SBATCH --nodes=3",
+        "#SBATCH --nodelist=head.example.org,gpu1.example.org,gpu2.example.org",
+        "#SBATCH --ntasks-per-node=3", "#SBATCH --gres=gpu:4"]
+    # each process a step on its host, with the command that is printed without --slurm
+    steps = _steps(script)
+    assert [(h, shlex.split(c)) for h, c in steps] == [
+        (comment[2:].split(":")[0], words) for comment, words in EXPECTED]
+    # the job's key and token drawn when it runs: not the ones exported here, on no line
+    assert key not in script and token not in script
+    assert "export ESYNC_JOB_KEY\n" in script and "export ESYNC_STATE_TOKEN\n" in script
+    assert ("srun --nodes=1 --ntasks=1 --nodelist=head.example.org --overlap bash -c "
+            "'cd /srv/esync && /srv/venv/bin/python -m esync.transport.auth'") in script
+    # --no-auth: none of it, and whatever the submitter exported is dropped
+    script = _slurm(cluster_file, "--slurm", "--no-auth", "--", *TRAIN, env=env)
+    _bash_n(script, tmp_path)
+    assert "export ESYNC" not in script and "esync.transport.auth" not in script
+    assert "\nunset ESYNC_JOB_KEY ESYNC_JOB_KEY_FILE ESYNC_STATE_TOKEN\n" in script
+    assert len(_steps(script)) == len(EXPECTED)
+
+
+def test_slurm_script_cpu_hosts_and_user_names(tmp_path):
+    hostfile = _write(tmp_path / "h", "root@10.0.0.1 roles=scheduler,server,worker\n"
+                                      "a.x workers=2\nbob@a.y\n")
+    script = _slurm(hostfile, "--slurm", "--", "-m", "sync")
+    _bash_n(script, tmp_path)
+    assert _sbatch_lines(script) == [
+        "#SBATCH --job-name=esync", "#SBATCH --nodes=3", "#SBATCH --nodelist=10.0.0.1,a.x,a.y",
+        "#SBATCH --ntasks-per-node=3"]  # no GPU: no --gres
+    assert [h for h, _ in _steps(script)] == ["10.0.0.1"] * 3 + ["a.x"] * 2 + ["a.y"]
+    assert "label[$!]='bob@a.y worker 0'" in script
+
+
+def test_slurm_and_ssh_form_exclude_each_other(cluster_file):
+    result = hosts_py(cluster_file, "--slurm", "--ssh-form")
+    assert result.returncode == 2 and result.stdout == ""
+    assert "not allowed with argument" in result.stderr
+
+
+# --- --slurm: the script run here, with a stand-in srun -----------------------------------
+
+SRUN = """\
+#!{python}
+# srun, for the tests: drop the options, run the rest (bash -c COMMAND) on this machine
+# in a process group of its own; pass SIGTERM, SIGINT and SIGHUP on to that group (as
+# slurmstepd does to the step's processes) and kill what is left of it at the end
+import os, signal, subprocess, sys
+argv = sys.argv[1:]
+while argv and argv[0].startswith("-"):
+    argv.pop(0)
+proc = subprocess.Popen(argv, start_new_session=True)
+def forward(signum, frame):
+    try:
+        os.killpg(proc.pid, signum)
+    except ProcessLookupError:
+        pass
+for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(signum, forward)
+code = proc.wait()
+try:
+    os.killpg(proc.pid, signal.SIGKILL)
+except ProcessLookupError:
+    pass
+sys.exit(code if code >= 0 else 128 - code)
+"""
+#: a host's Python, for the tests: the job key drawn, a state server that runs until it
+#: is stopped, or a scheduler, server or worker that shows what it got (or sleeps)
+FAKE_PYTHON = """\
+#!/bin/sh
+case "$1" in
+  -m) echo "drawn-key-$$"; exit 0;;
+  manage.py) exec sleep 60;;
+esac
+[ -n "$SLEEP" ] && exec sleep "$SLEEP"
+echo "$DMLC_ROLE key=$ESYNC_JOB_KEY token=$ESYNC_STATE_TOKEN"
+"""
+
+
+class SlurmRun:
+    """A --slurm script, run by bash with the stand-in srun first on PATH; every process
+    it starts carries a mark in its environment, to find what it leaves behind."""
+
+    def __init__(self, tmp_path):
+        self.tmp = tmp_path
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        _write(bin_dir / "srun", SRUN.format(python=sys.executable), True)
+        self.fake = _write(tmp_path / "fake-python", FAKE_PYTHON, True)
+        self.work = tmp_path / "work"
+        (self.work / "stateserver").mkdir(parents=True)
+        self.mark = f"ESYNC_TEST_MARK={uuid.uuid4().hex}"
+        self.env = dict({k: v for k, v in _env().items() if k not in AUTH},
+                        PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+                        OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                        ESYNC_STATE_DB=str(tmp_path / "state.sqlite3"),
+                        ESYNC_TEST_MARK=self.mark.split("=", 1)[1])
+        self.proc = None
+
+    def script(self, hosts_text, *args):
+        hostfile = _write(self.tmp / "hosts", hosts_text)
+        return _write(self.tmp / "job.sh", _slurm(hostfile, "--slurm", *args))
+
+    def start(self, script, **env):
+        self.proc = subprocess.Popen(["bash", script], cwd=self.tmp, env=dict(self.env, **env),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return self.proc
+
+    def run(self, script, timeout=60, **env):
+        out, err = self.start(script, **env).communicate(timeout=timeout)
+        return self.proc.returncode, out, err
+
+    def marked(self):
+        """The pids of live processes (not zombies) with the mark."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/environ", "rb") as f:
+                        if self.mark.encode() in f.read().split(b"\0"):
+                            found.append(int(entry))
+                except OSError:
+                    pass
+        return found
+
+    def assert_nothing_left(self):
+        deadline = time.monotonic() + 3
+        while self.marked() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert self.marked() == []
+
+    def close(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+        for pid in self.marked():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def slurm(tmp_path):
+    run = SlurmRun(tmp_path)
+    yield run
+    run.close()
+
+
+def test_slurm_script_shares_the_drawn_key_and_stops_the_state_server(slurm):
+    hosts = (f"localhost roles=scheduler,server,stateserver dir={slurm.work} "
+             f"python={slurm.fake}\n127.0.0.1 workers=2 dir={slurm.work} python={slurm.fake}\n")
+    script = slurm.script(hosts, "--", "-m", "sync")
+    code, out, err = slurm.run(script)
+    assert code == 0, out + err
+    assert err.splitlines() == ["esync: every scheduler, server and worker exited 0"]
+    lines = sorted(out.splitlines())
+    assert [line.split()[0] for line in lines] == ["scheduler", "server", "worker", "worker"]
+    keys = {line.split()[1] for line in lines}
+    tokens = {line.split()[2] for line in lines}
+    assert len(keys) == 1 and keys.pop().startswith("key=drawn-key-")  # drawn once, shared
+    assert len(tokens) == 1 and len(tokens.pop()) == len("token=") + 64
+    slurm.assert_nothing_left()  # the state server was stopped
+    # exported when the job was submitted: those
+    code, out, err = slurm.run(script, ESYNC_JOB_KEY="mine", ESYNC_STATE_TOKEN="tok")
+    assert code == 0, out + err
+    assert set(line.split(" ", 1)[1] for line in out.splitlines()) == {"key=mine token=tok"}
+    slurm.assert_nothing_left()
+
+
+def test_slurm_script_fails_when_the_state_server_ends_first(slurm):
+    hosts = (f"localhost roles=scheduler,server dir={slurm.work} python={slurm.fake}\n"
+             f"127.0.0.1 dir={slurm.work} python={slurm.fake}\n"
+             f"127.0.0.2 roles=stateserver dir={slurm.work} python=false\n")
+    code, out, err = slurm.run(slurm.script(hosts, "--", "-m", "esync"), SLEEP="60")
+    assert code == 1, out + err
+    assert "esync: 127.0.0.2 stateserver ended (status 1) before the job; stopping the " \
+        "others" in err.splitlines()
+    slurm.assert_nothing_left()
+
+
+def test_slurm_script_stops_every_step_on_sigterm(slurm):
+    hosts = (f"localhost roles=scheduler,server,stateserver dir={slurm.work} "
+             f"python={slurm.fake}\n127.0.0.1 workers=2 dir={slurm.work} python={slurm.fake}\n")
+    proc = slurm.start(slurm.script(hosts, "--no-auth", "--", "-m", "esync"), SLEEP="60")
+
+    def sleeping():  # the steps' `sleep 60` (the script has its own `sleep 1`)
+        count = 0
+        for pid in slurm.marked():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    count += f.read() == b"sleep\x0060\x00"
+            except OSError:
+                pass
+        return count
+
+    deadline = time.monotonic() + 30
+    while sleeping() < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sleeping() == 5  # the state server, the scheduler, the server, two workers
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, out + err
+    assert "esync: SIGTERM; stopping every step" in err.splitlines()
+    slurm.assert_nothing_left()
+
+
+def _training_hosts(*extra):
+    """Host file lines, with dir= the repository and python= this Python unless given."""
+    python = f"python={shlex.quote(sys.executable)}"
+    return "".join(f"{line} dir={shlex.quote(REPO)}"
+                   f"{'' if 'python=' in line else ' ' + python}\n"
+                   for line in ("localhost roles=scheduler,server,stateserver", *extra))
+
+
+def _training_flags(slurm):
+    return ["--port", str(free_port()), "--state-port", str(free_port()), "--",
+            "-m", "sync", "-n", "lenet", "--max-rounds", "3", "--num-threads", "1",
+            "-ld", str(slurm.tmp / "logs")]
+
+
+@pytest.mark.slow
+def test_slurm_script_runs_a_job(slurm):
+    """main.py's scheduler, server and two workers and the state server, each a step."""
+    script = slurm.script(_training_hosts("127.0.0.1 workers=2"), *_training_flags(slurm))
+    start = time.monotonic()
+    code, out, err = slurm.run(script, timeout=120)
+    assert code == 0, out + err
+    assert time.monotonic() - start < 60
+    assert "esync: every scheduler, server and worker exited 0" in err.splitlines()
+    assert "(CurveZMQ: job key required)" in out + err  # the key drawn on localhost
+    for k in range(2):
+        rounds = list((slurm.tmp / "logs").glob(f"*/127.0.0.1-w{k}/iter-*.json"))
+        assert len(rounds) >= 3, out + err
+    slurm.assert_nothing_left()
+
+
+@pytest.mark.slow
+def test_slurm_script_stops_the_job_when_a_worker_fails(slurm):
+    """A worker whose Python fails at once: the others are stopped, exit status 1."""
+    script = slurm.script(_training_hosts("127.0.0.1", "127.0.0.2 python=false"),
+                          *_training_flags(slurm))
+    start = time.monotonic()
+    code, out, err = slurm.run(script, timeout=120)
+    assert code == 1, out + err
+    assert time.monotonic() - start < 30
+    assert "esync: 127.0.0.2 worker 0 exited with status 1; stopping the others" \
+        in err.splitlines()
+    slurm.assert_nothing_left()

@@ -22,7 +22,7 @@ from esync.transport.auth import new_key
 from launch import local
 from launch.supervisor import Supervisor
 from tests.helpers import CLUSTER_VARIABLES, REPO, alive
-from tests.test_hosts import FAKE_SSH, HOSTS_PY, _env as hosts_env, _write
+from tests.test_hosts import HOSTS_PY, _env as hosts_env, _write
 
 PY = sys.executable
 LAUNCH = os.path.join(REPO, "launch", "local.py")
@@ -431,54 +431,6 @@ def test_bad_key_for_hosts_is_one_line(tmp_path):
     assert result.stderr.splitlines() == ["hosts.py: error: ESYNC_JOB_KEY: not a job key (40 "
                                           "characters of Z85, as `python -m "
                                           "esync.transport.auth` prints)"]
-
-
-SHOW = """\
-#!/bin/sh
-echo "role=${DMLC_ROLE:-stateserver} key=$(cat "$ESYNC_JOB_KEY_FILE") token=$ESYNC_STATE_TOKEN"
-[ -n "$DMLC_ROLE" ] || exec sleep 60  # the state server: a service, stopped at the end
-"""
-
-
-def test_run_stores_the_secrets_on_each_host_and_removes_them(tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    ssh = _write(bin_dir / "fake-ssh", FAKE_SSH.format(python=PY), True)
-    show = _write(bin_dir / "show.sh", SHOW, True)
-    work = tmp_path / "work"
-    (work / "stateserver").mkdir(parents=True)
-    hostfile = _write(tmp_path / "hosts",
-                      f"alpha roles=scheduler,server,stateserver dir={work} python={show}\n"
-                      f"beta dir={work} python={show}\n")
-    key = new_key()
-    env = dict({k: v for k, v in hosts_env().items() if k not in AUTH},
-               ESYNC_JOB_KEY=key, ESYNC_STATE_TOKEN="tok")
-    result = subprocess.run([PY, HOSTS_PY, hostfile, "--run", "--ssh", shlex.quote(ssh),
-                             "--", "-m", "esync"], cwd=REPO, capture_output=True, text=True,
-                            timeout=60, env=env)
-    assert result.returncode == 0, result.stdout + result.stderr
-    lines = result.stdout.splitlines()
-    for label in ("alpha stateserver", "alpha scheduler", "alpha server", "beta worker 0"):
-        assert f"[{label}] role={label.split()[1]} key={key} token=tok" in lines, lines
-    # the ssh command lines (ps shows them) hold neither
-    assert not [line for line in lines if " $ " in line and (key in line or "tok " in line)]
-    assert os.listdir(work / ".esync" / "jobs") == []  # removed at the end
-
-
-def test_run_stops_when_the_secrets_cannot_be_stored(tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    ssh = _write(bin_dir / "fake-ssh", FAKE_SSH.format(python=PY), True)
-    hostfile = _write(tmp_path / "hosts", f"alpha roles=scheduler,server,worker "
-                                          f"dir={tmp_path / 'nowhere'}\n")
-    env = {k: v for k, v in hosts_env().items() if k not in AUTH}
-    result = subprocess.run([PY, HOSTS_PY, hostfile, "--run", "--ssh", shlex.quote(ssh),
-                             "--", "-m", "sync"], cwd=REPO, capture_output=True, text=True,
-                            timeout=60, env=env)
-    assert result.returncode == 1
-    assert "hosts.py: error: cannot store the job's key and token: alpha: status" \
-        in result.stderr, result.stderr
-    assert "$ " not in result.stdout  # nothing was started
 
 
 # --- whole jobs: a worker or a server killed and restarted; a job resumed ---------------

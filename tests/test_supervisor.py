@@ -2,7 +2,6 @@
 readiness, waiting, output, stopping whole process groups, and the launcher's death."""
 from __future__ import annotations
 
-import io
 import os
 import signal
 import socket
@@ -108,17 +107,20 @@ def test_wait_times_out_so_that_a_caller_can_refresh():
         assert 0.15 < time.monotonic() - start < 5
 
 
-def test_output_pumped_with_a_prefix_or_written_to_a_log(tmp_path):
-    out = io.StringIO()
+def test_output_written_to_a_log(tmp_path):
     log = tmp_path / "sub" / "child.log"
-    with Supervisor(out=out) as sup:
-        sup.start("talker", ["sh", "-c", "echo one; echo two 1>&2; printf 'no newline'"],
-                  prefix="[talker] ")
-        sup.start("quiet", ["sh", "-c", "echo to the log"], log=str(log))
+    with Supervisor() as sup:
+        sup.start("quiet", ["sh", "-c", "echo to the log; echo and errors 1>&2"], log=str(log))
         assert sup.wait(timeout=30).ok
-    assert out.getvalue().splitlines() == ["[talker] one", "[talker] two",
-                                           "[talker] no newline"]
-    assert log.read_text() == "# sh -c 'echo to the log'\nto the log\n"
+    assert log.read_text() == ("# sh -c 'echo to the log; echo and errors 1>&2'\n"
+                               "to the log\nand errors\n")
+
+
+def test_input_is_dev_null():
+    with Supervisor() as sup:
+        child = sup.start("reader", ["sh", "-c", "read line; exit 7"])  # end of file at once
+        outcome = sup.wait(timeout=30)
+    assert outcome.failed is child and child.returncode == 7
 
 
 def test_stop_reaches_grandchildren_in_the_group(tmp_path):
