@@ -90,6 +90,17 @@ EVERY_ROLE = ("checkpoint_dir", "checkpoint_every", "keep_checkpoints", "resume"
 AUTH_VARIABLES = (KEY_ENV, KEY_FILE_ENV, STATE_TOKEN_ENV)
 #: --max-restarts's default
 MAX_RESTARTS = 3
+#: --ray-servers-on's default
+RAY_SERVERS_ON = "head"
+#: --ray-timeout's default: seconds to wait for the job's resources to become free
+RAY_TIMEOUT_S = 60.0
+#: placeholders in a role's command, variables and folder, filled where it starts (this
+#: machine, or its Ray node): the Python that runs it, the checkout (main.py's folder),
+#: the address others reach it at, the log folder (-ld), the host's name
+PYTHON, CODE, ADDRESS = "<esync:python>", "<esync:code>", "<esync:address>"
+LOGS, HOST = "<esync:logs>", "<esync:host>"
+#: the state server's database, in its host's log folder
+STATE_DB = "stateserver.sqlite3"
 
 
 class LaunchError(Exception):
@@ -113,6 +124,10 @@ class Plan:
     role_args: List[str] = field(default_factory=list)  # EVERY_ROLE's flags, as given
     restarts: int = 0  # --restart-failed: restarts of each server and worker (0: none)
     auth: bool = True  # a job key and a state server token (not --no-auth)
+    #: per worker: None (main.py's flags decide), "cpu", "gpu" (a GPU of its own) or
+    #: "gpu:N" (cuda:N; on this machine only)
+    devices: List[Optional[str]] = field(default_factory=list)
+    ray: Optional["RayPlan"] = None  # --ray: where and how to place the job on Ray
 
     def scheduler_argv(self, main: Sequence[str]) -> List[str]:
         return [*main, "-m", self.mode, *self.role_args]
@@ -141,8 +156,35 @@ class Plan:
         return os.path.join(self.folder, socket.gethostname())
 
     def label(self, k: int) -> str:
+        """Worker k's device folder: `w<k>`, `-gpu` for a GPU worker, `-x<F>` with a
+        slowdown F."""
         factor = self.slowdowns[k]
-        return f"w{k}" if factor == 1 else f"w{k}-x{factor:g}"
+        gpu = "-gpu" if (self.devices[k] or "").startswith("gpu") else ""
+        return f"w{k}{gpu}" + ("" if factor == 1 else f"-x{factor:g}")
+
+    def device_args(self, k: int) -> List[str]:
+        """Worker k's device flags: `-g N` for a GPU worker (on Ray, `-g 0`: the one GPU
+        Ray made visible to it), `-c 1` for a CPU one, none where main.py's flags
+        decide."""
+        device = self.devices[k]
+        if device is None:
+            return []
+        if device == "cpu":
+            return ["-c", "1"]
+        if ":" in device:
+            return ["-g", device.split(":", 1)[1]]
+        if self.ray is not None:
+            return ["-g", "0"]
+        return ["-g", str(sum(d == "gpu" for d in self.devices[:k]))]
+
+
+@dataclass
+class RayPlan:
+    """--ray's settings (launch/onray.py acts on them)."""
+
+    address: Optional[str]  # ray.init's address; None: RAY_ADDRESS, else a new local instance
+    servers_on: str         # where the scheduler, servers, state server and evaluator go
+    timeout: float          # seconds to wait for the cluster to free the job's resources
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
@@ -188,6 +230,26 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument("--max-restarts", metavar="N", default=None,
                         help=f"with --restart-failed: restarts of each server and worker "
                              f"(default {MAX_RESTARTS})")
+    parser.add_argument("--devices", default=None, metavar="LIST",
+                        help="each worker's device, comma-separated, or one for all: cpu, "
+                             "gpu (a GPU of its own: locally the j-th GPU worker gets "
+                             "cuda:j, on Ray the GPU Ray gives it) or gpu:N (cuda:N, not "
+                             "with --ray); default: as main.py's -g/-c say, for all")
+    parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                        help="start the job's processes as actors on a Ray cluster "
+                             "(pip install -e '.[ray]'): ADDRESS as ray.init's (auto: the "
+                             "cluster started on this machine by `ray start`; HOST:PORT; "
+                             "ray://HOST:10001); without ADDRESS: the cluster RAY_ADDRESS "
+                             "names, else a new local Ray instance for this job")
+    parser.add_argument("--ray-servers-on", default=RAY_SERVERS_ON, metavar="WHERE",
+                        help=f"with --ray: where the scheduler, the servers, the state "
+                             f"server and the evaluator run: head (the head node), any, "
+                             f"resource:NAME (a node with the custom resource NAME) or "
+                             f"label:KEY=VALUE (a node with that label) "
+                             f"(default {RAY_SERVERS_ON})")
+    parser.add_argument("--ray-timeout", default=None, metavar="S",
+                        help=f"with --ray: seconds to wait for resources the cluster has "
+                             f"but others hold (default {RAY_TIMEOUT_S:g})")
     parser.add_argument("--no-auth", action="store_true",
                         help="no job key and no state server token: ZeroMQ traffic "
                              "unauthenticated and unencrypted, state server writes open "
@@ -287,17 +349,74 @@ def plan(argv: Sequence[str], prog: str = PROG,
     if not evaluate_by_worker:  # the evaluator (or, alone, the clock) does it
         rest = [*rest, "-e", "0"]
     folder = os.path.join(args.out, opts.network, algorithm.log_folder(opts.split_by_class))
+    ray = _ray_plan(args)
     if "num_threads" in given:
         threads, extra = opts.num_threads, []
-    else:
-        threads = max(1, (os.cpu_count() or 1) // workers)
+    else:  # on Ray, a CPU worker asks for as many CPUs as it has threads: 1 unless given
+        threads = 1 if ray else max(1, (os.cpu_count() or 1) // workers)
         extra = ["--num-threads", str(threads)]
     restarts = _restarts(args, algorithm)
+    if ray is not None and restarts:
+        raise LaunchError("--restart-failed is for this machine's processes, not --ray's "
+                          "actors")
     if not args.no_auth:
         _check_auth(environ)
     return Plan(algorithm, workers, args.servers, slowdowns, links, evaluator,
                 [*rest, *extra], opts, folder, threads, _every_role_args(opts, given),
-                restarts, not args.no_auth)
+                restarts, not args.no_auth, _devices(args.devices, given, workers, ray),
+                ray)
+
+
+def _devices(text: Optional[str], given, workers: int,
+             ray: Optional[RayPlan]) -> List[Optional[str]]:
+    """Each worker's device from --devices (None each: main.py's -g/-c decide)."""
+    if text is None:
+        if ray is not None and "gpu" in given:
+            raise LaunchError("-g: on Ray each GPU worker gets the GPU Ray gives it: say "
+                              "which workers want one with --devices (gpu, or a list such "
+                              "as gpu,gpu,cpu,cpu)")
+        return [None] * workers
+    if given & {"gpu", "cpu"}:
+        raise LaunchError("--devices and main.py's -g/-c both say where workers train: "
+                          "give one of them")
+    items = [item.strip().lower() for item in text.split(",")]
+    for item in items:
+        if not re.fullmatch(r"cpu|gpu(:[0-9]+)?", item):
+            raise LaunchError(f"--devices {text!r}: expected cpu, gpu or gpu:N for each "
+                              f"worker, got {item!r}")
+        if ray is not None and ":" in item:
+            raise LaunchError(f"--devices {text!r}: {item} names a GPU, but on Ray each GPU "
+                              f"worker gets the GPU Ray gives it: say gpu")
+    if len(items) == 1:
+        items *= workers
+    if len(items) != workers:
+        raise LaunchError(f"--devices {text!r}: expected {workers} device(s) (one per "
+                          f"worker) or one for all")
+    return items
+
+
+def _ray_plan(args) -> Optional[RayPlan]:
+    """--ray's settings, checked (None without --ray)."""
+    if args.ray is None:
+        for flag, value, default in (("--ray-servers-on", args.ray_servers_on, RAY_SERVERS_ON),
+                                     ("--ray-timeout", args.ray_timeout, None)):
+            if value != default:
+                raise LaunchError(f"{flag} needs --ray")
+        return None
+    where = args.ray_servers_on
+    if not (where in ("head", "any") or re.fullmatch(r"resource:[^\s:=]+", where)
+            or re.fullmatch(r"label:[^\s=]+=[^\s=]+", where)):
+        raise LaunchError(f"--ray-servers-on {where!r}: expected head, any, resource:NAME "
+                          f"or label:KEY=VALUE")
+    timeout = RAY_TIMEOUT_S
+    if args.ray_timeout is not None:
+        try:
+            timeout = float(args.ray_timeout)
+        except ValueError:
+            timeout = float("nan")
+        if not 0 < timeout < float("inf"):
+            raise LaunchError(f"--ray-timeout {args.ray_timeout!r}: expected seconds > 0")
+    return RayPlan(args.ray.strip() or None, where, timeout)
 
 
 def job_secrets(environ: Mapping[str, str] = os.environ) -> Dict[str, str]:
@@ -315,6 +434,15 @@ def job_secrets(environ: Mapping[str, str] = os.environ) -> Dict[str, str]:
 def new_token() -> str:
     """A fresh state server token."""
     return secrets.token_urlsafe(32)
+
+
+def inherited(environ: Mapping[str, str], auth: bool) -> Dict[str, str]:
+    """What a job's process keeps of the environment it is started from: not the cluster
+    variables of another job (DMLC_*, torch.distributed's), nor, without `auth`, a key
+    or token."""
+    return {k: v for k, v in environ.items() if not k.startswith("DMLC_")
+            and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
+            and (auth or k not in AUTH_VARIABLES)}
 
 
 def _per_worker(flag: str, text: str, workers: int, none_ok: bool = False,
@@ -373,12 +501,14 @@ class Launcher:
         return self.supervisor.children
 
     def _env(self, **extra: str) -> Dict[str, str]:
+        """A process's variables: this launcher's (inherited) and the job's."""
+        return dict(inherited(os.environ, self.plan.auth), **self._job_env(**extra))
+
+    def _job_env(self, **extra: str) -> Dict[str, str]:
+        """The variables the job gives each process: its key and token, threads,
+        unbuffered output, and `extra` (its role's)."""
         threads = str(self.plan.threads)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")
-               and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                             "LOCAL_RANK")
-               and (self.plan.auth or k not in AUTH_VARIABLES)}
-        return dict(env, **self._secrets, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
+        return dict(self._secrets, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
                     PYTHONUNBUFFERED="1", **extra)
 
     def _fatal(self, child: Child) -> bool:
@@ -392,13 +522,37 @@ class Launcher:
             self._training = self._rounds() > 0
         return self._training
 
+    def _start_role(self, name: str, argv: Sequence[str], env: Dict[str, str], log: str,
+               **options) -> Child:
+        """Start one of the job's processes here: its command and variables with the
+        placeholders (PYTHON, CODE, ADDRESS, LOGS) filled in, its output in `log` (relative
+        to the host's folder); `options` as Supervisor.start's. (RayLauncher starts it as
+        an actor instead.)"""
+        p = self.plan
+
+        def fill(text: str) -> str:
+            for mark, value in ((PYTHON, sys.executable), (CODE, REPO),
+                                (ADDRESS, "127.0.0.1"), (LOGS, p.folder),
+                                (HOST, socket.gethostname())):
+                text = text.replace(mark, value)
+            return text
+
+        if options.get("cwd"):
+            options["cwd"] = fill(options["cwd"])
+        return self.supervisor.start(name, [fill(a) for a in argv],
+                                     env=self._env(**{k: fill(v) for k, v in env.items()}),
+                                     log=os.path.join(p.host_dir, log), **options)
+
+    def _address(self, child: Child) -> str:
+        """The address the others reach `child` at."""
+        return "127.0.0.1"
+
     def start_all(self) -> None:
         """Start the job's processes; ChildFailed if the scheduler or the state server
         dies (or stays silent) before it listens."""
         p = self.plan
         sup = self.supervisor
-        main = [sys.executable, os.path.join(REPO, "main.py")]
-        host = p.host_dir
+        main = [PYTHON, os.path.join(CODE, "main.py")]
 
         # with a scheduler, the job can lose (and restart) a server or a worker
         member = dict(fatal=self._fatal, restart=p.restarts) \
@@ -407,55 +561,52 @@ class Launcher:
         def worker(k: int, env: Dict[str, str], extra: Sequence[str] = (),
                    ready: bool = False) -> Child:
             label = p.label(k)
-            return sup.start(f"worker{k}", [*main, "-m", p.mode, *p.worker_args, *extra,
-                                            *p.links[k], "--slowdown", f"{p.slowdowns[k]:g}",
-                                            "--device-name", label, "-ld", p.folder],
-                             env=env, log=os.path.join(host, label, "worker.log"), ready=ready,
-                             **member)
+            argv = [*main, "-m", p.mode, *p.worker_args, *extra, *p.device_args(k),
+                    *p.links[k], "--slowdown", f"{p.slowdowns[k]:g}", "--device-name", label,
+                    "-ld", LOGS]
+            return self._start_role(f"worker{k}", argv, env, os.path.join(label, "worker.log"),
+                                    ready=ready, **member)
 
         def evaluator(env: Dict[str, str]) -> None:
-            sup.start("evaluator", [*main, "-m", p.mode, *p.worker_args, "-ld", p.folder],
-                      env=env, log=os.path.join(host, f"{registry.EVALUATOR}.log"))
+            self._start_role("evaluator", [*main, "-m", p.mode, *p.worker_args, "-ld", LOGS],
+                             env, f"{registry.EVALUATOR}.log")
 
         if not p.algorithm.distributed:
-            worker(0, self._env())
+            worker(0, {})
             return
         if not p.algorithm.parameter_server:  # DDP: torch.distributed's rendezvous
-            ddp = {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": str(p.workers)}
-            rank0 = worker(0, self._env(RANK="0", MASTER_PORT="0", **ddp), ready=True)
-            ddp["MASTER_PORT"] = str(sup.wait_ready(rank0))
+            ddp = {"WORLD_SIZE": str(p.workers)}
+            rank0 = worker(0, dict(ddp, RANK="0", MASTER_ADDR=ADDRESS, MASTER_PORT="0"),
+                           ready=True)
+            ddp.update(MASTER_ADDR=self._address(rank0), MASTER_PORT=str(sup.wait_ready(rank0)))
             for k in range(1, p.workers):
-                worker(k, self._env(RANK=str(k), **ddp))
+                worker(k, dict(ddp, RANK=str(k)))
             if p.evaluator:
-                evaluator(self._env(DMLC_ROLE="evaluator", **ddp))
+                evaluator(dict(ddp, DMLC_ROLE="evaluator"))
             return
         state = None
         if p.algorithm.state_server:
-            state = sup.start("stateserver", [sys.executable, "manage.py", "runserver",
-                                              "--noreload", "127.0.0.1:0"],
-                              env=self._env(ESYNC_STATE_DB=os.path.abspath(
-                                  os.path.join(host, "stateserver.sqlite3"))),
-                              cwd=os.path.join(REPO, "stateserver"),
-                              log=os.path.join(host, "stateserver.log"),
-                              essential=False, ready=True)
-        cluster = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_NUM_SERVER": str(p.servers),
-                   "DMLC_NUM_WORKER": str(p.workers)}
-        scheduler = sup.start("scheduler", p.scheduler_argv(main),
-                              env=self._env(DMLC_ROLE="scheduler", DMLC_PS_ROOT_PORT="0",
-                                            **cluster),
-                              log=os.path.join(host, "scheduler.log"), ready=True)
+            state = self._start_role(
+                "stateserver", [PYTHON, "manage.py", "runserver", "--noreload", f"{ADDRESS}:0"],
+                {"ESYNC_STATE_DB": os.path.join(LOGS, HOST, STATE_DB)}, "stateserver.log",
+                cwd=os.path.join(CODE, "stateserver"), essential=False, ready=True)
+        cluster = {"DMLC_NUM_SERVER": str(p.servers), "DMLC_NUM_WORKER": str(p.workers)}
+        scheduler = self._start_role("scheduler", p.scheduler_argv(main),
+                                     dict(cluster, DMLC_ROLE="scheduler",
+                                          DMLC_PS_ROOT_URI=ADDRESS, DMLC_PS_ROOT_PORT="0"),
+                                     "scheduler.log", ready=True)
         state_args: List[str] = []
         if state is not None:
-            state_args = ["-ip", "127.0.0.1", "-port", str(sup.wait_ready(state))]
-        cluster["DMLC_PS_ROOT_PORT"] = str(sup.wait_ready(scheduler))
+            state_args = ["-ip", self._address(state), "-port", str(sup.wait_ready(state))]
+        cluster.update(DMLC_PS_ROOT_URI=self._address(scheduler),
+                       DMLC_PS_ROOT_PORT=str(sup.wait_ready(scheduler)))
         if p.evaluator:
-            evaluator(self._env(DMLC_ROLE="evaluator", **cluster))
+            evaluator(dict(cluster, DMLC_ROLE="evaluator"))
         for s in range(p.servers):
-            sup.start(f"server{s}", p.server_argv(main),
-                      env=self._env(DMLC_ROLE="server", **cluster),
-                      log=os.path.join(host, f"server{s}.log"), **member)
+            self._start_role(f"server{s}", p.server_argv(main),
+                             dict(cluster, DMLC_ROLE="server"), f"server{s}.log", **member)
         for k in range(p.workers):
-            worker(k, self._env(DMLC_ROLE="worker", **cluster), state_args)
+            worker(k, dict(cluster, DMLC_ROLE="worker"), state_args)
 
     # --- watching ---------------------------------------------------------------------
     def describe(self, child: Child) -> str:
@@ -487,9 +638,10 @@ class Launcher:
         """The latest round any device of this run logged (files left by an earlier run
         in the same folder, until the new run replaces them, do not count)."""
         rounds = 0
-        try:
-            devices = [e.path for e in os.scandir(self.plan.host_dir)
-                       if e.is_dir() and e.name != registry.EVALUATOR]
+        try:  # every host's (on Ray, the job's nodes')
+            devices = [d.path for h in os.scandir(self.plan.folder) if h.is_dir()
+                       for d in os.scandir(h.path)
+                       if d.is_dir() and d.name != registry.EVALUATOR]
         except OSError:
             return 0
         for folder in devices:
@@ -578,7 +730,8 @@ class Launcher:
                 except ChildFailed as e:
                     bar.close()
                     self.say(f"error: {self.describe(e.child)}" if e.child.returncode is not None
-                             else f"error: {e} (log: {e.child.log})")
+                             else f"error: {e}" + (f" (log: {e.child.log})" if e.child.log
+                                                   else ""))
                     code = 1
                 finally:
                     bar.close()
@@ -592,8 +745,15 @@ def run(argv: Sequence[str], progress: bool = True, *, out: Optional[IO[str]] = 
         position: int = 0, nested: bool = False, prog: str = PROG) -> int:
     """Launch one job and wait for it; the exit status (raises LaunchError on bad input,
     before anything starts)."""
-    launcher = Launcher(plan(argv, prog), progress=progress and "--no-progress" not in argv,
-                        position=position, nested=nested)
+    planned = plan(argv, prog)
+    progress = progress and "--no-progress" not in argv
+    if planned.ray is not None:
+        try:
+            from launch import onray  # ray: an optional extra
+        except ImportError as e:
+            raise LaunchError(f"--ray needs Ray: pip install -e '.[ray]' ({e})") from None
+        return onray.run(planned, progress, out, position, nested)
+    launcher = Launcher(planned, progress=progress, position=position, nested=nested)
     if out is not None:
         launcher.out = out
     return launcher.run()
