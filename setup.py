@@ -1,6 +1,7 @@
 """Installs the `esync` package, the launchers (`launch`) and the log tools (`logs_tools`),
 the top-level `config` and `main` modules, and the commands `esync` (main.py),
-`esync-launch` (launch/local.py), `esync-hosts` (launch/hosts.py), `esync-experiment`
+`esync-launch` (launch/local.py; `--ray` needs the `ray` extra), `esync-hosts`
+(launch/hosts.py), `esync-experiment`
 (launch/experiment.py), `esync-summary` (logs_tools/summary.py) and `esync-draw`
 (logs_tools/drawer.py).
 
@@ -30,8 +31,11 @@ setup(
     ],
     # pytest-xdist: `python -m pytest -q -n 2` runs the tests on two processes;
     # hypothesis: property-based tests of the wire format
+    # ray: `esync-launch --ray` (launch/onray.py; nothing else imports ray), with Ray's
+    # state API and `ray list actors` (the [default] extra)
     extras_require={"dev": ["pytest>=7", "pytest-django>=4.5", "pytest-xdist>=3",
-                            "hypothesis>=6.80"]},
+                            "hypothesis>=6.80"],
+                    "ray": ["ray[default]>=2.49"]},
     entry_points={"console_scripts": [
         "esync = esync.cli:main",
         "esync-launch = launch.local:console_main",

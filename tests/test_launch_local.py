@@ -169,6 +169,26 @@ def test_the_plan_comes_from_the_one_parser_and_the_registry(tmp_path):
     assert not os.listdir(tmp_path)
 
 
+def test_devices_give_each_worker_its_device_flags_and_folder(tmp_path):
+    out = str(tmp_path)
+    plan = local.plan(["-m", "esync", "--workers", "4", "--devices", "gpu,cpu,gpu:5,gpu",
+                       "--slowdown", "1,4,1,1", "--out", out])
+    assert [plan.device_args(k) for k in range(4)] == [["-g", "0"], ["-c", "1"],
+                                                       ["-g", "5"], ["-g", "1"]]
+    assert [plan.label(k) for k in range(4)] == ["w0-gpu", "w1-x4", "w2-gpu", "w3-gpu"]
+    # one for all; without --devices main.py's own -g/-c decide, as before
+    assert local.plan(["-m", "sync", "--devices", "cpu", "--out", out]).device_args(1) == \
+        ["-c", "1"]
+    plan = local.plan(["-m", "sync", "-g", "0", "--out", out])
+    assert plan.device_args(0) == [] and plan.label(0) == "w0" and "-g" in plan.worker_args
+    # on Ray a GPU worker trains on the one GPU Ray made visible to it; threads: 1
+    plan = local.plan(["-m", "sync", "--ray", "--devices", "gpu,cpu", "--out", out])
+    assert plan.device_args(0) == ["-g", "0"] and plan.threads == 1
+    assert plan.ray.address is None and plan.ray.servers_on == "head"
+    assert local.plan(["-m", "sync", "--ray", "auto", "--out", out]).ray.address == "auto"
+    assert not os.listdir(tmp_path)
+
+
 COMMANDS = ["esync-launch", "esync-hosts", "esync-experiment", "esync-summary", "esync-draw"]
 
 
