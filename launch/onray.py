@@ -295,24 +295,31 @@ class RayJob:
     children: List[RoleHandle] = field(default_factory=list)
     _exits: Dict[Any, RoleHandle] = field(default_factory=dict)  # wait() ref -> role
     _exited: List[RoleHandle] = field(default_factory=list)
+    _actors: Dict[str, Any] = field(default_factory=dict)  # process name -> its actor
+    _where: Dict[str, Any] = field(default_factory=dict)   # -> ref of its where()
+
+    def __post_init__(self) -> None:
+        # every actor at once: Ray starts their worker processes side by side
+        self._actors = {name: ray.remote(RoleActor).options(
+            name=name, namespace=self.namespace, max_concurrency=4,
+            num_cpus=self.resources[name]["CPU"],
+            num_gpus=self.resources[name].get("GPU", 0), max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self.group, placement_group_bundle_index=index))
+            .remote(name, self.plan.auth) for name, index in self.index.items()}
+        self._where = {name: actor.where.remote() for name, actor in self._actors.items()}
 
     def start(self, name: str, argv: Sequence[str], *, env: Dict[str, str], log: str,
               cwd: Optional[str] = None, essential: bool = True, ready: bool = False,
               fatal: Union[bool, Callable[[RoleHandle], bool]] = True,
               restart: int = 0) -> RoleHandle:
-        """Start process `name` as an actor in its bundle; with `ready`, wait for its
-        port (ChildFailed if it dies first)."""
-        bundle = self.resources[name]
-        actor = ray.remote(RoleActor).options(
-            name=name, namespace=self.namespace, max_concurrency=4, num_cpus=bundle["CPU"],
-            num_gpus=bundle.get("GPU", 0), max_restarts=0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                self.group, placement_group_bundle_index=self.index[name])
-        ).remote(name, self.plan.auth)
+        """Start process `name` in its actor; with `ready`, wait for its port
+        (ChildFailed if it dies first)."""
+        actor = self._actors[name]
         handle = RoleHandle(name, actor, essential, fatal, "", "", "")
         self.children.append(handle)
         try:
-            where = ray.get(actor.where.remote(), timeout=ANSWER_S)
+            where = ray.get(self._where[name], timeout=ANSWER_S)
             handle.address, handle.host = where["address"], where["host"]
             handle.log = os.path.join(self.plan.folder, handle.host, log)
             started = actor.start.remote(list(argv), env, log, cwd, ready)
@@ -397,8 +404,8 @@ class RayJob:
             ray.wait(removes, num_returns=len(removes), timeout=ANSWER_S)
         except RayError:
             pass
-        for handle in self.children:
-            ray.kill(handle.actor, no_restart=True)
+        for actor in self._actors.values():
+            ray.kill(actor, no_restart=True)
         remove_placement_group(self.group)
 
 
