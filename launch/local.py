@@ -241,7 +241,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                              "cluster started on this machine by `ray start`; HOST:PORT; "
                              "ray://HOST:10001); without ADDRESS: the cluster RAY_ADDRESS "
                              "names, else a new local Ray instance for this job")
-    parser.add_argument("--ray-servers-on", default=RAY_SERVERS_ON, metavar="WHERE",
+    parser.add_argument("--ray-servers-on", default=None, metavar="WHERE",
                         help=f"with --ray: where the scheduler, the servers, the state "
                              f"server and the evaluator run: head (the head node), any, "
                              f"resource:NAME (a node with the custom resource NAME) or "
@@ -398,12 +398,12 @@ def _devices(text: Optional[str], given, workers: int,
 def _ray_plan(args) -> Optional[RayPlan]:
     """--ray's settings, checked (None without --ray)."""
     if args.ray is None:
-        for flag, value, default in (("--ray-servers-on", args.ray_servers_on, RAY_SERVERS_ON),
-                                     ("--ray-timeout", args.ray_timeout, None)):
-            if value != default:
+        for flag, value in (("--ray-servers-on", args.ray_servers_on),
+                            ("--ray-timeout", args.ray_timeout)):
+            if value is not None:
                 raise LaunchError(f"{flag} needs --ray")
         return None
-    where = args.ray_servers_on
+    where = args.ray_servers_on or RAY_SERVERS_ON
     if not (where in ("head", "any") or re.fullmatch(r"resource:[^\s:=]+", where)
             or re.fullmatch(r"label:[^\s=]+=[^\s=]+", where)):
         raise LaunchError(f"--ray-servers-on {where!r}: expected head, any, resource:NAME "

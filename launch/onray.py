@@ -59,6 +59,8 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from esync.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
+from esync.transport.auth import KEY_ENV, job_key
 from launch.local import (ADDRESS, CODE, HOST, LOGS, PYTHON, REPO, STATE_DB, Launcher, Plan,
                           inherited)
 from launch.supervisor import GRACE_S, ChildFailed, Outcome, Supervisor
@@ -71,6 +73,8 @@ PLACE_AMOUNT = 0.001
 SERVICE_ROLES = ("stateserver", "scheduler", "evaluator", "server")
 #: seconds for an actor's answer (its start, a stop, a copy of its logs)
 ANSWER_S = 60.0
+#: an actor's folder on its node: FOLDER_PREFIX<actor's pid>-<role>-<random>
+FOLDER_PREFIX = "esync-ray-"
 #: what the checkout ships without (beside .gitignore's; patterns as .gitignore's, `/`:
 #: the checkout's top folder)
 EXCLUDES = ["/.git", "/.venv", "/runs", "/logs", "/data", "*.sqlite3"]
@@ -85,10 +89,10 @@ class PlacementError(Exception):
 class RoleActor:
     """One of the job's processes on a Ray node (made an actor by `RayJob.start`)."""
 
-    def __init__(self, name: str, auth: bool):
+    def __init__(self, name: str):
         self.name = name
-        self.auth = auth
-        self.root = tempfile.mkdtemp(prefix=f"esync-ray-{name}-")
+        _remove_orphans()
+        self.root = tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-{name}-")
         self.logs = os.path.join(self.root, "logs")
         self.supervisor = Supervisor(grace=GRACE_S, say=lambda line: None)
         self.child = None
@@ -112,7 +116,8 @@ class RoleActor:
                 text = text.replace(mark, value)
             return text
 
-        full = dict(inherited(os.environ, self.auth), **{k: fill(v) for k, v in env.items()},
+        # the node's own key or token never count: the job's come in `env`
+        full = dict(inherited(os.environ, auth=False), **{k: fill(v) for k, v in env.items()},
                     DMLC_NODE_HOST=where["address"])
         path = os.path.join(self.logs, where["host"], log)
         self.child = self.supervisor.start(self.name, [fill(a) for a in argv], env=full,
@@ -164,6 +169,18 @@ class RoleActor:
         """Remove its folder (after its logs were copied)."""
         self.supervisor.close()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _remove_orphans() -> None:
+    """Remove the folders that actors of this node left when they died without removing
+    them (killed, or their launcher was): those whose actor's process is gone."""
+    base = tempfile.gettempdir()
+    for entry in os.listdir(base):
+        if not entry.startswith(FOLDER_PREFIX):
+            continue
+        pid = entry[len(FOLDER_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
 
 
 def _tail(path: str) -> str:
@@ -306,7 +323,7 @@ class RayJob:
             num_gpus=self.resources[name].get("GPU", 0), max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self.group, placement_group_bundle_index=index))
-            .remote(name, self.plan.auth) for name, index in self.index.items()}
+            .remote(name) for name, index in self.index.items()}
         self._where = {name: actor.where.remote() for name, actor in self._actors.items()}
 
     def start(self, name: str, argv: Sequence[str], *, env: Dict[str, str], log: str,
@@ -430,6 +447,15 @@ def _reason(error: BaseException) -> str:
 class RayLauncher(Launcher):
     """launch/local.py's Launcher, its processes started as Ray actors."""
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.plan.auth:  # exported ones too: the actors' processes do not inherit ours
+            found = job_key(os.environ, warn=False)
+            if found is not None:
+                self._secrets[KEY_ENV] = found.secret.decode()
+            if os.environ.get(STATE_TOKEN_ENV):
+                self._secrets[STATE_TOKEN_ENV] = os.environ[STATE_TOKEN_ENV]
+
     def _start_role(self, name: str, argv: Sequence[str], env: Dict[str, str], log: str,
                     **options) -> RoleHandle:
         return self.supervisor.start(name, argv, env=self._job_env(**env), log=log, **options)
@@ -448,7 +474,9 @@ class RayLauncher(Launcher):
         except (ConnectionError, RuntimeError, ValueError) as e:
             self.say(f"error: cannot reach the Ray cluster "
                      f"{self.plan.ray.address or os.environ.get('RAY_ADDRESS', '')}: "
-                     f"{_reason(e)}")
+                     f"{_reason(e)} (if Ray said its authentication token is missing or "
+                     f"wrong: export RAY_AUTH_MODE=token, and RAY_AUTH_TOKEN unless "
+                     f"~/.ray/auth_token holds the cluster's)")
             return 1
         try:
             return self._run_placed()
