@@ -222,6 +222,7 @@ def head():
             f"--resources={json.dumps({PS_RESOURCE: 4})}", f"--labels={LABEL[0]}={LABEL[1]}",
             f"--temp-dir={root}", "--min-worker-port=0", "--max-worker-port=0",
             "--disable-usage-stats", "--log-style=record", "--log-color=false",
+            "--include-dashboard=false",  # the tests ask the GCS, not the dashboard: less load
             *(f"{flag}={port}" for flag, port in ports.items())]
     starter = subprocess.Popen(argv, env=env, cwd=root, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
