@@ -18,7 +18,9 @@ and prints, per configuration: time to each target (compare.time_stats: `median
 the last target repeat by repeat (compare.speedup), final accuracy, and per device the
 median of its local iterations per second (drawer.throughput's samples/s over the batch
 size) and of its local iterations per round. Every job: lenet on digits unless the
-flags say otherwise, --time-limit, --num-threads 2 (unless given), its own --out.
+flags say otherwise, --time-limit, --num-threads 2 (unless given), its own folder
+under --out (default: a new temporary folder, named on stderr). One Ray connection (or
+local instance) serves every job.
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--targets", default="0.9,0.95")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--out", default=None, help="keep the logs here (default: a "
-                                                    "temporary folder, removed)")
+                                                    "new temporary folder, named on stderr)")
     return parser
 
 
@@ -100,6 +102,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     configs = [c for c in args.configs.split(",") if c]
     targets = [float(t) for t in args.targets.split(",")]
     base = args.out or tempfile.mkdtemp(prefix="esync-ray-mixed-")
+    print(f"# logs in {base}", file=sys.stderr)
     results: Dict[str, Dict[int, dict]] = {c: {} for c in configs}
     # one connection (or local instance) for every job: starting and stopping a local
     # Ray instance per job in one process is not reliable
