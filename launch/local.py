@@ -532,7 +532,7 @@ class Launcher:
 
         def fill(text: str) -> str:
             for mark, value in ((PYTHON, sys.executable), (CODE, REPO),
-                                (ADDRESS, "127.0.0.1"), (LOGS, p.folder),
+                                (ADDRESS, "127.0.0.1"), (LOGS, os.path.abspath(p.folder)),
                                 (HOST, socket.gethostname())):
                 text = text.replace(mark, value)
             return text

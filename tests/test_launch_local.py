@@ -79,6 +79,21 @@ def test_a_small_cluster_runs_to_the_end_in_the_summary_layout(tmp_path):
 
 
 @pytest.mark.slow
+def test_an_esync_job_with_a_relative_out_folder(tmp_path):
+    """--out relative to where the launcher runs: the state server (run from its own
+    folder) must find its database there too (the README's quick start does this)."""
+    proc = subprocess.Popen([sys.executable, LAUNCH, "-m", "esync", "--workers", "2",
+                             "--out", "runs", "--max-rounds", "3", "--no-progress"],
+                            cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out
+    (host,) = (tmp_path / "runs" / "lenet" / "esync").iterdir()
+    assert (host / "stateserver.sqlite3").exists() and (host / "w1" / "iter-3.json").exists()
+    assert not children_of(proc.pid)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["ctrl-c", "worker dies", "launcher killed"])
 def test_the_job_stops_and_no_process_is_left(tmp_path, how):
     proc = launch(["-m", "esync", "--workers", "2", "--out", str(tmp_path),
