@@ -87,6 +87,30 @@ class AllReduce:
             from esync.publish import ModelPublisher
 
             self.publisher = ModelPublisher(model, self.host, self.config.name)
+        with _failures(self.node, "joining the all-reduce"):  # a peer may die meanwhile
+            backend = self._join()
+            self.on_host = backend == "gloo" and self.flat.device.type != "cpu"
+            params = torch.from_numpy(self.flat.host("params")) if self.on_host \
+                else self.flat.params
+            buffers = torch.from_numpy(self.flat.host("buffers")) if self.on_host \
+                else self.flat.buffers
+            self.rule = make_rule(params, buffers, self.config)
+            if self.on_host:
+                self.flat.host_state()
+            for tensor in (params, buffers):
+                if tensor.numel():
+                    dist.broadcast(tensor, src=0)
+        if self.on_host:
+            self.flat.load_host_state()
+        if self.rank == 0:
+            log.info("[%s] all-reduce (%s) among %d workers%s", self.config.name, backend,
+                     self.world, f", {self.compression} pushes"
+                     if self.compression.kind != "none" else "")
+
+    def _join(self) -> str:
+        """Meet through rank 0's store, agree on the backend and form the process group;
+        returns the backend."""
+        if self.rank == 0:
             self.store = dist.TCPStore(self.host, 0, self.world, is_master=True,
                                        wait_for_workers=False,
                                        timeout=timedelta(seconds=self.timeout))
@@ -105,23 +129,7 @@ class AllReduce:
         dist.init_process_group(backend, store=self.store, rank=self.rank,
                                 world_size=self.world,
                                 timeout=timedelta(seconds=self.timeout))
-        self.on_host = backend == "gloo" and device.type != "cpu"
-        params = torch.from_numpy(self.flat.host("params")) if self.on_host else self.flat.params
-        buffers = torch.from_numpy(self.flat.host("buffers")) if self.on_host \
-            else self.flat.buffers
-        self.rule = make_rule(params, buffers, self.config)
-        if self.on_host:
-            self.flat.host_state()
-        with _failures(self.node):
-            for tensor in (params, buffers):
-                if tensor.numel():
-                    dist.broadcast(tensor, src=0)
-        if self.on_host:
-            self.flat.load_host_state()
-        if self.rank == 0:
-            log.info("[%s] all-reduce (%s) among %d workers%s", self.config.name, backend,
-                     self.world, f", {self.compression} pushes"
-                     if self.compression.kind != "none" else "")
+        return backend
 
     def started(self) -> None:
         """Every worker joined (after the scheduler's barrier): the clock starts."""
@@ -208,12 +216,12 @@ class AllReduce:
 
 
 @contextlib.contextmanager
-def _failures(node):
-    """A failed collective ends the job, saying what to look for."""
+def _failures(node, what: str = "the all-reduce among the workers"):
+    """A failed collective (or store call) ends the job, saying what to look for."""
     try:
         yield
-    except RuntimeError as e:  # gloo's and nccl's errors (DistBackendError too)
+    except RuntimeError as e:  # gloo's, nccl's and the store's (DistNetworkError too)
         node.check()  # the scheduler's reason, if it already knows one
-        raise JobAborted(f"the all-reduce among the workers failed (a worker died or hung; "
+        raise JobAborted(f"{what} failed (a worker died or hung; "
                          f"an all-reduce job cannot go on without it): "
                          f"{str(e).splitlines()[0][:300]}") from None

@@ -4,8 +4,10 @@ pushes and ESync's aggregation options in whole jobs; a dead worker ends an all-
 job; bad combinations of flags are refused with one line."""
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -159,13 +161,24 @@ def test_compression_shows_in_the_logged_bytes(tmp_path):
     assert fp16 < round_bytes(tmp_path, "sync") < fp16 + HEADERS
 
 
-def test_a_dead_worker_ends_an_allreduce_job(tmp_path):
+@pytest.mark.parametrize("moment", ["joining", "training"])
+def test_a_dead_worker_ends_an_allreduce_job(tmp_path, moment):
+    """Killed while the others form the process group (as soon as it says it trains) or
+    once rounds run (the others have logged one): either way the job ends, naming it."""
     flags = ["-m", "sync", "--backend", "allreduce", "-n", "lenet", "--num-threads", "1",
              "-e", "0", "--max-rounds", "100000"]
     with Cluster(tmp_path, 0, 3, heartbeat_timeout=2.0) as job:
         job.start_all(flags, server_args=())
-        job.wait_for_output("worker2", "training lenet", timeout=120)
-        job.wait_for_output("worker0", "training lenet", timeout=120)
+        if moment == "joining":
+            job.wait_for_output("worker1", "training lenet", timeout=120)
+        else:
+            deadline = time.monotonic() + 120
+            logged = [os.path.join(job.log_dir, socket.gethostname(), f"w{w}", "iter-1.json")
+                      for w in (0, 2)]
+            while not all(os.path.exists(path) for path in logged):
+                assert time.monotonic() < deadline, "no round was logged"
+                assert job.procs["worker1"].poll() is None, job.output("worker1")[-1500:]
+                time.sleep(0.05)
         job.procs["worker1"].send_signal(signal.SIGKILL)
         codes = job.wait(60)
         assert codes["worker1"] == -signal.SIGKILL
@@ -174,6 +187,7 @@ def test_a_dead_worker_ends_an_allreduce_job(tmp_path):
             output = job.output(f"worker{w}")
             assert "job aborted" in output, output[-1500:]
             assert "all-reduce" in output or "cannot go on without it" in output, output[-1500:]
+            assert "Traceback" not in output, output[-1500:]
         assert "an all-reduce job cannot go on without it" in job.output("scheduler")
 
 
