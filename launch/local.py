@@ -63,7 +63,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, IO, List, Mapping, Optional, Sequence
+from typing import IO, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence
 
 from tqdm import tqdm
 
@@ -387,12 +387,7 @@ def _devices(text: Optional[str], given, workers: int,
         if ray is not None and ":" in item:
             raise LaunchError(f"--devices {text!r}: {item} names a GPU, but on Ray each GPU "
                               f"worker gets the GPU Ray gives it: say gpu")
-    if len(items) == 1:
-        items *= workers
-    if len(items) != workers:
-        raise LaunchError(f"--devices {text!r}: expected {workers} device(s) (one per "
-                          f"worker) or one for all")
-    return items
+    return _one_each("--devices", text, items, workers, "device")
 
 
 def _ray_plan(args) -> Optional[RayPlan]:
@@ -419,21 +414,51 @@ def _ray_plan(args) -> Optional[RayPlan]:
     return RayPlan(args.ray.strip() or None, where, timeout)
 
 
-def job_secrets(environ: Mapping[str, str] = os.environ) -> Dict[str, str]:
+def job_secrets(environ: Mapping[str, str] = os.environ,
+                exported: bool = False) -> Dict[str, str]:
     """The variables to add for a job's processes: a fresh job key unless the user
     exported one (ESYNC_JOB_KEY or ESYNC_JOB_KEY_FILE), a fresh state server token
-    unless exported (ESYNC_STATE_TOKEN)."""
+    unless exported (ESYNC_STATE_TOKEN). With `exported` (for processes that do not
+    inherit `environ`: Ray's), the exported ones too, the key read from its file."""
     added = {}
     if not (environ.get(KEY_ENV) or environ.get(KEY_FILE_ENV)):
         added[KEY_ENV] = new_key()
+    elif exported:
+        added[KEY_ENV] = job_key(environ, warn=False).secret.decode()
     if not environ.get(STATE_TOKEN_ENV):
         added[STATE_TOKEN_ENV] = new_token()
+    elif exported:
+        added[STATE_TOKEN_ENV] = environ[STATE_TOKEN_ENV]
     return added
 
 
 def new_token() -> str:
     """A fresh state server token."""
     return secrets.token_urlsafe(32)
+
+
+def filler(python: str, code: str, address: str, logs: str,
+           host: str) -> Callable[[str], str]:
+    """What fills the placeholders (PYTHON, CODE, ADDRESS, LOGS, HOST) of a role's command,
+    variables and folder with their values where it starts."""
+    marks = {PYTHON: python, CODE: code, ADDRESS: address, LOGS: logs, HOST: host}
+
+    def fill(text: str) -> str:
+        for mark, value in marks.items():
+            text = text.replace(mark, value)
+        return text
+
+    return fill
+
+
+def last_line(path: Optional[str]) -> str:
+    """The last line with text of a process's log ("" if none, or no log)."""
+    try:
+        with open(path, errors="replace") as f:
+            tail = [line.rstrip() for line in f.readlines()[-3:] if line.strip()]
+    except (OSError, TypeError):
+        return ""
+    return tail[-1] if tail else ""
 
 
 def inherited(environ: Mapping[str, str], auth: bool) -> Dict[str, str]:
@@ -463,12 +488,17 @@ def _per_worker(flag: str, text: str, workers: int, none_ok: bool = False,
                               f"{'> 0 or none' if none_ok else f'>= {low:g}'} "
                               f"(one per worker) or one for all")
         values.append(value)
-    if len(values) == 1:
-        values *= workers
-    if len(values) != workers:
+    return _one_each(flag, text, values, workers, noun)
+
+
+def _one_each(flag: str, text: str, items: list, workers: int, noun: str) -> list:
+    """`items` (a flag's comma-separated values) as one per worker: one is for all."""
+    if len(items) == 1:
+        return items * workers
+    if len(items) != workers:
         raise LaunchError(f"{flag} {text!r}: expected {workers} {noun}(s) (one per worker) "
                           f"or one for all")
-    return values
+    return items
 
 
 @dataclass
@@ -485,11 +515,14 @@ class Launcher:
     _started_at: float = 0.0  # wall clock (file times), a little before the first child
     _training: bool = False   # a round of this run was logged
     _secrets: Dict[str, str] = field(default_factory=dict)  # the job's key and token
+    #: whether its processes inherit this process's variables (the exported key and
+    #: token among them); RayLauncher's actors do not (their nodes' own apply)
+    inherits: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         self.supervisor = Supervisor(grace=GRACE_S, say=lambda line: self.say(line))
         if self.plan.auth:  # drawn once: a restarted process gets the same
-            self._secrets = job_secrets(os.environ)
+            self._secrets = job_secrets(os.environ, exported=not self.inherits)
 
     def say(self, line: str) -> None:
         """A line of its own (above any progress bar on the same stream)."""
@@ -501,14 +534,12 @@ class Launcher:
         return self.supervisor.children
 
     def _env(self, **extra: str) -> Dict[str, str]:
-        """A process's variables: this launcher's (inherited) and the job's."""
-        return dict(inherited(os.environ, self.plan.auth), **self._job_env(**extra))
-
-    def _job_env(self, **extra: str) -> Dict[str, str]:
-        """The variables the job gives each process: its key and token, threads,
-        unbuffered output, and `extra` (its role's)."""
+        """A process's variables: this launcher's where they are inherited (see
+        `inherits`), and the job's: its key and token, threads, unbuffered output, and
+        `extra` (its role's)."""
         threads = str(self.plan.threads)
-        return dict(self._secrets, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
+        return dict(inherited(os.environ, self.plan.auth) if self.inherits else {},
+                    **self._secrets, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
                     PYTHONUNBUFFERED="1", **extra)
 
     def _fatal(self, child: Child) -> bool:
@@ -529,14 +560,8 @@ class Launcher:
         to the host's folder); `options` as Supervisor.start's. (RayLauncher starts it as
         an actor instead.)"""
         p = self.plan
-
-        def fill(text: str) -> str:
-            for mark, value in ((PYTHON, sys.executable), (CODE, REPO),
-                                (ADDRESS, "127.0.0.1"), (LOGS, os.path.abspath(p.folder)),
-                                (HOST, socket.gethostname())):
-                text = text.replace(mark, value)
-            return text
-
+        fill = filler(sys.executable, REPO, "127.0.0.1", os.path.abspath(p.folder),
+                      socket.gethostname())
         if options.get("cwd"):
             options["cwd"] = fill(options["cwd"])
         return self.supervisor.start(name, [fill(a) for a in argv],
@@ -610,14 +635,9 @@ class Launcher:
 
     # --- watching ---------------------------------------------------------------------
     def describe(self, child: Child) -> str:
-        try:
-            with open(child.log) as f:
-                tail = [line.rstrip() for line in f.readlines()[-3:] if line.strip()]
-        except (OSError, TypeError):
-            tail = []
-        last = f": {tail[-1]}" if tail else ""
-        return (f"{child.name} exited with status {child.returncode}{last} "
-                f"(log: {child.log})")
+        last = last_line(child.log)
+        return (f"{child.name} exited with status {child.returncode}"
+                f"{f': {last}' if last else ''} (log: {child.log})")
 
     def _read_accuracy(self, child: Child) -> None:
         """The latest test accuracy in what `child` logged since the last look."""

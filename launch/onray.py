@@ -59,11 +59,9 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from esync.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
-from esync.transport.auth import KEY_ENV, job_key
-from launch.local import (ADDRESS, CODE, HOST, LOGS, PYTHON, REPO, STATE_DB, Launcher, Plan,
-                          inherited)
-from launch.supervisor import GRACE_S, ChildFailed, Outcome, Supervisor
+from launch.local import REPO, STATE_DB, Launcher, Plan, filler, inherited, last_line
+from launch.supervisor import (GRACE_S, ChildFailed, Outcome, Supervisor, ended_how,
+                              fails_job)
 
 #: the head node's resource in Ray (every cluster has it on its head)
 HEAD_RESOURCE = "node:__internal_head__"
@@ -107,14 +105,8 @@ class RoleActor:
         """Start the process; with `ready`, the port it reports (RuntimeError, with its
         last lines, if it dies first)."""
         where = self.where()
-        marks = {PYTHON: sys.executable, CODE: os.path.dirname(os.path.dirname(
-            os.path.abspath(__file__))), ADDRESS: where["address"], LOGS: self.logs,
-            HOST: where["host"]}
-
-        def fill(text: str) -> str:
-            for mark, value in marks.items():
-                text = text.replace(mark, value)
-            return text
+        # REPO: the checkout Ray shipped to this node
+        fill = filler(sys.executable, REPO, where["address"], self.logs, where["host"])
 
         # the node's own key or token never count: the job's come in `env`
         full = dict(inherited(os.environ, auth=False), **{k: fill(v) for k, v in env.items()},
@@ -128,7 +120,8 @@ class RoleActor:
         try:
             return self.supervisor.wait_ready(self.child)
         except ChildFailed as e:
-            raise RuntimeError(f"{e}{_tail(path)}") from None
+            last = last_line(path)
+            raise RuntimeError(f"{e}{f': {last}' if last else ''}") from None
 
     def wait(self) -> int:
         """Until the process exits: its status."""
@@ -181,15 +174,6 @@ def _remove_orphans() -> None:
         pid = entry[len(FOLDER_PREFIX):].split("-", 1)[0]
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
             shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
-
-
-def _tail(path: str) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            lines = [line.rstrip() for line in f.readlines()[-3:] if line.strip()]
-    except OSError:
-        return ""
-    return f": {lines[-1]}" if lines else ""
 
 
 # --- placement ------------------------------------------------------------------------
@@ -291,11 +275,7 @@ class RoleHandle:
     _tolerated: bool = False
 
     def how(self) -> str:
-        if self.actor_died:
-            return "its Ray actor died"
-        code = self.returncode
-        return "running" if code is None else (f"signal {-code}" if code < 0
-                                               else f"exit status {code}")
+        return "its Ray actor died" if self.actor_died else ended_how(self.returncode)
 
 
 @dataclass
@@ -356,7 +336,7 @@ class RayJob:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             self._copy(self.children)
-            outcome = self._outcome()
+            outcome = Outcome.of(self.children, self._exited)
             if outcome is not None:
                 return outcome
             remaining = None if deadline is None else deadline - time.monotonic()
@@ -377,19 +357,9 @@ class RayJob:
         self._exited.append(handle)
         if handle.returncode == 0 or not handle.essential:
             return
-        fatal = handle.fatal(handle) if callable(handle.fatal) else bool(handle.fatal)
-        if not fatal:
+        if not fails_job(handle):
             handle._tolerated = True
             self.say(f"{handle.name} died ({handle.how()}); the job goes on without it")
-
-    def _outcome(self) -> Optional[Outcome]:
-        lost = [c for c in self._exited if c._tolerated]
-        for child in self._exited:
-            if not child.essential or (child.returncode != 0 and not child._tolerated):
-                return Outcome(child, lost)
-        if all(c in self._exited for c in self.children if c.essential):
-            return Outcome(None, lost)
-        return None
 
     def _copy(self, handles: Sequence[RoleHandle]) -> None:
         """Copy what is new in these roles' log folders into the job's folder here."""
@@ -447,18 +417,11 @@ def _reason(error: BaseException) -> str:
 class RayLauncher(Launcher):
     """launch/local.py's Launcher, its processes started as Ray actors."""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.plan.auth:  # exported ones too: the actors' processes do not inherit ours
-            found = job_key(os.environ, warn=False)
-            if found is not None:
-                self._secrets[KEY_ENV] = found.secret.decode()
-            if os.environ.get(STATE_TOKEN_ENV):
-                self._secrets[STATE_TOKEN_ENV] = os.environ[STATE_TOKEN_ENV]
+    inherits = False  # the exported key and token are passed on too
 
     def _start_role(self, name: str, argv: Sequence[str], env: Dict[str, str], log: str,
                     **options) -> RoleHandle:
-        return self.supervisor.start(name, argv, env=self._job_env(**env), log=log, **options)
+        return self.supervisor.start(name, argv, env=self._env(**env), log=log, **options)
 
     def _address(self, child: RoleHandle) -> str:
         return child.address

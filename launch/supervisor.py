@@ -179,10 +179,20 @@ class Child:
 
     def how(self) -> str:
         """How its process ended: `signal 9`, `exit status 1` (or `running`)."""
-        code = self.returncode
-        if code is None:
-            return "running"
-        return f"signal {-code}" if code < 0 else f"exit status {code}"
+        return ended_how(self.returncode)
+
+
+def fails_job(child: Any) -> bool:
+    """Whether a failed child's failure ends the job (its `fatal`, asked now if a
+    callable). Children: a Supervisor's, or launch.onray's role handles."""
+    return child.fatal(child) if callable(child.fatal) else bool(child.fatal)
+
+
+def ended_how(code: Optional[int]) -> str:
+    """A process's status in words: `signal 9`, `exit status 1` (None: `running`)."""
+    if code is None:
+        return "running"
+    return f"signal {-code}" if code < 0 else f"exit status {code}"
 
 
 @dataclass
@@ -198,6 +208,19 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.failed is None
+
+    @classmethod
+    def of(cls, children: Sequence[Any], exited: Sequence[Any]) -> Optional["Outcome"]:
+        """The outcome once `exited` (in the order they exited; not-fatal failures
+        marked `_tolerated`) decide it, else None (the job runs on). Children: a
+        Supervisor's, or anything with `essential`, `returncode` and `_tolerated`."""
+        lost = [c for c in exited if c._tolerated]
+        for child in exited:
+            if not child.essential or (child.returncode != 0 and not child._tolerated):
+                return cls(child, lost)
+        if all(c in exited for c in children if c.essential):
+            return cls(None, lost)
+        return None
 
 
 @dataclass
@@ -390,8 +413,7 @@ class Supervisor:
                     self._note(f"{child.name}: cannot start it again: {e.strerror or e}")
                 else:
                     continue
-            fatal = child.fatal(child) if callable(child.fatal) else bool(child.fatal)
-            if fatal:
+            if fails_job(child):
                 continue  # the job's failure: the outcome names it
             child._tolerated = True
             after = f" after {child.restarts} restart(s)" if child.restarts else ""
@@ -399,14 +421,8 @@ class Supervisor:
                        if runs else f"{child.name} died ({child.how()}) as the job ended")
 
     def _outcome(self) -> Optional[Outcome]:
-        lost = [c for c in self._exited if c._tolerated]
-        for child in self._exited:
-            if not child.essential or (child.returncode != 0 and not child._tolerated):
-                return Outcome(child, lost)
-        # only what _reap saw: a child reaped here would skip the failure check above
-        if all(c in self._exited for c in self.children if c.essential):
-            return Outcome(None, lost)
-        return None
+        # only what _reap saw: a child reaped here would skip the failure check
+        return Outcome.of(self.children, self._exited)
 
     def _reap(self) -> None:
         for child in self.children:

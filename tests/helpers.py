@@ -1,12 +1,16 @@
-"""Shared by the tests: a hand-rolled IDX writer and a runner for real `main.py` processes."""
+"""Shared by the tests: a hand-rolled IDX writer, a runner for real `main.py` processes,
+waiting for an event, and the evaluator's accuracy in a job's logs."""
 from __future__ import annotations
 
+import glob
 import gzip
+import json
 import os
 import struct
 import subprocess
 import sys
-from typing import Optional, Sequence
+import time
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -75,3 +79,23 @@ def run_main(args: Sequence[str], timeout: float = 240, env: Optional[dict] = No
     full_env.update(env or {})
     return subprocess.run([sys.executable, MAIN, *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=cwd or REPO)
+
+
+def wait_until(predicate: Callable[[], object], what: str, timeout: float = 30.0,
+               poll: float = 0.02):
+    """predicate()'s first true value, polled until the deadline (AssertionError then)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out ({timeout:g} s) waiting for {what}"
+        time.sleep(poll)
+
+
+def evaluator_accuracy(out: str, mode_folder: str, network: str = "lenet") -> float:
+    """The best test accuracy the evaluator logged under OUT/NETWORK/MODE_FOLDER/*."""
+    records = [json.load(open(f)) for f in glob.glob(
+        os.path.join(out, network, mode_folder, "*", "evaluator", "iter-*.json"))]
+    assert records, f"no evaluator logs under {out}"
+    return max(r["accuracy"] for r in records if r.get("accuracy") is not None)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.cluster import Cluster
-from tests.helpers import REPO, run_main
+from tests.helpers import REPO, evaluator_accuracy, run_main
 from tests.stateserver import StateServer
 
 pytestmark = pytest.mark.slow  # whole clusters of real processes
@@ -110,15 +110,6 @@ def launch(tmp_path, args, timeout=240):
                            "--time-limit", "90"], cwd=REPO, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
     return proc.returncode, proc.stdout
-
-
-def evaluator_accuracy(tmp_path, folder):
-    import glob
-    import json
-
-    records = [json.load(open(f)) for f in glob.glob(
-        os.path.join(tmp_path, "lenet", folder, "*", "evaluator", "iter-*.json"))]
-    return max(r["accuracy"] for r in records)
 
 
 def round_bytes(tmp_path, folder, worker="w0"):

@@ -21,19 +21,12 @@ import pytest
 from esync.transport.auth import new_key
 from launch import local
 from launch.supervisor import Supervisor
-from tests.helpers import CLUSTER_VARIABLES, REPO, alive
+from tests.helpers import CLUSTER_VARIABLES, REPO, alive, wait_until
 from tests.test_hosts import HOSTS_PY, _env as hosts_env, _write
 
 PY = sys.executable
 LAUNCH = os.path.join(REPO, "launch", "local.py")
 AUTH = ("ESYNC_JOB_KEY", "ESYNC_JOB_KEY_FILE", "ESYNC_STATE_TOKEN")
-
-
-def wait_until(predicate, what, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def read_pids(path):

@@ -30,7 +30,7 @@ from esync.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
 from esync.transport.auth import KEY_ENV, new_key
 from launch import local
 from launch.supervisor import free_port
-from tests.helpers import CLUSTER_VARIABLES, REPO, alive
+from tests.helpers import CLUSTER_VARIABLES, REPO, alive, evaluator_accuracy, wait_until
 
 LAUNCH = os.path.join(REPO, "launch", "local.py")
 SUMMARY = os.path.join(REPO, "logs_tools", "summary.py")
@@ -50,18 +50,6 @@ TO_TARGET = ["-n", "lenet", "--num-threads", "1", "--target-accuracy", "0.9",
              "--time-limit", "90"]
 #: a job that runs until it is stopped
 LONG = ["-n", "lenet", "--num-threads", "1", "--time-limit", "300"]
-
-
-def wait_until(predicate: Callable[[], object], what: str, timeout: float,
-               poll: float = 0.1):
-    """predicate()'s first true value, polled until the deadline (AssertionError then)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out ({timeout:g} s) waiting for {what}"
-        time.sleep(poll)
 
 
 def _proc_fields(pid: int) -> Optional[List[str]]:
@@ -290,7 +278,7 @@ class Launch:
                 raise AssertionError(f"the launcher exited ({self.proc.returncode}) before "
                                      f"{what}:\n{self.output[-3000:]}")
             return value
-        return wait_until(check, what, timeout)
+        return wait_until(check, what, timeout, poll=0.1)
 
     def namespace(self, timeout: float = 90) -> str:
         return self.until(lambda: (re.findall(r"actors named by role in namespace "
@@ -314,16 +302,9 @@ class Launch:
             self.proc.stdout.close()
         if self.head.job_pids():  # Ray kills the actors of a dead driver; what it did not, we do
             try:
-                wait_until(lambda: not self.head.job_pids(), "the job's end", 20)
+                wait_until(lambda: not self.head.job_pids(), "the job's end", 20, poll=0.1)
             except AssertionError:
                 _stop_processes(self.head.job_pids(), grace=1.0)
-
-
-def evaluator_accuracy(out: str, mode_folder: str) -> float:
-    records = [json.load(open(f)) for f in glob.glob(
-        os.path.join(out, "lenet", mode_folder, "*", "evaluator", "iter-*.json"))]
-    assert records, f"no evaluator logs under {out}"
-    return max(r["accuracy"] for r in records if r.get("accuracy") is not None)
 
 
 def the_host(out: str, mode_folder: str) -> str:
@@ -422,7 +403,7 @@ def test_a_killed_worker_actor_ends_the_job_and_nothing_is_left(head, tmp_path):
     assert took < 30, took
     assert head.ray("gone:15", namespace) == []
     wait_until(lambda: not any(alive(p) for p in pids) and not head.job_pids(),
-               "no process of the job", 15)
+               "no process of the job", 15, poll=0.1)
 
 
 @pytest.mark.slow
@@ -448,7 +429,7 @@ def test_the_launchers_end_stops_every_actor_and_process(head, tmp_path, how):
             assert job.wait(timeout=40) == 130, job.output[-3000:]
             assert "launch: interrupted; stopping the job" in job.output
         wait_until(lambda: not any(alive(p) for p in pids) and not head.job_pids(),
-                   "no process of the job", 20)
+                   "no process of the job", 20, poll=0.1)
         assert time.monotonic() - start < 30
         assert head.ray("gone:15", namespace) == []
 
