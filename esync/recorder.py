@@ -18,6 +18,10 @@ clear error instead of overwriting the first one's files. A new run in a folder 
 no running process holds replaces the `iter-*.json` files left there, as the original
 emptied its log folder, unless it continues a job (`keep`: a worker rejoining, or a job
 resumed from a checkpoint), whose logs go on from where they were.
+
+A file that cannot be written or removed (a full disk, a read-only folder) is a
+UserError naming -ld/--log-dir and the file: the process ends with that one line (a
+worker of a job tells the scheduler, which ends the job), not a traceback.
 """
 from __future__ import annotations
 
@@ -34,6 +38,20 @@ from esync.errors import UserError
 Phases = Mapping[str, float]
 
 
+def _log_dir_error(doing: str, path: str, error: OSError) -> UserError:
+    """The one line for a log file this process cannot create, write or remove."""
+    return UserError(f"-ld/--log-dir: cannot {doing} {path}: {error.strerror or error}")
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:  # gone already: what was wanted
+        pass
+    except OSError as e:
+        raise _log_dir_error("remove", path, e) from None
+
+
 class Recorder:
     def __init__(self, log_dir: str, host: str, device: str, keep: bool = False):
         self.path = os.path.join(log_dir, host, device)
@@ -41,7 +59,7 @@ class Recorder:
             os.makedirs(self.path, exist_ok=True)
             self._lock = open(os.path.join(self.path, ".lock"), "a+")
         except OSError as e:
-            raise UserError(f"-ld/--log-dir: cannot create {self.path}: {e.strerror}") from None
+            raise _log_dir_error("create", self.path, e) from None
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -51,12 +69,20 @@ class Recorder:
             raise UserError(f"log folder {self.path} is in use by another running process "
                             f"(pid {owner}); give each process on a host its own "
                             f"--device-name") from None
-        self._lock.truncate(0)
-        self._lock.write(str(os.getpid()))
-        self._lock.flush()
+        try:
+            self._lock.truncate(0)
+            self._lock.write(str(os.getpid()))
+            self._lock.flush()
+        except OSError as e:
+            self.close()
+            raise _log_dir_error("write", self._lock.name, e) from None
         if not keep:
-            for old in glob.glob(os.path.join(self.path, "iter-*.json")):
-                os.remove(old)
+            try:
+                for old in glob.glob(os.path.join(self.path, "iter-*.json")):
+                    _remove(old)
+            except UserError:
+                self.close()
+                raise
         self.start = time.time()
 
     def rounds(self) -> list:
@@ -86,7 +112,7 @@ class Recorder:
         """Remove the records of rounds >= `round_` (a resumed job trains them again)."""
         for n in self.rounds():
             if n >= round_:
-                os.remove(os.path.join(self.path, f"iter-{n}.json"))
+                _remove(os.path.join(self.path, f"iter-{n}.json"))
 
     def restart_clock(self, elapsed: float = 0.0) -> None:
         """Count `total_time` from now (the start of training, after set-up), or from
@@ -102,7 +128,8 @@ class Recorder:
                     accuracy: Optional[float] = None, at: Optional[float] = None,
                     **extra) -> str:
         """Write iter-<round>.json atomically (readers never see half a file).
-        `total_time` is now, or `at` (seconds on this recorder's clock) if given."""
+        `total_time` is now, or `at` (seconds on this recorder's clock) if given.
+        UserError naming the file if it cannot be written (e.g. the disk is full)."""
         record = {
             "num_iters": round_,
             "time": {str(i): {k: round(v, 6) for k, v in phases.items()}
@@ -118,9 +145,16 @@ class Recorder:
             record["accuracy"] = accuracy
         final = os.path.join(self.path, f"iter-{round_}.json")
         partial = final + ".partial"
-        with open(partial, "w") as f:
-            json.dump(record, f)
-        os.replace(partial, final)
+        try:
+            with open(partial, "w") as f:
+                json.dump(record, f)
+            os.replace(partial, final)
+        except OSError as e:
+            try:  # no half-written file left behind (a full disk keeps its space)
+                os.remove(partial)
+            except OSError:
+                pass
+            raise _log_dir_error("write", final, e) from None
         return final
 
     def close(self) -> None:

@@ -3,13 +3,22 @@
 One kept-alive HTTP connection per worker. A state server that cannot be reached,
 answers 5xx or answers something that is not a JSON object is retried for `patience`
 seconds (it may be restarting: its state is in its database; every request may be
-repeated safely); an answer 4xx means this job's state is not what the worker expects,
-and raises StateServerError with the server's message. A kept-alive connection that
-the server closed meanwhile (it closes idle ones) is replaced at once, without a warning.
+repeated safely), then raises StateServerError naming -ip/-port. A kept-alive connection
+that the server closed meanwhile (it closes idle ones) is replaced at once, without a
+warning.
 
 With ESYNC_STATE_TOKEN set, every request carries `Authorization: Bearer <token>`: a
 state server started with that variable requires it on writes, and refuses a missing
-one (401) or another (403); the error then names the variable.
+one (401) or another (403); StateServerError then names the variable.
+
+Any other 4xx (this job's state is not what the worker expects: a job the server does
+not know, a round it refuses) and an answer whose values are out of range (a budget
+outside 1..the worker's --max-local-steps, another round or rank than asked) raise
+StateServerRefusal, with the server's message or the field: the worker may carry on
+without the budget (esync.algorithms.esync falls back to 1 local iteration).
+
+Both are UserErrors: uncaught, the worker ends with that one line (exit 2), and, in a
+job, the scheduler ends the job.
 """
 from __future__ import annotations
 
@@ -32,8 +41,14 @@ RETRY_S = 0.5
 log = logging.getLogger(__name__)
 
 
-class StateServerError(RuntimeError):
-    pass
+class StateServerError(UserError):
+    """This worker cannot use the state server: unreachable for its patience, or its
+    token refused. The message names the flag or variable to check."""
+
+
+class StateServerRefusal(StateServerError):
+    """The state server refused a request (4xx, with its message), or answered values
+    out of range: one answer is unusable, the state server itself works."""
 
 
 def patience_from_environ(environ: Mapping[str, str] = os.environ) -> float:
@@ -63,6 +78,28 @@ def token_from_environ(environ: Mapping[str, str] = os.environ) -> Optional[str]
 
 #: StateClient's default token: the one in the environment (token_from_environ)
 FROM_ENVIRON: Any = object()
+#: the largest budget taken where the caller gives no cap (the state server's own bound)
+MAX_BUDGET = 1_000_000
+#: characters of a message or value from the state server that an error repeats
+SHOWN = 500
+
+
+def _line(text: str) -> str:
+    """Text from the state server as an error message repeats it: one line, cut."""
+    text = " ".join(text.split())
+    return text if len(text) <= SHOWN else text[:SHOWN] + "..."
+
+
+def _shown(value: Any) -> str:
+    """A value from the state server as an error message repeats it (its repr)."""
+    try:
+        return _line(repr(value))
+    except ValueError:  # an int too long for Python's int-to-str limit
+        return "a huge integer"
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _json_object(raw: bytes) -> Optional[Dict]:
@@ -133,10 +170,10 @@ class StateClient:
                     if self.token is None else
                     f"this worker's {TOKEN_ENV} is not the state server's token")
             raise StateServerError(f"state server {self.url} refused {method} {path}: "
-                                   f"{answer.get('error', status)} ({hint})")
+                                   f"{_line(str(answer.get('error', status)))} ({hint})")
         if status >= 400:
-            raise StateServerError(f"state server {self.url} refused {method} {path}: "
-                                   f"{answer.get('error', status)}")
+            raise StateServerRefusal(f"state server {self.url} refused {method} {path}: "
+                                     f"{_line(str(answer.get('error', status)))}")
         return answer
 
     def init_job(self, workers: int, max_local_steps: int,
@@ -149,20 +186,33 @@ class StateClient:
             body["resume_round"] = resume_round
         return self._call("POST", f"/jobs/{self.job}/", body)
 
-    def budget(self, rank: int, round_: int, time_per_iteration: Optional[float]) -> int:
-        """Report the measured time per local iteration; this round's local iterations."""
-        answer = self._call("POST", f"/jobs/{self.job}/budget/",
-                            {"rank": rank, "round": round_,
-                             "time_per_iteration": time_per_iteration})
-        value = answer.get("budget")
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise StateServerError(f"state server {self.url} gave budget {value!r}")
+    def budget(self, rank: int, round_: int, time_per_iteration: Optional[float],
+               cap: Optional[int] = None) -> int:
+        """Report the measured time per local iteration; this round's local iterations,
+        checked: an integer in 1..`cap` (the worker's --max-local-steps; none:
+        MAX_BUDGET), for this rank and round (StateServerRefusal naming the field
+        otherwise)."""
+        path = f"/jobs/{self.job}/budget/"
+        answer = self._call("POST", path, {"rank": rank, "round": round_,
+                                           "time_per_iteration": time_per_iteration})
+        for name, expected in (("rank", rank), ("round", round_)):
+            if not _whole(answer.get(name)) or answer.get(name) != expected:
+                raise StateServerRefusal(
+                    f"state server {self.url} answered POST {path} with field '{name}' "
+                    f"{_shown(answer.get(name))}: expected {expected}, the {name} asked for")
+        value, high = answer.get("budget"), cap or MAX_BUDGET
+        if not _whole(value) or not 1 <= value <= high:
+            bound = "this worker's --max-local-steps" if cap else "the state server's bound"
+            raise StateServerRefusal(
+                f"state server {self.url} answered POST {path} with field 'budget' "
+                f"{_shown(value)} for round {round_}: expected an integer in 1..{high} "
+                f"({bound})")
         return value
 
-    def budget_later(self, rank: int, round_: int,
-                     time_per_iteration: Optional[float]) -> "PendingBudget":
+    def budget_later(self, rank: int, round_: int, time_per_iteration: Optional[float],
+                     cap: Optional[int] = None) -> "PendingBudget":
         """`budget` in a background thread, so that the request overlaps other work."""
-        return PendingBudget(self, rank, round_, time_per_iteration)
+        return PendingBudget(self, rank, round_, time_per_iteration, cap)
 
     def close(self) -> None:
         if self._conn is not None:

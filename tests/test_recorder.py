@@ -1,6 +1,7 @@
 """The per-round log files: format, atomic writes, one owner per folder."""
 import json
 import os
+import re
 
 import pytest
 
@@ -44,3 +45,36 @@ def test_second_owner_is_refused_while_first_runs(tmp_path):
     # once the owner is gone, a new run takes the folder over and replaces old rounds
     with Recorder(str(tmp_path), "h", "gpu0") as again:
         assert not os.path.exists(os.path.join(again.path, "iter-1.json"))
+
+
+def _full(path):
+    """`path` as a link to /dev/full: a write to it fails with a real ENOSPC."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this machine")
+    os.symlink("/dev/full", path)
+
+
+def test_a_full_disk_is_a_user_error_naming_the_file(tmp_path):
+    with Recorder(str(tmp_path), "h", "cpu") as rec:
+        rec.write_round(1, {0: {}}, 1, 0.1)
+        _full(os.path.join(rec.path, "iter-2.json.partial"))
+        final = os.path.join(rec.path, "iter-2.json")
+        with pytest.raises(UserError) as error:
+            rec.write_round(2, {0: {}}, 1, 0.1)
+        assert str(error.value) == (f"-ld/--log-dir: cannot write {final}: "
+                                    f"No space left on device")
+        # nothing half-written is left, and the earlier round is whole
+        assert sorted(os.listdir(rec.path)) == [".lock", "iter-1.json"]
+        assert json.load(open(os.path.join(rec.path, "iter-1.json")))["num_iters"] == 1
+        rec.write_round(2, {0: {}}, 1, 0.1)  # space again: it goes on
+
+
+def test_a_log_that_cannot_be_removed_is_a_user_error_naming_it(tmp_path):
+    folder = os.path.join(str(tmp_path), "h", "cpu")
+    os.makedirs(os.path.join(folder, "iter-7.json"))  # a folder: os.remove refuses it
+    with pytest.raises(UserError, match=rf"-ld/--log-dir: cannot remove "
+                                        rf"{re.escape(folder)}/iter-7.json: "):
+        Recorder(str(tmp_path), "h", "cpu")  # a new run removes the old rounds
+    with Recorder(str(tmp_path), "h", "cpu", keep=True) as rec:  # the lock was let go
+        with pytest.raises(UserError, match="cannot remove .*iter-7.json"):
+            rec.drop_from(5)

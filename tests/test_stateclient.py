@@ -138,3 +138,90 @@ def test_a_kept_alive_connection_the_server_closed_is_replaced_quietly(tmp_path,
         client.close()
     finally:
         state.stop()
+
+
+def test_the_client_errors_are_one_line_user_errors():
+    """Uncaught, they end the worker with one line (esync.cli prints a UserError), and
+    a refusal is a StateServerError that the worker may carry on after."""
+    from esync.stateclient import StateServerRefusal
+
+    assert issubclass(StateServerError, UserError)
+    assert issubclass(StateServerRefusal, StateServerError)
+
+
+def test_a_budget_above_the_workers_cap_is_refused(tmp_path, monkeypatch):
+    """The real state server gives budgets up to the job's cap (worker 0's
+    --max-local-steps); a worker checks them against its own."""
+    from esync.stateclient import StateServerRefusal
+
+    monkeypatch.delenv("ESYNC_STATE_TOKEN", raising=False)
+    with StateServer(tmp_path) as state:
+        client = StateClient("127.0.0.1", state.port, "capped", patience=1)
+        client.init_job(2, 16)
+        assert client.budget(0, 1, None, cap=4) == client.budget(1, 1, None, cap=4) == 1
+        assert client.budget(0, 2, 0.01, cap=4) == 1  # rank 1 has not measured yet
+        assert client.budget(1, 2, 0.08, cap=4) == 1  # the slowest
+        with pytest.raises(StateServerRefusal,
+                           match=r"field 'budget' 8 for round 3: expected an integer in "
+                                 r"1\.\.4 \(this worker's --max-local-steps\)"):
+            client.budget(0, 3, 0.01, cap=4)
+        assert client.budget(0, 3, 0.01, cap=8) == 8  # asking again: the same answer
+        client.close()
+
+
+class _Answers:
+    """A stand-in for a state server gone wrong: a real HTTP server on loopback that
+    answers every POST with one fixed JSON body."""
+
+    def __init__(self, body: dict):
+        import http.server
+        import json
+        import threading
+
+        payload = json.dumps(body).encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("answer, message", [
+    ({"rank": 0, "round": 2147483647, "budget": 1}, "field 'round' 2147483647: expected 5"),
+    ({"rank": 1, "round": 5, "budget": 1}, "field 'rank' 1: expected 0"),
+    ({"rank": 0, "round": 5.0, "budget": 1}, "field 'round' 5.0: expected 5"),
+    ({"rank": 0, "round": 5, "budget": 0}, r"field 'budget' 0 for round 5: expected an "
+                                           r"integer in 1\.\.16"),
+    ({"rank": 0, "round": 5, "budget": 10**9}, "field 'budget' 1000000000"),
+    ({"rank": 0, "round": 5, "budget": True}, "field 'budget' True"),
+    ({"rank": 0, "round": 5, "budget": "many"}, "field 'budget' 'many'"),
+    ({"rank": 0, "round": 5}, "field 'budget' None"),
+])
+def test_values_out_of_range_from_the_state_server_are_refused(answer, message):
+    from esync.stateclient import StateServerRefusal
+
+    server = _Answers(answer)
+    try:
+        client = StateClient("127.0.0.1", server.port, "myjob", patience=1, token=None)
+        with pytest.raises(StateServerRefusal, match=message) as error:
+            client.budget(0, 5, 0.01, cap=16)
+        assert "\n" not in str(error.value)
+        client.close()
+    finally:
+        server.close()

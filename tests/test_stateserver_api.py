@@ -132,6 +132,12 @@ BAD_REPORTS = [
     ('{"rank": 0, "round": 2, "time_per_iteration": NaN}', "'time_per_iteration' must be"),
     ({"rank": 4, "round": 2, "time_per_iteration": 0.1}, "'rank' 4 is outside job"),
     ({"rank": 0, "round": 1, "time_per_iteration": 0.1}, "'round' 1 is in the past"),
+    # a round far ahead of the job's latest (2) would make that rank's requests "past"
+    ({"rank": 1, "round": 11, "time_per_iteration": 0.1},
+     "field 'round' must be an integer in 1..10 (at most 8 beyond round 2"),
+    ({"rank": 0, "round": 2**31 - 1, "time_per_iteration": None},
+     "field 'round' must be an integer in 1..10 (at most 8 beyond round 2, the latest any "
+     "worker of job 'job1' asked for), got 2147483647"),
 ]
 
 
@@ -143,6 +149,18 @@ def test_bad_reports_get_400_and_change_nothing(client, job, body, message):
     assert response.status_code == 400, response.content
     assert message in response.json()["error"]
     assert stored(client) == before
+
+
+def test_a_round_up_to_8_ahead_of_the_job_is_taken_and_the_first_may_be_any(client, job):
+    """Workers ask at most 1 round ahead (2 rejoining); the job's first request may be
+    any round: a job resumed on a state server that lost its rows starts at its
+    checkpoint's round."""
+    assert report(client, 0, 500, None).status_code == 200
+    assert report(client, 1, 508, None).status_code == 200
+    response = report(client, 2, 517, None)
+    assert response.status_code == 400, response.content
+    assert "'round' must be an integer in 1..516" in response.json()["error"]
+    assert [d["round"] for d in state(client)["devices"]] == [500, 508, 0, 0]
 
 
 BAD_INITS = [

@@ -11,6 +11,13 @@ local SGD steps (`-ll`), pushes its delta (its weights minus those it started th
 round with) and its BatchNorm statistics; the servers' `esync` rule waits for all N
 workers, sets w <- w + gl * mean(delta) (`-gl`) and averages the statistics; the worker
 receives the new weights and starts round t+1 from them.
+
+A budget the state server refuses or answers out of range (StateServerRefusal: a job it
+does not know, a round it calls past, a budget outside 1..--max-local-steps; e.g. after
+a stranger's write to a state server without ESYNC_STATE_TOKEN) costs the worker
+nothing but that round's budget: it runs 1 local iteration, as in SSGD, says so in one
+line (once, until budgets come again), and asks again next round. An unreachable state
+server or a refused token (StateServerError) ends the worker with one line.
 """
 from __future__ import annotations
 
@@ -28,7 +35,7 @@ from esync.compress import Compression
 from esync.link import Link, link_of
 from esync.options import compression
 from esync.rules import RuleConfig
-from esync.stateclient import PendingBudget, StateClient
+from esync.stateclient import PendingBudget, StateClient, StateServerRefusal
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +59,7 @@ class ESync(PushPull):
         self.budget, self.request_seconds = 1, 0.0
         self._next: Optional[PendingBudget] = None  # the next round's budget, on its way
         self._steps, self._computing_since = 0, 0.0
+        self._refused = False  # the last answer was refused: budgets fall back to 1
 
     @classmethod
     def from_options(cls, opts, job: Optional[Job]) -> "ESync":
@@ -64,9 +72,37 @@ class ESync(PushPull):
                    registry.of_options(opts).key, link_of(opts), opts.backend,
                    compression(opts), opts.normalize_deltas, opts.outer_momentum)
 
+    def _init_job(self, resume_round: Optional[int] = None) -> None:
+        try:
+            self.state.init_job(self.rule.num_workers, self.max_local_steps, resume_round)
+        except StateServerRefusal as e:
+            self._fall_back(e)
+
+    def _fall_back(self, refusal: StateServerRefusal) -> int:
+        """The budget when the state server's answer is unusable: 1 (SSGD's), said once."""
+        if not self._refused:
+            log.warning("[esync] %s; worker %d runs 1 local iteration a round until the "
+                        "state server answers a budget again", refusal, self.rank)
+        self._refused = True
+        return 1
+
+    def _budget(self, pending: PendingBudget) -> int:
+        try:
+            budget = pending.result()
+        except StateServerRefusal as e:
+            return self._fall_back(e)
+        if self._refused:
+            log.info("[esync] worker %d has budgets from the state server again", self.rank)
+            self._refused = False
+        return budget
+
+    def _request(self, round_: int, time_per_iteration: Optional[float]) -> PendingBudget:
+        return self.state.budget_later(self.rank, round_, time_per_iteration,
+                                       self.max_local_steps)
+
     def setup(self, model: nn.Module, device: torch.device) -> None:
         if self.rank == 0 and not self.rejoin:  # before the barrier: the job is known
-            self.state.init_job(self.rule.num_workers, self.max_local_steps)  # when others ask
+            self._init_job()  # when others ask
         lr, momentum, weight_decay = self.local
         # before the clocks start: torch's first optimizer costs about a second of imports
         self.optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
@@ -74,13 +110,12 @@ class ESync(PushPull):
         super().setup(model, device)
         self.round_start_weights = torch.empty_like(self.flat.params)
         if self.resume:  # the state server accepts this job's rounds from here on again
-            self.state.init_job(self.rule.num_workers, self.max_local_steps,
-                                resume_round=self._continues[0])
+            self._init_job(resume_round=self._continues[0])
 
     def begin_round(self, round_: int) -> Tuple[int, Phases]:
         start = time.perf_counter()
-        pending = self._next or self.state.budget_later(self.rank, round_, None)
-        self.budget, self._next = pending.result(), None
+        pending = self._next or self._request(round_, None)
+        self.budget, self._next = self._budget(pending), None
         self.request_seconds = pending.seconds
         self.round_start_weights.copy_(self.flat.params)
         self._steps, self._computing_since = 0, time.perf_counter()
@@ -96,7 +131,7 @@ class ESync(PushPull):
     def end_round(self, round_: int, model: nn.Module) -> Phases:
         self.time_per_iteration = (time.perf_counter() - self._computing_since) / \
             max(1, self._steps)
-        self._next = self.state.budget_later(self.rank, round_ + 1, self.time_per_iteration)
+        self._next = self._request(round_ + 1, self.time_per_iteration)
         return super().end_round(round_, model)
 
     def pushed(self) -> torch.Tensor:

@@ -42,6 +42,10 @@ MAX_LOCAL_STEPS = 1_000_000
 MAX_SECONDS = 1e6
 #: the largest round or rank (the database's positive integers)
 MAX_INT = 2**31 - 1
+#: how far beyond the job's latest round a budget request may be: a living worker asks
+#: at most 1 round ahead, a worker taking a dead one's place 2; a write far ahead (a
+#: stranger's, without ESYNC_STATE_TOKEN) would make that rank's real requests "past"
+MAX_ROUNDS_AHEAD = 8
 #: jobs per page of GET /status/ by default, and at most (?limit=)
 STATUS_LIMIT = 50
 STATUS_MAX_LIMIT = 500
@@ -251,6 +255,16 @@ def _rewind(job: Job, resume: int) -> None:
     log.info("job %s resumed at round %d (%d devices rewound)", job.name, resume, rewound)
 
 
+def _check_ahead(job: Job, round_: int) -> None:
+    """A round at most MAX_ROUNDS_AHEAD beyond the job's latest; any, while no round was
+    asked for (a job resumed on a state server that lost its rows starts at its
+    checkpoint's round)."""
+    if job.round > 0 and round_ > job.round + MAX_ROUNDS_AHEAD:
+        raise BadRequest(f"field 'round' must be an integer in 1..{job.round + MAX_ROUNDS_AHEAD}"
+                         f" (at most {MAX_ROUNDS_AHEAD} beyond round {job.round}, the latest "
+                         f"any worker of job {job.name!r} asked for), got {_shown(round_)}")
+
+
 @api("POST")
 def budget(request: HttpRequest, job: str) -> JsonResponse:
     """A worker reports its time per local iteration and gets this round's budget."""
@@ -265,6 +279,7 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
                              f"ranks 0..{found.num_workers - 1}")
         devices = list(found.devices.order_by("rank"))
         device = devices[rank]
+        _check_ahead(found, round_)
         if round_ < device.round:
             raise BadRequest(f"field 'round' {round_} is in the past: rank {rank} already "
                              f"asked for round {device.round} (a job resumed from an "

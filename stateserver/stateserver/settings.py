@@ -10,7 +10,7 @@
 - ESYNC_SECRET_KEY: Django's secret key. Nothing here signs data (no sessions, no
   logins, no CSRF tokens), so by default each process draws a random one.
 - ESYNC_SMOOTHING: weight of the newest measurement in the moving average of a
-  device's time per local iteration (default 0.3).
+  device's time per local iteration, in (0, 1] (default 0.3).
 - ESYNC_STATE_TOKEN: when set (printable ASCII, no spaces: it travels in an HTTP
   header), every write (any method but GET and HEAD) must carry
   `Authorization: Bearer <token>`, compared in constant time (budgets.guard): no or a
@@ -18,6 +18,10 @@
   open: they show jobs' rounds, timings and budgets, nothing a worker could be fooled
   with. Unset (or empty), writes are unauthenticated, as on a trusted network, and the
   server says so once at start-up. Workers send the token from the same variable.
+
+A bad value is an ImproperlyConfigured naming the variable and what it must be;
+manage.py prints it as one line and exits with status 2 (as it does for a database that
+cannot be opened or written: budgets/database.py).
 
 Limits on what one request may cost (budgets.guard, budgets.views): a request body of
 at most MAX_BODY_BYTES (a larger declared Content-Length is answered 413 without

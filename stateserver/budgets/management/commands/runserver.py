@@ -22,6 +22,9 @@ need `python manage.py migrate` once):
   dropped for up to LINGER_S or LINGER_BYTES first: closing a socket with unread data
   sends a reset, which can destroy the answer before the client has read it.
 
+A database that cannot be opened or written ends the command before it listens (with
+manage.py's one line naming ESYNC_STATE_DB and the file).
+
 Given port 0 (`runserver 127.0.0.1:0`) it listens on a free port the OS picks, and
 reports it to a supervisor that asked for it (esync.ready: ESYNC_READY_FD)."""
 import json
@@ -37,6 +40,7 @@ from django.core.management.commands.runserver import Command as RunServer
 from django.core.servers.basehttp import ServerHandler, WSGIRequestHandler, WSGIServer
 from wsgiref import simple_server
 
+from budgets.database import check_writable
 from budgets.guard import declared_length
 
 #: seconds a kept-alive connection may wait for its next request
@@ -202,5 +206,8 @@ class Command(RunServer):
 
     def handle(self, *args, **options):
         if os.environ.get("RUN_MAIN") != "true":  # not again in the autoreloader's child
+            # a database that cannot be opened or written stops it here (manage.py says
+            # which file, in one line), not at each request
             call_command("migrate", interactive=False, verbosity=0)
+            check_writable()
         super().handle(*args, **options)

@@ -1,0 +1,46 @@
+"""The state server's database at start-up: that it can be written, and, where it
+cannot, one line naming the setting and the file (instead of Django's traceback)."""
+from __future__ import annotations
+
+import os
+
+from django.conf import settings
+from django.db import DatabaseError, transaction
+
+
+def check_writable() -> None:
+    """A write that changes nothing, in a transaction: a database that can be read but
+    not written (a read-only file or disk) fails here, at start-up, not later with a 500
+    on every write. DatabaseError if it cannot."""
+    from budgets.models import Job
+
+    with transaction.atomic():
+        Job.objects.filter(name="").update(round=0)  # job ids are 1 to 64 characters
+
+
+def _sqlite_problem(path: str) -> str:
+    """What is wrong with `path` as an SQLite file, as far as the file system says."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "it is a folder, not a file"
+    if not os.path.exists(folder):
+        return f"its folder {folder} does not exist"
+    if not os.path.isdir(folder):
+        return f"{folder} is not a folder"
+    return ""
+
+
+def describe(error: DatabaseError) -> str:
+    """One line: the setting, the database and what went wrong."""
+    config = settings.DATABASES["default"]
+    reason = " ".join(str(error).split()) or type(error).__name__
+    if os.environ.get("ESYNC_DATABASE"):
+        return (f"ESYNC_DATABASE: cannot use database {config.get('NAME')!r} "
+                f"({config.get('ENGINE')}): {reason}")
+    path = str(config.get("NAME"))
+    problem = _sqlite_problem(path)
+    if problem:
+        return f"ESYNC_STATE_DB={path}: cannot use this database file: {problem}"
+    return (f"ESYNC_STATE_DB={path}: cannot use this database file: {reason} (it must be "
+            f"an SQLite file this process can read and write, or not exist yet in a folder "
+            f"it can write)")
