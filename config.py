@@ -83,6 +83,8 @@ STATE_SERVER_PATIENCE = 60.0   # ESYNC_STATE_SERVER_PATIENCE: seconds a worker r
 SCHEDULER_PORT = 9091          # DMLC_PS_ROOT_PORT that launch/hosts.py gives (--port)
 HEARTBEAT_INTERVAL = 1.0       # PS_HEARTBEAT_INTERVAL: seconds between a node's heartbeats
 HEARTBEAT_TIMEOUT = 10.0       # PS_HEARTBEAT_TIMEOUT: seconds of silence = a dead node
+START_TIMEOUT = 300.0          # --start-timeout: seconds a node waits to join the job, and
+                               #   the scheduler for all nodes to register (0: for ever)
 
 # --- surviving failures ----------------------------------------------------------------
 CHECKPOINT_DIR = None          # --checkpoint-dir: where servers keep their shards'

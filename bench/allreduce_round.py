@@ -122,7 +122,7 @@ def _esync_worker(values: int, buffers: int, rounds: int, compress: str,
 
     torch.set_num_threads(1)
     with Node(ClusterEnv.from_environ(), "worker") as node:
-        assignment = node.register(mode="sync", network="bench")
+        assignment = node.register()
         job = Job.from_assignment(node, assignment)
         model = Model()
         flat = FlatModel(model, torch.device("cpu"))

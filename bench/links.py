@@ -117,7 +117,7 @@ def _kv_worker(values: int, mbit: float, repeats: int, result: str) -> None:
     from esync.transport.node import Node
 
     with Node(ClusterEnv.from_environ(), "worker") as node:
-        assignment = node.register(mode="sync", network="bench")
+        assignment = node.register()
         params = np.random.default_rng(0).random(values, dtype=np.float32)
         buffers = np.zeros(0, np.float32)
         grads = np.full(values, 1e-6, np.float32)

@@ -92,7 +92,7 @@ def _framework_worker(values: int, rounds: int, rule: str, result: str) -> None:
     from esync.transport.node import Node
 
     with Node(ClusterEnv.from_environ(), "worker") as node:
-        assignment = node.register(mode=rule, network="bench")
+        assignment = node.register()
         rank, workers = assignment["rank"], assignment["num_workers"]
         params = np.random.default_rng(rank).random(values, dtype=np.float32)
         buffers = np.zeros(0, np.float32)

@@ -76,16 +76,35 @@ def _report(env: Optional["ClusterEnv"], error: UserError) -> None:
         report_failed_start(env, str(error))
 
 
+def _scheduler_cannot_start(prog: str, error: UserError) -> int:
+    """A scheduler with bad input: say so, then stay a while to tell the nodes that come
+    why (they would otherwise wait for it); exit status 2."""
+    from esync.transport.cluster import ClusterEnv
+    from esync.transport.scheduler import tell_why
+
+    print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
+    try:
+        env = ClusterEnv.from_environ()
+    except UserError:
+        return 2
+    configure_logging(verbose=env.verbose)
+    tell_why(env, f"the scheduler could not start: {error}")
+    return 2
+
+
 def _run(argv: Optional[Sequence[str]], prog: str) -> int:
     from esync import registry
-    from esync.options import parse_options
+    from esync.options import agreed_settings, flags_given, parse_options
     from esync.transport.cluster import ClusterEnv
 
     role = os.environ.get("DMLC_ROLE")
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         opts = parse_options(argv, prog)
     except UserError as e:
-        if role and role != "scheduler":
+        if role == "scheduler":
+            return _scheduler_cannot_start(prog, e)
+        if role:
             try:
                 _report(ClusterEnv.from_environ(), e)
             except UserError:
@@ -110,24 +129,29 @@ def _run(argv: Optional[Sequence[str]], prog: str) -> int:
     configure_logging(verbose=env is not None and env.verbose)
     if env is None:
         return worker.run_standalone(plan)
+    settings = agreed_settings(opts, env.role, flags_given(argv, prog), env.num_workers,
+                               env.num_servers)
     if env.role == "scheduler":
         from esync.transport.scheduler import Policy, Scheduler
 
-        return Scheduler(env, Policy.from_options(opts)).run()
-    from esync.transport.node import JobAborted
+        try:
+            return Scheduler(env, Policy.from_options(opts), settings=settings).run()
+        except UserError as e:
+            return _scheduler_cannot_start(prog, e)
+    from esync.transport.node import JobAborted, describe
 
     try:
         if env.role == "server":
             from esync.server import run_server
 
-            return run_server(env, opts)
+            return run_server(env, opts, settings)
         if env.role == "evaluator":
             from esync.evaluator import run_ps_evaluator
 
-            return run_ps_evaluator(opts, device, env)
-        return worker.run_cluster_worker(plan, env)
+            return run_ps_evaluator(opts, device, env, settings)
+        return worker.run_cluster_worker(plan, env, settings)
     except JobAborted as e:
-        logging.getLogger(__name__).error("esync: error: job aborted: %s", e)
+        logging.getLogger(__name__).error("esync: error: %s", describe(e))
         return 1
 
 

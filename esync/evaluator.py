@@ -31,7 +31,7 @@ import math
 import socket
 import time
 from datetime import timedelta
-from typing import Callable, Optional
+from typing import Callable, Dict, Optional
 
 import torch
 import zmq
@@ -130,13 +130,15 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
     return 0
 
 
-def run_ps_evaluator(opts: Options, device: torch.device, env: ClusterEnv) -> int:
-    """Join a parameter-server job as its evaluator."""
+def run_ps_evaluator(opts: Options, device: torch.device, env: ClusterEnv,
+                     settings: Optional[Dict[str, str]] = None) -> int:
+    """Join a parameter-server job as its evaluator. `settings`: what must agree with the
+    job's other nodes (esync.options.agreed_settings)."""
     from esync.transport.node import Node
 
     node = Node(env, registry.EVALUATOR)
     try:
-        assignment = node.register(mode=registry.of_options(opts).key, network=opts.network)
+        assignment = node.register(opts.start_timeout, settings=settings or {})
 
         def check() -> None:
             node.check()

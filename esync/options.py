@@ -12,7 +12,7 @@ import argparse
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Annotated, Optional, Sequence, Set
+from typing import Annotated, Dict, Optional, Sequence, Set
 
 from argparse_dataclass import ArgumentParser
 
@@ -229,6 +229,11 @@ class Options:
         f"scheduler: seconds to wait for a dead server to be restarted before ending the "
         f"job; none: {config.SERVER_PATIENCE:g} with --checkpoint-dir, else 0",
         type=_non_negative_float)
+    start_timeout: float = _opt(["--start-timeout"], config.START_TIMEOUT,
+                                "seconds a server, worker or evaluator waits to join the "
+                                "job, and the scheduler for every node to register, before "
+                                "giving up with who is missing; 0: wait for ever",
+                                type=_non_negative_float)
     num_threads: int = _opt(["--num-threads"], config.NUM_THREADS,
                             "torch intra-op threads (0: torch's default)",
                             type=_non_negative_int)
@@ -247,6 +252,26 @@ def server_patience(opts: Options) -> float:
     if opts.server_patience is not None:
         return opts.server_patience
     return config.SERVER_PATIENCE if opts.checkpoint_dir else 0.0
+
+
+#: the settings that must agree across a job's nodes: Options field -> its flag
+AGREED = {"mode": "-m", "use_dcasgd": "-dcasgd", "backend": "--backend", "network": "-n",
+          "dataset": "--dataset", "compress": "--compress"}
+#: per role, the settings it runs with whether given or not; a role compares the others
+#: only where its command line gives them (the scheduler's -m, say)
+USED_BY_ROLE = {"worker": tuple(AGREED), "evaluator": ("network", "dataset")}
+
+
+def agreed_settings(opts: Options, role: str, given: Set[str], num_workers: int,
+                    num_servers: int) -> Dict[str, str]:
+    """What this node says the job is, for the scheduler to compare at registration:
+    {"DMLC_NUM_WORKER": "4", "-m": "esync", ...}."""
+    out = {"DMLC_NUM_WORKER": str(num_workers), "DMLC_NUM_SERVER": str(num_servers)}
+    for name, flag in AGREED.items():
+        if name in given or name in USED_BY_ROLE.get(role, ()):
+            value = getattr(opts, name)
+            out[flag] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+    return out
 
 
 def check_aggregation(opts: Options, num_servers: Optional[int] = None) -> None:

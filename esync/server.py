@@ -19,8 +19,10 @@ Workers talk to it over one ROUTER socket:
 Every `weights` answer says how many times the shard's first chunk was updated
 (`updates`: rounds in SSGD and ESync, pushes in ASGD) and the seconds since training
 started (`age`; 0 until then): worker 0 marks the start with a pull carrying `start`
-once every worker has joined. The evaluator (sender `evaluator`) may only pull, never push or init; its pull
-may carry `stop` (it saw the target accuracy held), which ends the job as worker 0's does.
+once every worker has joined. The evaluator (sender `evaluator`) may only pull, never
+push or init; a pull that comes mid-round (SSGD, ESync) is answered once the round is
+done, so that it sees one round's weights and statistics; its pull may carry `stop` (it
+saw the target accuracy held), which ends the job as worker 0's does.
 Anything malformed is answered with `error` (and logged); the server goes on serving.
 
 Only peers the scheduler registered are served: a worker's or evaluator's socket carries
@@ -57,6 +59,10 @@ from esync.transport.node import Node
 
 REQUESTS = ("init", "pull", "push", "join", "leave")
 STRANGERS = 1024  # identities remembered as not members (bounded)
+EVALUATOR_PULLS = 64  # evaluators' pulls waiting for a round's end (bounded)
+#: milliseconds a send may wait once a member's queue is full (ZeroMQ's SNDHWM messages
+#: unread): then it does not read, and is dropped
+SEND_TIMEOUT_MS = 1000
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +74,8 @@ def _short(value: Any) -> str:
 
 #: who a peer is, from its ZeroMQ identity: ("worker", rank), ("evaluator", k) or None
 Who = Callable[[bytes], Optional[Tuple[str, int]]]
+#: tells the scheduler that the peer with this identity stopped reading
+Stalled = Callable[[bytes], None]
 
 
 def weights_header(shard: int, round_: int, key: Key, updates: int, age: float,
@@ -84,9 +92,11 @@ def weights_header(shard: int, round_: int, key: Key, updates: int, age: float,
 class ShardServer:
     def __init__(self, rank: int, num_workers: int, sock: zmq.Socket, who: Who,
                  checkpoints: Optional[Checkpoints] = None,
-                 every: Tuple[Optional[int], Optional[float]] = (None, None)):
+                 every: Tuple[Optional[int], Optional[float]] = (None, None),
+                 stalled: Stalled = lambda identity: None):
         self.rank, self.num_workers, self.sock = rank, num_workers, sock
-        self.who = who
+        self.who, self.stalled = who, stalled
+        self.quiet_until = 0.0  # strangers that do not read: logged at most this often
         self.peers: Dict[bytes, Tuple[str, int]] = {}
         self.strangers: "OrderedDict[bytes, None]" = OrderedDict()
         self.sections: Tuple[np.ndarray, ...] = ()
@@ -94,6 +104,8 @@ class ShardServer:
         self.stop_reason: Optional[str] = None
         self.early_pulls: List[Tuple[bytes, int]] = []
         self.round_pulls: List[Tuple[bytes, int, int]] = []  # (identity, worker, round)
+        #: the evaluator's pulls that came mid-round, answered once the round is done
+        self.evaluator_pulls: List[Tuple[bytes, int]] = []  # (identity, round)
         self.waiting: Dict[Key, List[Tuple[bytes, int, int]]] = {}  # (identity, worker, round)
         self.started_at: Optional[float] = None  # when worker 0 said training started
         self.age_offset = 0.0  # a restored shard's training clock at its checkpoint
@@ -129,12 +141,16 @@ class ShardServer:
             return None
         peer = self.who(identity)
         if peer is None:
-            self.strangers[identity] = None
-            while len(self.strangers) > STRANGERS:
-                self.strangers.popitem(last=False)
+            self._stranger(identity)
         else:
             self.peers[identity] = peer
         return peer
+
+    def _stranger(self, identity: bytes) -> None:
+        """Remember `identity` as not a member (the newest STRANGERS of them)."""
+        self.strangers[identity] = None
+        while len(self.strangers) > STRANGERS:
+            self.strangers.popitem(last=False)
 
     def _worker(self, identity: bytes, msg: Message):
         peer = self._peer(identity)
@@ -210,6 +226,12 @@ class ShardServer:
         elif at is not None and worker != EVALUATOR and not self.rule.joined(worker, at):
             self.round_pulls = [p for p in self.round_pulls if p[1] != worker]
             self.round_pulls.append((identity, worker, at))
+        elif worker == EVALUATOR and not self.rule.at_boundary:
+            # mid-round, the shard mixes two rounds (weights of the next one, statistics
+            # of the last): the evaluator sees a round's model, whole, once it is done
+            if len(self.evaluator_pulls) >= EVALUATOR_PULLS:
+                raise MessageError("too many evaluator pulls waiting for the round's end")
+            self.evaluator_pulls.append((identity, round_))
         else:
             self._answer_all(identity, worker, round_)
 
@@ -257,7 +279,12 @@ class ShardServer:
             self._answer(waiter, pusher, pushed_round, key, length)
 
     def _after_change(self) -> None:
-        """Answer the pulls of workers coming back whose round may start; checkpoint."""
+        """Answer the pulls of workers coming back whose round may start, and the
+        evaluator's that waited for the round's end; checkpoint."""
+        if self.evaluator_pulls and self.rule.at_boundary:
+            for identity, round_ in self.evaluator_pulls:
+                self._answer_all(identity, EVALUATOR, round_)
+            self.evaluator_pulls.clear()
         if self.round_pulls:
             ready = [p for p in self.round_pulls if self.rule.joined(p[1], p[2])]
             self.round_pulls = [p for p in self.round_pulls if p not in ready]
@@ -298,12 +325,15 @@ class ShardServer:
 
     # --- membership ---------------------------------------------------------------------
     def notice(self, header: Dict[str, Any]) -> None:
-        """A notice from the scheduler: a worker died (`left`)."""
-        rank = header.get("rank")
-        if header.get("type") != "left" or type(rank) is not int:
+        """A notice from the scheduler: a worker died, or an evaluator left (`left`)."""
+        rank, role = header.get("rank"), header.get("role", "worker")
+        if header.get("type") != "left" or type(rank) is not int \
+                or role not in ("worker", EVALUATOR):
             return
-        for identity in [i for i, p in self.peers.items() if p == ("worker", rank)]:
+        for identity in [i for i, p in self.peers.items() if p == (role, rank)]:
             del self.peers[identity]
+        if role == EVALUATOR:
+            return
         log.warning("[server %d] worker %d died; going on with the others", self.rank, rank)
         if self.rule is not None:
             self._left(rank)
@@ -387,11 +417,35 @@ class ShardServer:
         self.rule.sent(worker, key, length)
 
     def _send(self, identity: bytes, header: Dict, sections=()) -> None:
-        frames = encode({"sender": f"server{self.rank}", **header}, sections)
+        """Never blocks for long: a peer whose queue is full is waited for at most
+        SEND_TIMEOUT_MS (a member) or not at all (a stranger), then dropped."""
+        frames = [identity, *encode({"sender": f"server{self.rank}", **header}, sections)]
         try:
-            self.sock.send_multipart([identity, *frames], copy=False)
+            self.sock.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self._not_reading(identity, frames)
         except zmq.ZMQError:  # the peer is gone (ROUTER_MANDATORY)
             pass
+
+    def _not_reading(self, identity: bytes, frames: List) -> None:
+        if identity in self.peers:
+            self.sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
+            try:
+                self.sock.send_multipart(frames, copy=False)
+                return
+            except zmq.ZMQError:
+                pass
+            finally:
+                self.sock.setsockopt(zmq.SNDTIMEO, -1)
+            role, rank = self.peers.pop(identity)
+            log.warning("[server %d] %s %d does not read its answers; dropping it", self.rank,
+                        role, rank)
+            self._stranger(identity)
+            self.stalled(identity)
+        elif time.monotonic() >= self.quiet_until:
+            log.warning("[server %d] a peer that is not a member (%r) does not read its "
+                        "answers; dropping them", self.rank, identity[:64])
+            self.quiet_until = time.monotonic() + 10.0
 
 
 def _who(node: Node) -> Who:
@@ -408,8 +462,18 @@ def _who(node: Node) -> Who:
     return who
 
 
-def run_server(env: ClusterEnv, opts: Any = None) -> int:
-    """Join the job, then serve one shard until the scheduler says shut down."""
+def _stalled(node: Node) -> Stalled:
+    def stalled(identity: bytes) -> None:
+        node.tell({"type": "stalled",
+                   "uid": identity.rsplit(b"/", 1)[0].decode("utf-8", "replace")})
+
+    return stalled
+
+
+def run_server(env: ClusterEnv, opts: Any = None,
+               settings: Optional[Dict[str, str]] = None) -> int:
+    """Join the job, then serve one shard until the scheduler says shut down.
+    `settings`: what must agree with the job's other nodes (esync.options.agreed_settings)."""
     from esync.options import checkpoint_every, parse_options
 
     opts = opts or parse_options([])
@@ -424,11 +488,12 @@ def run_server(env: ClusterEnv, opts: Any = None) -> int:
         try:
             port = sock.bind_to_random_port(f"tcp://{host}")
             found = survey(folder) if folder and opts.resume else {}
-            assignment = node.register(host=host, port=port, checkpoints=found)
+            assignment = node.register(opts.start_timeout, host=host, port=port,
+                                       checkpoints=found, settings=settings or {})
             rank = assignment["rank"]
             checkpoints = Checkpoints(folder, rank, opts.keep_checkpoints) if folder else None
             server = ShardServer(rank, assignment["num_workers"], sock, _who(node),
-                                 checkpoints, checkpoint_every(opts))
+                                 checkpoints, checkpoint_every(opts), _stalled(node))
             if assignment.get("restore"):
                 if checkpoints is None:
                     raise UserError(f"server {rank} replaces a dead one but has no "

@@ -10,7 +10,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 
@@ -136,13 +136,16 @@ def run_standalone(plan: WorkerPlan) -> int:
     return _exit_status(_train(plan, None))
 
 
-def run_cluster_worker(plan: WorkerPlan, env: ClusterEnv) -> int:
-    """Join the job, train this worker's partition, tell the scheduler it is done."""
+def run_cluster_worker(plan: WorkerPlan, env: ClusterEnv,
+                       settings: Optional[Dict[str, str]] = None) -> int:
+    """Join the job, train this worker's partition, tell the scheduler it is done.
+    `settings`: what must agree with the job's other nodes (esync.options.agreed_settings)."""
     from esync.transport.node import Node
 
-    with Node(env, "worker") as node:
-        assignment = node.register(mode=plan.algorithm.key, network=plan.opts.network,
-                                   device=device_label(plan.opts, plan.device))
+    device = device_label(plan.opts, plan.device)
+    with Node(env, "worker", device) as node:
+        assignment = node.register(plan.opts.start_timeout, device=device,
+                                   settings=settings or {})
         job = Job.from_assignment(node, assignment, plan.state_server_patience,
                                   resume=plan.opts.resume, host=advertised_address(env))
         result = _train(plan, job)

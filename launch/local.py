@@ -13,8 +13,8 @@ Every flag the launcher does not know is passed to each worker's `main.py`; they
 checked first by main.py's own parser (esync.options), so a bad one stops the launcher
 with one line and exit status 2 before anything starts. Those of checkpoints and
 failures (EVERY_ROLE: --checkpoint-dir, --checkpoint-every, --keep-checkpoints,
---resume, --on-worker-failure, --min-workers, --server-patience) go to the scheduler
-and the servers too, so that `--checkpoint-dir D` checkpoints the job and, after it was
+--resume, --on-worker-failure, --min-workers, --server-patience, --start-timeout) go to
+the scheduler and the servers too, so that `--checkpoint-dir D` checkpoints the job and, after it was
 killed, the same command with `--resume 1` continues it from its latest checkpoint.
 
 Every process gets the job's key (ESYNC_JOB_KEY: its ZeroMQ traffic is authenticated
@@ -83,9 +83,9 @@ ACCURACY = re.compile(r"round (\d+) .*test accuracy ([0-9.]+)")
 _ITER = re.compile(r"iter-(\d+)\.json$")
 #: main.py's settings that go to every role, the scheduler and the servers too (the
 #: workers and the evaluator get every passed-through flag): checkpoints, resuming, and
-#: what the job does when a node dies
+#: what the job does when a node dies or does not come
 EVERY_ROLE = ("checkpoint_dir", "checkpoint_every", "keep_checkpoints", "resume",
-              "on_worker_failure", "min_workers", "server_patience")
+              "on_worker_failure", "min_workers", "server_patience", "start_timeout")
 #: what gives the job its key and the state server its token (--no-auth: none of them)
 AUTH_VARIABLES = (KEY_ENV, KEY_FILE_ENV, STATE_TOKEN_ENV)
 #: --max-restarts's default

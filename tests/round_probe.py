@@ -37,7 +37,7 @@ def main(out: str, argv) -> int:
     torch.set_num_threads(1)
     opts = parse_options(argv)
     with Node(ClusterEnv.from_environ(), "worker") as node:
-        assignment = node.register(mode=opts.mode, network=opts.network, device="probe")
+        assignment = node.register(device="probe")
         job = Job.from_assignment(node, assignment)
         if opts.mode == "esync":  # the servers' ESync rule, without the state server
             rule = RuleConfig("esync", job.num_workers, opts.global_lr, opts.outer_momentum,

@@ -27,7 +27,7 @@ def test_a_keyed_job_moves_whole_chunks(tmp_path, monkeypatch):
         env = {k: v for k, v in job.env.items() if k.startswith(("DMLC_", "PS_"))}
         node = Node(ClusterEnv.from_environ({**env, "DMLC_ROLE": "worker"}), "worker")
         try:
-            servers = node.register(mode="sync", network="test")["servers"]
+            servers = node.register()["servers"]
             kv = KVStore(node, servers, 0, VALUES, 2)
             weights = np.linspace(-1, 1, VALUES).astype(np.float32)
             params, buffers = np.zeros_like(weights), np.zeros(2, np.float32)

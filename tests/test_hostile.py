@@ -170,7 +170,9 @@ def nan_push(sender, round_: int, section: int, offset: int, length: int) -> lis
 BAD_REGISTRATIONS = [
     {"role": {"worker": 1}}, {"role": ["worker"]}, {"role": {}}, {"role": []},
     {"role": [["server"]]}, {"role": {"role": "server"}},
-    {"role": "worker", "mode": {"a": 1}, "network": ["lenet"]},
+    {"role": "worker", "settings": {"-m": 1}}, {"role": "worker", "settings": ["-m"]},
+    {"role": "worker", "settings": {"-m": "x" * 300}},
+    {"role": "worker", "settings": {f"k{i}": "v" for i in range(40)}},
     {"role": "server", "host": {"h": 1}, "port": [1]},
     {"role": "server", "host": "127.0.0.1", "port": 1.5},
     {"role": "worker", "pid": {"p": 1}, "hostname": ["h"], "device": {"d": 1}},
@@ -218,7 +220,7 @@ def test_push_with_section_one_point_zero_leaves_the_job_running(tmp_path):
         env = {k: v for k, v in job.env.items() if k.startswith(("DMLC_", "PS_"))}
         node = Node(ClusterEnv.from_environ({**env, "DMLC_ROLE": "worker"}), "worker")
         try:  # worker 1 is this process: it registers, then pushes nonsense
-            assignment = node.register(mode="async", network="lenet", device="w1")
+            assignment = node.register(device="w1")
             assert assignment["rank"] == 1
             node.barrier("workers")  # worker 0 initialised the shard: training starts
             weights, buffers = shard_sizes(job)

@@ -207,15 +207,15 @@ def test_the_flags_of_checkpoints_and_failures_go_to_every_role(tmp_path):
     p = local.plan(["-m", "esync", "--out", str(tmp_path), "-l", "0.1",
                     "--checkpoint-dir=ck", "--checkpoint-every", "30S", "--keep-c", "2",
                     "--resume", "yes", "--on-worker-failure", "abort", "--min-workers", "2",
-                    "--server-patience", "7", "--time-limit", "9"])
+                    "--server-patience", "7", "--time-limit", "9", "--start-timeout", "40"])
     role = ["--checkpoint-dir", "ck", "--checkpoint-every", "30s", "--keep-checkpoints", "2",
             "--resume", "1", "--on-worker-failure", "abort", "--min-workers", "2",
-            "--server-patience", "7.0"]
+            "--server-patience", "7.0", "--start-timeout", "40.0"]
     assert p.role_args == role  # long forms, main.py's values, in EVERY_ROLE's order
     assert p.scheduler_argv(["main"]) == ["main", "-m", "esync", *role]
     assert p.server_argv(["main"]) == ["main", "-m", "esync", "-c", "1", *role]
     assert "-l" in p.worker_args and "--resume" in p.worker_args  # workers: every flag
-    assert len(local.EVERY_ROLE) == 7
+    assert len(local.EVERY_ROLE) == 8
     p = local.plan(["-m", "sync", "--out", str(tmp_path), "--resume", "0", "-n", "lenet"])
     assert p.role_args == ["--resume", "0"]
     assert local.plan(["-m", "sync", "--out", str(tmp_path)]).role_args == []

@@ -58,7 +58,7 @@ def test_server_and_scheduler_survive_malformed_messages(tmp_path):
         env = {k: v for k, v in job.env.items() if k.startswith(("DMLC_", "PS_"))}
         node = Node(ClusterEnv.from_environ({**env, "DMLC_ROLE": "worker"}), "worker")
         try:
-            assignment = node.register(mode="sync", network="test")
+            assignment = node.register()
             # garbage to the scheduler: it must drop it and go on (node.finish below)
             junk = node.context.socket(zmq.DEALER)
             junk.setsockopt(zmq.LINGER, 1000)

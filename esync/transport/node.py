@@ -2,12 +2,19 @@
 
 Two DEALER sockets talk to the scheduler: the control socket, used by the main thread
 for requests (register, barrier, finished, abort), and the heartbeat socket, owned by a
-background thread that sends a heartbeat every PS_HEARTBEAT_INTERVAL seconds and takes
-the scheduler's notices (abort, shutdown). A node waits for a scheduler that has not
-started yet, however long; if the scheduler says the job is aborted, or stops answering
-heartbeats for PS_HEARTBEAT_TIMEOUT seconds once it has answered, the node is *aborted*:
-every wait in this process (`Node.wait`) raises `JobAborted` with the reason, and a
-watchdog ends the process if it has not ended by itself shortly after.
+background thread that sends a heartbeat every PS_HEARTBEAT_INTERVAL seconds, takes
+the scheduler's notices (abort, shutdown) and sends the node's own (`tell`).
+
+Joining: a node waits for a scheduler that has not started yet (nodes may start in any
+order), saying every PROGRESS_S seconds what it waits for and since when, and gives up
+after `--start-timeout` seconds (0: never), as torchrun's rendezvous does; a CurveZMQ
+handshake that fails (another job key, or a key on one side only) ends the wait at once
+with the cause (esync.transport.handshake). Both raise `JoinFailed`.
+
+Once joined, if the scheduler says the job is aborted, or stops answering heartbeats for
+PS_HEARTBEAT_TIMEOUT seconds once it has answered, the node is *aborted*: every wait in
+this process (`Node.wait`) raises `JobAborted` with the reason, and a watchdog ends the
+process if it has not ended by itself shortly after.
 """
 from __future__ import annotations
 
@@ -25,12 +32,15 @@ import zmq
 from esync.errors import UserError
 from esync.transport.auth import Guard
 from esync.transport.cluster import ClusterEnv
+from esync.transport.handshake import Handshakes
 from esync.transport.message import Message, MessageError, decode, encode
 
 POLL_MS = 100
 RECONNECT_S = 2.0
+#: seconds between a waiting node's lines saying what it waits for
+PROGRESS_S = 5.0
 NOTICES = ("ack", "abort", "shutdown", "left", "servers")
-REPLIES = ("assign", "barrier_done", "ack", "error", "member", "rendezvous")
+REPLIES = ("assign", "barrier_done", "ack", "error", "member", "rendezvous", "abort")
 
 log = logging.getLogger(__name__)
 
@@ -58,20 +68,39 @@ class JobAborted(Exception):
     """The job cannot go on (a node died, the scheduler is gone); the text says why."""
 
 
+class JoinFailed(JobAborted):
+    """This node cannot join the job (no scheduler within --start-timeout, a job key the
+    scheduler refuses, settings that differ from the job's); the text says why."""
+
+
+def clock(monotonic: float) -> str:
+    """A time.monotonic() reading as this machine's wall-clock time, HH:MM:SS."""
+    return time.strftime("%H:%M:%S", time.localtime(time.time() - time.monotonic() + monotonic))
+
+
+def describe(error: JobAborted) -> str:
+    """The one line that says why this node ends."""
+    return str(error) if isinstance(error, JoinFailed) else f"job aborted: {error}"
+
+
 class Node:
     """Use as a context manager: leaving the block closes the node, and leaving it on an
     error first tells the scheduler (`fail`), which ends the job for everyone."""
 
-    def __init__(self, env: ClusterEnv, role: str):
+    def __init__(self, env: ClusterEnv, role: str, label: Optional[str] = None):
         self.env = env
         self.role = role
+        self.label = label  # how it is called until it has a rank (its --device-name)
         self.uid = f"{role}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.context = zmq.Context()
         # sockets that set no LINGER of their own get 0, so that closing the context can
         # never wait for ever on messages a forgotten socket still holds
         self.context.set(zmq.BLOCKY, 0)
         self.rank: Optional[int] = None
-        self._aborted: Optional[str] = None
+        self._aborted: Optional[JobAborted] = None
+        self._answered = threading.Event()  # the scheduler answered a heartbeat
+        self._connected = False  # a TCP connection to the scheduler was made
+        self._outbox: "queue.Queue[Dict[str, Any]]" = queue.Queue()  # notices to send
         self._shutdown = threading.Event()
         self._closing = threading.Event()
         #: the scheduler's notices for the main thread: "left" (a worker died; servers)
@@ -89,7 +118,9 @@ class Node:
     # --- state seen by the main thread ------------------------------------------------
     @property
     def name(self) -> str:
-        return f"{self.role} {self.rank if self.rank is not None else '?'}"
+        if self.rank is not None:
+            return f"{self.role} {self.rank}"
+        return f"{self.role} {self.label}" if self.label else f"{self.role} (pid {os.getpid()})"
 
     @property
     def shutdown_requested(self) -> bool:
@@ -97,7 +128,7 @@ class Node:
 
     def check(self) -> None:
         if self._aborted is not None:
-            raise JobAborted(self._aborted)
+            raise type(self._aborted)(str(self._aborted))
 
     def wait(self, sock: zmq.Socket, types: Sequence[str]) -> Message:
         """The next message on `sock` (blocking), unless the job is aborted meanwhile."""
@@ -111,19 +142,58 @@ class Node:
         self._control.send_multipart(encode({"sender": self.uid, **header}))
         reply = self.wait(self._control, REPLIES)
         log.debug("[ps %s] <- scheduler %s", self.name, reply.header)
+        return self._answer(header["type"], reply)
+
+    def _answer(self, request: str, reply: Message) -> Message:
+        if reply.type == "abort":  # the job ended before this node could take part
+            raise JobAborted(str(reply.header.get("reason", "aborted by the scheduler"))[:2000])
         if reply.type == "error":
-            raise JobAborted(f"the scheduler refused {header['type']}: {reply.header.get('error')}")
+            error = reply.header.get("error")
+            if request == "register":
+                raise JoinFailed(f"the scheduler refused this {self.role}: {error}")
+            raise JobAborted(f"the scheduler refused {request}: {error}")
         return reply
 
-    def register(self, **info) -> Dict[str, Any]:
+    def register(self, start_timeout: float = 0.0, **info) -> Dict[str, Any]:
         """Join the job; returns the assignment once every node has joined:
         {"rank", "num_workers", "num_servers", "servers": [address of server 0, ...],
-        "job": the job id the scheduler drew}."""
-        reply = self._request({"type": "register", "role": self.role, "pid": os.getpid(),
-                               "hostname": socket.gethostname(), **info})
+        "job": the job id the scheduler drew}. Says every PROGRESS_S seconds what it
+        waits for; `start_timeout` > 0: JoinFailed once it has waited that long."""
+        header = {"sender": self.uid, "type": "register", "role": self.role,
+                  "pid": os.getpid(), "hostname": socket.gethostname(), **info}
+        log.debug("[ps %s] -> scheduler %s", self.name, header)
+        self._control.send_multipart(encode(header))
+        started = time.monotonic()
+        next_line = started + PROGRESS_S
+        while not self._control.poll(POLL_MS):
+            self.check()
+            now = time.monotonic()
+            if start_timeout and now - started >= start_timeout:
+                raise JoinFailed(f"{self.name}: gave up after --start-timeout "
+                                 f"{start_timeout:g} s {self.waiting_for()}")
+            if now >= next_line:
+                log.info("[%s] %s since %s (%d s)", self.name, self.waiting_for(),
+                         clock(started), now - started)
+                next_line = now + PROGRESS_S
+        reply = self._answer("register", decode(self._control.recv_multipart(copy=False),
+                                                REPLIES))
         self.rank = reply.header["rank"]
         self.servers = list(reply.header.get("servers", []))
         return reply.header
+
+    def waiting_for(self) -> str:
+        """What a node that has not joined yet waits for, in words."""
+        where = self.env.scheduler_address
+        if self._answered.is_set():
+            return f"waiting for the job's other nodes to register with the scheduler at {where}"
+        if self._connected:
+            return f"waiting for the scheduler at {where} to answer (connected, no answer yet)"
+        return f"waiting for the scheduler at {where}: nothing listens there (not started " \
+               f"yet, or ended; are DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT right?)"
+
+    def tell(self, header: Dict[str, Any]) -> None:
+        """Send the scheduler a notice that wants no answer (from any thread)."""
+        self._outbox.put(header)
 
     def who(self, uid: str) -> Optional[Dict[str, Any]]:
         """A server asks who a peer is: {"role", "rank"} of a registered, living
@@ -165,6 +235,7 @@ class Node:
 
     def _heartbeat_loop(self) -> None:
         sock = self._connect("hb")
+        handshakes = Handshakes(sock, self.guard.secure, listening=False)
         interval, timeout = self.env.heartbeat_interval, self.env.heartbeat_timeout
         # Until the scheduler first answers, wait for it however long it takes to start
         # (nodes may be started in any order); after that, silence means it is gone.
@@ -176,11 +247,19 @@ class Node:
                 if last_answer is None and now - connected_at > RECONNECT_S:
                     # no answer yet: start a fresh connection rather than trust one that
                     # may never complete (seen rarely when nodes start before the scheduler)
+                    handshakes.close()
                     sock.close(linger=0)
                     sock, connected_at = self._connect("hb"), now
+                    handshakes = Handshakes(sock, self.guard.secure, listening=False)
                 if now >= next_beat:
                     sock.send_multipart(encode({"type": "heartbeat", "sender": self.uid}))
                     next_beat = now + interval
+                while not self._outbox.empty():
+                    sock.send_multipart(encode({"sender": self.uid, **self._outbox.get()}))
+                failed = handshakes.poll()
+                self._connected = self._connected or handshakes.connected
+                if failed:
+                    self._abort(f"{self.name}: {failed[-1]}", JoinFailed)
                 if sock.poll(int(min(interval, POLL_MS / 1000) * 1000)):
                     try:
                         notice = decode(sock.recv_multipart(copy=False), NOTICES)
@@ -189,6 +268,7 @@ class Node:
                                     self.name, e)
                         continue
                     last_answer = time.monotonic()
+                    self._answered.set()
                     if notice.type == "abort":
                         self._abort(str(notice.header.get("reason", "aborted by the scheduler")))
                     elif notice.type == "servers":
@@ -204,6 +284,7 @@ class Node:
                     self._abort(f"lost the scheduler at {self.env.scheduler_address}: no answer "
                                 f"to heartbeats for {timeout:g} s")
         finally:
+            handshakes.close()
             sock.close(linger=0)
 
     def _servers_moved(self, servers) -> None:
@@ -213,16 +294,16 @@ class Node:
             self.servers = list(servers)
             self.servers_version += 1
 
-    def _abort(self, reason: str) -> None:
+    def _abort(self, reason: str, kind: type = JobAborted) -> None:
         if self._aborted is not None:
             return
-        self._aborted = reason
+        self._aborted = kind(reason)
         grace = max(5.0, 2 * self.env.heartbeat_timeout)
 
         def watchdog():
             if not self._closing.wait(grace):
-                log.error("esync: error: job aborted: %s (%s did not end within %g s, "
-                          "exiting)", reason, self.name, grace)
+                log.error("esync: error: %s (%s did not end within %g s, exiting)",
+                          describe(self._aborted), self.name, grace)
                 logging.shutdown()  # flush the handlers: os._exit skips it
                 os._exit(1)
 

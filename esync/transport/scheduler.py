@@ -26,9 +26,24 @@ Failures (`Policy`, from main.py's flags):
   the same job (the ESync state server's rows): the scheduler then picks the round
   every shard restores (the newest that all shards have in synchronous modes).
 
+Starting (`Policy.start_timeout`, --start-timeout): until every server and worker has
+registered, the scheduler says every few seconds who is missing, and gives up after
+--start-timeout seconds (0: never). The settings that must agree across the job's nodes
+(DMLC_NUM_WORKER, DMLC_NUM_SERVER, the mode, backend, network, ...: each node's
+`settings` at registration, the scheduler's own included) are compared as nodes
+register: a node that differs is refused with the values and whose they are, and,
+before the job runs, the job is aborted rather than started half-configured. A job
+aborted while it gathers its nodes stays up to ABORT_LINGER seconds to tell the nodes
+that come later why (until every node it expected has been told), so that none waits
+for a scheduler that has gone.
+
 Every field of every message is checked before use; a message that is malformed, or
 whose handling fails, is logged and answered with `error`, and never ends the job. Only
-registered members' state is kept (bounded memory whatever strangers send)."""
+registered members' state is kept (bounded memory whatever strangers send): at most
+MAX_EVALUATORS evaluators, dropped like any member when their heartbeats stop. Every
+send is non-blocking: a peer whose queue is full does not read, and is dropped (a member
+is lost, by the failure policy) instead of stalling the scheduler. A peer that fails
+the CurveZMQ handshake (another job key) is logged, at most every few seconds."""
 from __future__ import annotations
 
 import json
@@ -37,24 +52,36 @@ import os
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Set, Tuple
 
 import zmq
 
+import config
 from esync import ready
 from esync.errors import UserError
 from esync.registry import EVALUATOR
 from esync.transport.auth import Guard, job_key
 from esync.transport.cluster import ClusterEnv, resolve
+from esync.transport.handshake import Handshakes
 from esync.transport.message import (FRAME_SLACK, MAX_HEADER_BYTES, MessageError, decode,
                                      encode, integer_field, text_field)
+from esync.transport.node import PROGRESS_S, clock
 
 POLL_MS = 100
 REQUESTS = ("register", "heartbeat", "barrier", "finished", "abort", "bye", "who",
-            "rendezvous")
+            "rendezvous", "stalled")
 ROLES = ("server", "worker", EVALUATOR)
 QUEUED = 16
 JOB_FILE = "job.json"
+#: evaluators a job admits at once (each is served the whole model)
+MAX_EVALUATORS = 8
+#: seconds a job aborted during start-up stays to tell late nodes why
+ABORT_LINGER = 60.0
+#: messages (ZeroMQ's SNDHWM) and bytes (the kernel's SO_SNDBUF) queued for one peer:
+#: a peer that lets more pile up does not read (each message is ~100 bytes)
+SEND_QUEUE, SEND_QUEUE_BYTES = 100, 64 << 10
+#: a node's settings at registration: at most this many, of these sizes
+MAX_SETTINGS, MAX_SETTING_CHARS = 32, 256
 
 
 @dataclass(frozen=True)
@@ -67,6 +94,7 @@ class Policy:
     checkpoint_dir: Optional[str] = None
     resume: bool = False
     synchronous: bool = True
+    start_timeout: float = config.START_TIMEOUT  # 0: wait for the nodes for ever
 
     @classmethod
     def from_options(cls, opts) -> "Policy":
@@ -75,7 +103,7 @@ class Policy:
 
         return cls(opts.on_worker_failure, opts.min_workers, server_patience(opts),
                    opts.checkpoint_dir, opts.resume,
-                   registry.of_options(opts).synchronous)
+                   registry.of_options(opts).synchronous, opts.start_timeout)
 
 
 def _checkpoint_rounds(header: Dict) -> Dict[int, List[int]]:
@@ -94,6 +122,19 @@ def _checkpoint_rounds(header: Dict) -> Dict[int, List[int]]:
         out[int(shard)] = rounds
     return out
 
+
+def _settings(header: Dict) -> Dict[str, str]:
+    """A node's settings that must agree across the job: {name: value}, both text."""
+    value = header.get("settings")
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_SETTINGS or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= MAX_SETTING_CHARS
+            and len(v) <= MAX_SETTING_CHARS for k, v in value.items()):
+        raise MessageError(f"field 'settings' must be a map of at most {MAX_SETTINGS} "
+                           f"names to values, as text")
+    return dict(value)
+
 log = logging.getLogger(__name__)
 
 
@@ -104,7 +145,7 @@ class Member:
     hostname: str
     pid: int
     address: Optional[str]
-    info: Dict
+    settings: Dict[str, str]
     device: str = ""
     rank: Optional[int] = None
     finished: bool = False
@@ -116,8 +157,10 @@ class Member:
         return self.dead_since is None
 
     def describe(self) -> str:
-        rank = "?" if self.rank is None else self.rank
-        return f"{self.role} {rank} (pid {self.pid} on {self.hostname})"
+        """"worker 2 (pid 123 on host)"; before it has a rank, its device label."""
+        name = self.rank if self.rank is not None else self.device
+        return f"{self.role}{f' {name}' if name != '' else ''} (pid {self.pid} on " \
+               f"{self.hostname})"
 
 
 @dataclass
@@ -139,43 +182,75 @@ class Scheduler:
     #: names the job where several share a service (the ESync state server)
     job: str = field(default_factory=lambda: time.strftime("job-%Y%m%d-%H%M%S-")
                      + secrets.token_hex(3))
+    #: the scheduler's own settings that the nodes' must agree with (see _settings)
+    settings: Dict[str, str] = field(default_factory=dict)
+    #: per setting: the value the job runs with, and whose it was
+    agreed: Dict[str, Tuple[str, str]] = field(default_factory=dict)
+    evaluators: int = 0  # evaluators that ever joined (their ranks)
+    #: members whose queue of messages from the scheduler is full: they do not read
+    stalled: List[str] = field(default_factory=list)
+    aborted: Optional[str] = None  # why the job was aborted
+    #: a start-up abort: nodes told why (their ids), and how long to tell late ones
+    told: Set[str] = field(default_factory=set)
+    linger: float = ABORT_LINGER
+    quiet_until: float = 0.0  # strangers that do not read: logged at most this often
+
+    def __post_init__(self) -> None:
+        self.agreed = {name: (value, "the scheduler") for name, value in self.settings.items()}
 
     def run(self) -> int:
         """Serve the job until it ends: 0 when every worker finished, 1 when aborted."""
         self._job_file()
-        context = zmq.Context()
-        self.guard = Guard.from_environ(context, warn=False)  # warned once it listens
-        self.sock = self.guard.serve(context.socket(zmq.ROUTER))
-        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER_BYTES + FRAME_SLACK)  # headers only
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a node's fresh connection takes over
-        self.sock.setsockopt(zmq.LINGER, 2000)
-        host = f"tcp://{resolve(self.env.root_uri, 'DMLC_PS_ROOT_URI')}"
-        port = self.env.root_port
-        try:
-            if port == 0:  # DMLC_PS_ROOT_PORT=0: a free port, reported (esync.ready)
-                port = self.sock.bind_to_random_port(host)
-            else:
-                self.sock.bind(f"{host}:{port}")
-        except zmq.ZMQError as e:
-            self.sock.close(linger=0)
-            self.guard.close()
-            context.term()
-            raise UserError(f"DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT: cannot listen on "
-                            f"{host}:{port}: {e}") from None
-        log.info("[scheduler] listening on %s:%d for %d server(s) and %d worker(s)%s", host,
-                 port, self.env.num_servers, self.env.num_workers,
+        port = self._listen()
+        log.info("[scheduler] listening on %s:%d for %d server(s) and %d worker(s)%s",
+                 self.host, port, self.env.num_servers, self.env.num_workers,
                  " (CurveZMQ: job key required)" if self.guard.secure else "")
         if not self.guard.secure:
             job_key()  # says once that the traffic is unauthenticated
         ready.announce(port)
         try:
             code = self._serve()
+            if self.aborted is not None and not self.assigned:
+                self._tell_late_nodes()
         finally:
-            self.sock.close()
-            self.guard.close()
-            context.term()
+            self._close()
         return code
+
+    def _listen(self) -> int:
+        """Bind the job's socket (UserError if it cannot); the port. (Also used by
+        tell_why: no job state is touched.)"""
+        self.context = zmq.Context()
+        self.guard = Guard.from_environ(self.context, warn=False)  # warned once it listens
+        self.sock = self.guard.serve(self.context.socket(zmq.ROUTER))
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER_BYTES + FRAME_SLACK)  # headers only
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a node's fresh connection takes over
+        self.sock.setsockopt(zmq.LINGER, 2000)
+        # what a peer that does not read may hold queued here before it is dropped: its
+        # node reads every answer at once, and a notice comes at most every heartbeat
+        self.sock.setsockopt(zmq.SNDHWM, SEND_QUEUE)
+        self.sock.setsockopt(zmq.SNDBUF, SEND_QUEUE_BYTES)
+        self.handshakes = Handshakes(self.sock, self.guard.secure, listening=True)
+        self.host = f"tcp://{resolve(self.env.root_uri, 'DMLC_PS_ROOT_URI')}"
+        port = self.env.root_port
+        try:
+            if port == 0:  # DMLC_PS_ROOT_PORT=0: a free port, reported (esync.ready)
+                port = self.sock.bind_to_random_port(self.host)
+            else:
+                self.sock.bind(f"{self.host}:{port}")
+        except zmq.ZMQError as e:
+            self._close(linger=0)
+            raise UserError(f"DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT: cannot listen on "
+                            f"{self.host}:{port}: {e}") from None
+        self.listening_since = self.next_progress = time.monotonic()
+        self.next_progress += PROGRESS_S
+        return port
+
+    def _close(self, linger: Optional[int] = None) -> None:
+        self.handshakes.close()
+        self.sock.close(linger=linger)
+        self.guard.close()
+        self.context.term()
 
     def _job_file(self) -> None:
         """With --checkpoint-dir: keep the job id there; with --resume, take it back."""
@@ -216,6 +291,10 @@ class Scheduler:
                 code = self._handle(identity.bytes, frames)
                 if code is not None:
                     return code
+            self._watch_handshakes()
+            code = self._drop_stalled() or self._wait_for_nodes()
+            if code is not None:
+                return code
             if self.closing_since is not None:
                 now = time.monotonic()
                 left = [m for m in self.members.values()
@@ -277,6 +356,7 @@ class Scheduler:
                 log.warning("[scheduler] a node that is not a member could not start: %s",
                             text_field(msg.header, "reason", 2000, required=False))
                 return None
+            self.told.add(uid)  # it knows: it is the one that failed
             return self._abort(text_field(msg.header, "reason", 2000, required=False)
                                or f"{uid} failed")
         if member is None or not member.alive:
@@ -297,10 +377,21 @@ class Scheduler:
         if msg.type == "bye":  # a server confirms the shutdown
             member.finished = True
             return None
+        if msg.type == "stalled":
+            return self._stalled_at_server(member, msg.header)
         reason = text_field(msg.header, "reason", 2000, required=False) or "failed"
         if msg.header.get("user_error") is True:  # bad input: a restart fails the same way
             return self._abort(reason, exclude=uid)
         return self._lost(member, f"failed: {reason}")
+
+    def _stalled_at_server(self, server: Member, header: Dict) -> Optional[int]:
+        """A server says a peer stopped reading its answers: lost, by the policy."""
+        if server.role != "server":
+            raise MessageError("only servers say that a peer stopped reading")
+        peer = self.members.get(text_field(header, "uid"))
+        if peer is None or not peer.alive or peer.finished or peer.role == "server":
+            return None
+        return self._lost(peer, f"stopped reading server {server.rank}'s answers")
 
     def _who(self, identity: bytes, asker: Member, header: Dict) -> None:
         """A server asks who a peer is (the node id its socket carries)."""
@@ -345,13 +436,22 @@ class Scheduler:
         member = Member(uid, role, text_field(header, "hostname", required=False) or "?",
                         integer_field(header, "pid", 0, 2**31, required=False) or 0,
                         f"tcp://{host}:{port}" if port and host else None,
-                        {k: text_field(header, k, required=False) for k in ("mode", "network")},
+                        _settings(header),
                         text_field(header, "device", required=False) or "",
                         checkpoints=_checkpoint_rounds(header))
         if role == "server" and member.address is None:
             raise MessageError("a server registers with its 'host' and 'port'")
-        if role == EVALUATOR:
+        if role == EVALUATOR:  # an observer: it is compared, never compared with
             return self._register_evaluator(member)
+        differs = self._disagreement(member)
+        if differs is not None:
+            if self.assigned:  # the job itself is well configured
+                return self._refuse(member, differs)
+            self._send(f"{uid}/ctl".encode(), {"type": "error", "error": differs})
+            self.told.add(uid)
+            return self._abort(f"the job's nodes disagree: {differs}")
+        for name, value in member.settings.items():
+            self.agreed.setdefault(name, (value, member.describe()))
         if self.assigned:
             return self._replace(member)
         wanted = {"server": self.env.num_servers, "worker": self.env.num_workers}
@@ -361,11 +461,6 @@ class Scheduler:
                 "type": "error", "error": f"the job already has its {wanted[role]} "
                 f"{role}(s) (DMLC_NUM_{role.upper()})"})
             return None
-        workers = [m for m in self.members.values() if m.role == "worker"]
-        if role == "worker" and workers and member.info != workers[0].info:
-            self.members[uid] = member
-            return self._abort(f"workers disagree: {workers[0].describe()} runs "
-                               f"{workers[0].info} but {member.describe()} runs {member.info}")
         self.members[uid] = member
         self.last_seen[uid] = time.monotonic()
         self.barriers.setdefault("register", []).append(uid)
@@ -374,6 +469,19 @@ class Scheduler:
         if all(sum(1 for m in self.members.values() if m.role == r) == n
                for r, n in wanted.items()):
             return self._assign()
+        return None
+
+    def _refuse(self, member: Member, why: str) -> None:
+        log.error("[scheduler] error: refused %s: %s", member.describe(), why)
+        self._send(f"{member.uid}/ctl".encode(), {"type": "error", "error": why})
+
+    def _disagreement(self, member: Member) -> Optional[str]:
+        """Which of `member`'s settings differs from the job's, and from whose; None if
+        all agree (the scheduler's own come first, then the first node to give one)."""
+        for name, value in member.settings.items():
+            theirs, whose = self.agreed.get(name, (value, ""))
+            if value != theirs:
+                return f"{name} is {value} for {member.describe()} but {theirs} for {whose}"
         return None
 
     def _replace(self, member: Member) -> Optional[int]:
@@ -413,16 +521,30 @@ class Scheduler:
         return None
 
     def _register_evaluator(self, member: Member) -> None:
-        """An evaluator joins at any time; it is answered once the servers are known."""
-        member.rank = sum(1 for m in self.members.values() if m.role == EVALUATOR)
+        """An evaluator joins at any time; it is answered once the servers are known (and
+        its settings compared with the job's, which are all known then)."""
+        if sum(1 for m in self.members.values() if m.role == EVALUATOR) >= MAX_EVALUATORS:
+            self._send(f"{member.uid}/ctl".encode(), {
+                "type": "error", "error": f"the job already has {MAX_EVALUATORS} evaluators, "
+                f"the most it admits"})
+            return None
+        member.rank, self.evaluators = self.evaluators, self.evaluators + 1
         self.members[member.uid] = member
         self.last_seen[member.uid] = time.monotonic()
         log.info("[scheduler] evaluator registered: pid %d on %s", member.pid, member.hostname)
         if self.assigned:
-            self._send_assignment(member)
+            self._assign_evaluator(member)
         else:
             self.barriers.setdefault("register", []).append(member.uid)
         return None
+
+    def _assign_evaluator(self, member: Member) -> None:
+        differs = self._disagreement(member)
+        if differs is None:
+            self._send_assignment(member)
+        else:
+            self._refuse(member, differs)
+            self._forget(member)
 
     def _servers(self) -> List[Optional[str]]:
         ranked = sorted((m for m in self.members.values() if m.role == "server"),
@@ -469,6 +591,8 @@ class Scheduler:
             member = self.members[uid]
             if member.role == "server" and self.policy.resume:
                 self._send_assignment(member, restore=True, rounds=restore[member.rank])
+            elif member.role == EVALUATOR:
+                self._assign_evaluator(member)
             else:
                 self._send_assignment(member)
         self.assigned = True
@@ -517,9 +641,9 @@ class Scheduler:
     def _lost(self, member: Member, how: str) -> Optional[int]:
         """`member` died (`how`): go on without it if the policy allows, else end the job."""
         reason = f"{member.describe()} {how}"
-        if member.role == EVALUATOR:  # an observer: the job goes on
+        if member.role == EVALUATOR:  # an observer: the job goes on, and forgets it
             log.warning("[scheduler] %s; the job goes on without it", reason)
-            member.finished = True
+            self._forget(member)
             return None
         if not self.assigned:
             return self._abort(reason, exclude=member.uid)
@@ -553,6 +677,18 @@ class Scheduler:
             return None
         return self._abort(reason, exclude=member.uid)
 
+    def _forget(self, member: Member) -> None:
+        """Drop an evaluator that left: it no longer counts, and the servers forget it."""
+        del self.members[member.uid]
+        self.last_seen.pop(member.uid, None)
+        for name in list(self.barriers):
+            self.barriers[name] = [u for u in self.barriers[name] if u != member.uid]
+        self.meeting_waiters = [u for u in self.meeting_waiters if u != member.uid]
+        for m in self.members.values():
+            if m.role == "server" and m.alive:
+                self._send(f"{m.uid}/hb".encode(), {"type": "left", "role": member.role,
+                                                    "rank": member.rank, "uid": member.uid})
+
     def _take_queued(self, role: str) -> None:
         """A node of `role` died: the first one waiting to replace one takes its place."""
         for waiting in [m for m in self.queued if m.role == role]:
@@ -580,13 +716,122 @@ class Scheduler:
 
     def _abort(self, reason: str, exclude: Optional[str] = None) -> int:
         log.error("[scheduler] error: aborting the job: %s", reason)
+        self.aborted = reason
+        if exclude is not None:
+            self.told.add(exclude)
         for m in self.members.values():
             if m.uid != exclude and not m.finished and m.alive:
                 self._send(f"{m.uid}/hb".encode(), {"type": "abort", "reason": reason})
+                self.told.add(m.uid)
         return 1
 
+    # --- starting ---------------------------------------------------------------------
+    def _wait_for_nodes(self) -> Optional[int]:
+        """Until the job is complete: who is missing, every PROGRESS_S seconds; the end
+        of the job after --start-timeout."""
+        if self.assigned:
+            return None
+        now, timeout = time.monotonic(), self.policy.start_timeout
+        if timeout and now - self.listening_since >= timeout:
+            self.linger = 0.0  # the missing ones were waited for long enough
+            return self._abort(f"the job did not start within --start-timeout {timeout:g} s: "
+                               f"{self._missing()}")
+        if now >= self.next_progress:
+            log.info("[scheduler] waiting since %s: %s", clock(self.listening_since),
+                     self._missing())
+            self.next_progress = now + PROGRESS_S
+        return None
+
+    def _missing(self) -> str:
+        """"1 of 1 server and 2 of 3 workers registered, waiting for 1 more worker ..."."""
+        have, missing = [], []
+        for role, wanted in (("server", self.env.num_servers), ("worker", self.env.num_workers)):
+            count = sum(1 for m in self.members.values() if m.role == role)
+            have.append(f"{count} of {wanted} {role}{'s' if wanted != 1 else ''}")
+            if count < wanted:
+                more = wanted - count
+                missing.append(f"{more} more {role}{'s' if more != 1 else ''} "
+                               f"(DMLC_NUM_{role.upper()}={wanted})")
+        text = f"{' and '.join(have)} registered, waiting for {' and '.join(missing)}"
+        registered = [m.describe() for m in self.members.values() if m.role != EVALUATOR]
+        if registered:
+            text += f"; registered: {', '.join(registered)}"
+        if self.handshakes.failures:
+            text += f"; {self.handshakes.failures} connection(s) failed to authenticate " \
+                    f"(last: {self.handshakes.failure})"
+        return text
+
+    def _tell_late_nodes(self) -> None:
+        """After an abort during start-up: answer whoever comes with the reason, for up
+        to `linger` seconds or until every server and worker the job expected was told."""
+        expected = self.env.num_servers + self.env.num_workers
+        if self.linger <= 0 or len(self.told) >= expected:
+            return
+        log.info("[scheduler] staying up to %g s to tell the nodes that have not heard why "
+                 "(%d of %d told)", self.linger, len(self.told), expected)
+        deadline = time.monotonic() + self.linger
+        while time.monotonic() < deadline and len(self.told) < expected:
+            self._watch_handshakes()
+            if not self.sock.poll(POLL_MS):
+                continue
+            identity, *frames = self.sock.recv_multipart(copy=False)
+            try:
+                sender = text_field(decode(frames, REQUESTS).header, "sender")
+            except MessageError:
+                continue
+            self._send(identity.bytes, {"type": "abort", "reason": self.aborted})
+            if len(self.told) < 4 * expected:
+                self.told.add(sender)
+
+    # --- peers that cannot authenticate, or do not read ---------------------------------
+    def _watch_handshakes(self) -> None:
+        for failed in self.handshakes.poll():
+            line = self.handshakes.say(failed)
+            if line is not None:
+                log.warning("[scheduler] a node could not join: %s", line)
+
+    def _drop_stalled(self) -> Optional[int]:
+        while self.stalled:
+            member = self.members.get(self.stalled.pop())
+            if member is not None and member.alive and not member.finished:
+                code = self._lost(member, "does not read the scheduler's messages")
+                if code is not None:
+                    return code
+        return None
+
     def _send(self, identity: bytes, header: Dict) -> None:
+        """Never blocks: a peer whose queue is full does not read, and is dropped."""
         try:
-            self.sock.send_multipart([identity, *encode({"sender": "scheduler", **header})])
+            self.sock.send_multipart([identity, *encode({"sender": "scheduler", **header})],
+                                     flags=zmq.NOBLOCK)
+        except zmq.Again:
+            uid = identity.rsplit(b"/", 1)[0].decode("utf-8", "replace")
+            if uid in self.members:
+                if uid not in self.stalled:
+                    self.stalled.append(uid)
+            elif time.monotonic() >= self.quiet_until:
+                log.warning("[scheduler] a peer that is not a member (%r) does not read its "
+                            "answers; dropping them", identity[:64])
+                self.quiet_until = time.monotonic() + 10.0
         except zmq.ZMQError:  # the peer is gone (ROUTER_MANDATORY): nothing to tell it
             pass
+
+
+def tell_why(env: ClusterEnv, reason: str) -> None:
+    """A scheduler that cannot run its job (bad input): listen on the job's address
+    anyway, for up to ABORT_LINGER seconds, to tell the nodes that come why, so that
+    none waits for a scheduler that has gone. Nothing to do where nobody knows the
+    address (DMLC_PS_ROOT_PORT=0: a launcher's, which ends the job itself) or where it
+    cannot listen."""
+    if env.root_port == 0:
+        return
+    scheduler = Scheduler(env)
+    try:
+        scheduler._listen()
+    except UserError:
+        return
+    try:
+        scheduler.aborted = reason
+        scheduler._tell_late_nodes()
+    finally:
+        scheduler._close()
