@@ -108,10 +108,9 @@ def test_evaluator_started_before_the_servers_logs_the_global_model(tmp_path):
         seen = [(r["round"], r["accuracy"], by_round[r["round"]]) for r in log
                 if r["round"] >= 1]
         assert seen
-        # weights and BatchNorm statistics are separate answers: a pull between the two
-        # may see the round's weights with the previous round's statistics
-        assert all(abs(mine - worker0) <= 0.03 for _, mine, worker0 in seen), seen
-        assert sum(mine == worker0 for _, mine, worker0 in seen) >= len(seen) / 2, seen
+        # a pull that comes mid-round waits for its end: never the round's weights with
+        # the previous round's BatchNorm statistics (that differed by up to 0.05 early on)
+        assert all(mine == worker0 for _, mine, worker0 in seen), seen
         # the clock: training lasted as long as the workers say, the evaluator's times
         # lie within it
         end = max(rounds[-1]["total_time"] for rounds in workers.values())
@@ -141,9 +140,9 @@ def test_the_server_refuses_an_evaluator_s_push_and_init_and_serves_on(tmp_path)
             return kv
 
         try:
-            servers = worker.register(mode="sync", network="test")["servers"]
+            servers = worker.register()["servers"]
             # an evaluator joins at any time, and is told where the servers are
-            assert evaluator.register(mode="sync", network="test")["servers"] == servers
+            assert evaluator.register()["servers"] == servers
             kv = store(worker, 0)
             kv.init(RULE, WEIGHTS, BUFFERS)
             params, buffers = np.zeros_like(WEIGHTS), np.zeros_like(BUFFERS)
