@@ -156,7 +156,10 @@ def test_allreduce_hold_is_the_ring_s_bytes_and_steps(nbytes, world, mbit, laten
     link.before_allreduce(nbytes, world)
     held = time.monotonic() - start
     assert Link.ring_allreduce_bytes(nbytes, world) == int(each_way)
-    assert expected - 0.002 <= held <= expected * 1.10 + 0.01, (held, expected)
+    # the hold sleeps until a deadline: never shorter; how much longer is the scheduler's
+    # business (17 ms over on a loaded 2-core machine), so the length is checked exactly
+    # where the link computes it
+    assert held >= expected - 0.002, (held, expected)
     assert link.waited == pytest.approx(expected, abs=0.002)
 
 
