@@ -40,6 +40,13 @@ def assert_all_end(job: Cluster, codes: Dict[str, Optional[int]], expected=None)
     assert_no_traceback(job)
 
 
+def assert_all_say(job: Cluster, pattern: str, timeout: float = 30) -> None:
+    """Every process of the job ends with exit status 1, having said `pattern`."""
+    assert_all_end(job, job.wait(timeout), 1)
+    for name in job.procs:
+        assert re.search(pattern, job.output(name)), (name, job.output(name))
+
+
 def worker_args(name: str, job: Cluster, *more: str, stop=("--max-rounds", "150")) -> list:
     return ["-m", "sync", "-n", "lenet", "--num-threads", "1", "-e", "50", *stop,
             "--device-name", name, "-ld", job.log_dir, *more]
@@ -269,12 +276,8 @@ def test_a_worker_with_another_dmlc_num_worker_is_refused_and_the_job_ends(tmp_p
         job.wait_for_output("scheduler", "worker registered")
         job.env["DMLC_NUM_WORKER"] = "3"
         job.start("worker1", "worker", worker_args("w1", job))
-        codes = job.wait(30)
-        assert_all_end(job, codes, 1)
-        line = re.compile(r"DMLC_NUM_WORKER is 3 for worker w1 \(pid \d+ on .*\) but 2 for "
-                          r"the scheduler")
-        for name in job.procs:
-            assert line.search(job.output(name)), (name, job.output(name))
+        assert_all_say(job, r"DMLC_NUM_WORKER is 3 for worker w1 \(pid \d+ on .*\) but 2 "
+                            r"for the scheduler")
         assert "esync: error: the scheduler refused this worker: DMLC_NUM_WORKER is 3" \
             in job.output("worker1")
 
@@ -287,12 +290,8 @@ def test_servers_with_different_modes_are_refused_and_the_job_ends(tmp_path):
         job.start("server1", "server", ["-m", "async"])
         for w in range(2):
             job.start(f"worker{w}", "worker", worker_args(f"w{w}", job))
-        codes = job.wait(30)
-        assert_all_end(job, codes, 1)
-        line = re.compile(r"-m is async for server \(pid \d+ on .*\) but sync for server "
-                          r"\(pid \d+ on .*\)")
-        for name in job.procs:
-            assert line.search(job.output(name)), (name, job.output(name))
+        assert_all_say(job, r"-m is async for server \(pid \d+ on .*\) but sync for server "
+                            r"\(pid \d+ on .*\)")
 
 
 def test_a_worker_with_another_network_than_the_scheduler_is_refused(tmp_path):
