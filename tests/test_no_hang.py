@@ -252,6 +252,20 @@ def test_the_scheduler_names_who_is_missing_and_gives_up_after_start_timeout(tmp
         assert "waiting for the job's other nodes to register" in job.output("server0")
 
 
+def test_a_registered_node_that_gives_up_ends_the_job_for_the_others(tmp_path):
+    """A node's --start-timeout shorter than the scheduler's: once it gives up, the
+    others would wait for it; it tells the scheduler, which ends the job."""
+    with Cluster(tmp_path, 1, 2, HEARTBEAT_TIMEOUT) as job:
+        job.start("scheduler", "scheduler")
+        job.start("server0", "server")
+        job.start("worker0", "worker", worker_args("w0", job, "--start-timeout", "8"))
+        assert job.procs["worker0"].wait(20) == 1
+        job.start("worker1", "worker", worker_args("w1", job))  # late: it is told why
+        assert_all_say(job, r"worker w0(:| failed:) gave up after --start-timeout 8 s "
+                            r"waiting for the job's other nodes to register")
+        assert "aborting the job" in job.output("scheduler")
+
+
 def test_a_node_without_its_scheduler_says_so_and_gives_up(tmp_path):
     """A wrong scheduler address: nothing listens there."""
     with Cluster(tmp_path, 1, 2, HEARTBEAT_TIMEOUT) as job:

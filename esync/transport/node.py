@@ -169,8 +169,11 @@ class Node:
             self.check()
             now = time.monotonic()
             if start_timeout and now - started >= start_timeout:
-                raise JoinFailed(f"{self.name}: gave up after --start-timeout "
-                                 f"{start_timeout:g} s {self.waiting_for()}")
+                reason = f"gave up after --start-timeout {start_timeout:g} s " \
+                         f"{self.waiting_for()}"
+                if self._answered.is_set():  # the others would wait for this node: end it
+                    self.fail(reason, user_error=True)
+                raise JoinFailed(f"{self.name}: {reason}")
             if now >= next_line:
                 log.info("[%s] %s since %s (%d s)", self.name, self.waiting_for(),
                          clock(started), now - started)
