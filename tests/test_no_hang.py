@@ -232,21 +232,21 @@ def test_a_start_up_abort_ends_the_nodes_started_before_and_after_it(tmp_path, c
 # --- 4. a node that never comes ------------------------------------------------------------
 def test_the_scheduler_names_who_is_missing_and_gives_up_after_start_timeout(tmp_path):
     with Cluster(tmp_path, 1, 3, HEARTBEAT_TIMEOUT) as job:
-        job.start("scheduler", "scheduler", ["--start-timeout", "20"])
+        job.start("scheduler", "scheduler", ["--start-timeout", "15"])
         job.start("server0", "server")
         for w in range(2):
             job.start(f"worker{w}", "worker", worker_args(f"w{w}", job))
         # said every 5 s: within 5 s of the last registration (torch's import, under load)
         job.wait_for_output("scheduler", "2 of 3 workers registered, waiting for 1 more "
                                          "worker (DMLC_NUM_WORKER=3); registered: ",
-                            timeout=19)
+                            timeout=14)
         codes = job.wait(30)
         assert_all_end(job, codes, 1)
         assert re.search(r"waiting since \d\d:\d\d:\d\d: 1 of 1 server and 2 of 3 workers "
                          r"registered, waiting for 1 more worker \(DMLC_NUM_WORKER=3\); "
                          r"registered: .*worker w0", job.output("scheduler"))
         for name in job.procs:
-            assert "the job did not start within --start-timeout 20 s: 1 of 1 server and 2 " \
+            assert "the job did not start within --start-timeout 15 s: 1 of 1 server and 2 " \
                    "of 3 workers registered, waiting for 1 more worker" in job.output(name)
         # the server, which starts first, waited long enough to say so
         assert "waiting for the job's other nodes to register" in job.output("server0")
