@@ -281,6 +281,24 @@ def test_a_node_without_its_scheduler_says_so_and_gives_up(tmp_path):
             assert "gave up after --start-timeout 7 s waiting for the scheduler" in out, out
 
 
+def test_a_worker_too_many_waits_for_a_place_and_hears_when_the_job_ends(tmp_path):
+    """One worker more than DMLC_NUM_WORKER while the job runs: it waits for a dead
+    worker's place (none comes), and is told when the job ends instead of losing the
+    scheduler."""
+    with Cluster(tmp_path, 1, 1, HEARTBEAT_TIMEOUT) as job:
+        job.start("scheduler", "scheduler")
+        job.start("server0", "server")
+        job.start("worker0", "worker", worker_args("w0", job, stop=("--max-rounds", "400")))
+        job.wait_for_output("scheduler", "ranks assigned")
+        job.start("extra", "worker", worker_args("w1", job))
+        job.wait_for_output("scheduler", "waits for a dead worker's place")
+        codes = job.wait(60)
+        assert_all_end(job, codes, {"scheduler": 0, "server0": 0, "worker0": 0, "extra": 1})
+        assert re.search(r"esync: error: job aborted: the job ended before a dead worker's "
+                         r"place came free for worker w1 \(pid \d+", job.output("extra"))
+        assert "lost the scheduler" not in job.output("extra")
+
+
 # --- 5. settings that disagree --------------------------------------------------------
 def test_a_worker_with_another_dmlc_num_worker_is_refused_and_the_job_ends(tmp_path):
     with Cluster(tmp_path, 1, 2, HEARTBEAT_TIMEOUT) as job:

@@ -188,7 +188,8 @@ class Node:
         """What a node that has not joined yet waits for, in words."""
         where = self.env.scheduler_address
         if self._answered.is_set():
-            return f"waiting for the job's other nodes to register with the scheduler at {where}"
+            return f"waiting for the job's other nodes to register with the scheduler at " \
+                   f"{where} (or, once the job runs, for a dead node's place)"
         if self._connected:
             return f"waiting for the scheduler at {where} to answer (connected, no answer yet)"
         return f"waiting for the scheduler at {where}: nothing listens there (not started " \

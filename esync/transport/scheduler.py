@@ -210,6 +210,10 @@ class Scheduler:
         ready.announce(port)
         try:
             code = self._serve()
+            for waiting in self.queued:  # they would wait for a place until they time out
+                self._send(f"{waiting.uid}/hb".encode(), {
+                    "type": "abort", "reason": self.aborted or "the job ended before a "
+                    f"dead {waiting.role}'s place came free for {waiting.describe()}"})
             if self.aborted is not None and not self.assigned:
                 self._tell_late_nodes()
         finally:
