@@ -249,11 +249,12 @@ class Supervisor:
             raise ValueError(f"restart={restart}: expected a number of restarts >= 0")
         argv = list(argv)
         spec = dict(env=dict(os.environ if env is None else env), cwd=cwd, ready=ready)
-        proc, ready_r = self._popen(argv, spec, log, f"# {shlex.join(argv)}\n", "w")
-        child = Child(name, argv, proc, essential, log, fatal=fatal, max_restarts=restart,
-                      _spec=spec)
-        self._watch(child, ready_r)
-        self.children.append(child)
+        with _signals_held():
+            proc, ready_r = self._popen(argv, spec, log, f"# {shlex.join(argv)}\n", "w")
+            child = Child(name, argv, proc, essential, log, fatal=fatal,
+                          max_restarts=restart, _spec=spec)
+            self._watch(child, ready_r)
+            self.children.append(child)
         return child
 
     def restart(self, child: Child) -> Child:
@@ -268,14 +269,15 @@ class Supervisor:
         self._reap()
         self._forget(child)
         child.restarts += 1
-        proc, ready_r = self._popen(child.argv, child._spec, child.log,
-                                    f"# restart {child.restarts}: {shlex.join(child.argv)}\n",
-                                    "a")
-        child.proc = proc
-        child.port = None
-        child._settled = child._tolerated = False
-        child._ready_buf = b""
-        self._watch(child, ready_r)
+        with _signals_held():
+            proc, ready_r = self._popen(
+                child.argv, child._spec, child.log,
+                f"# restart {child.restarts}: {shlex.join(child.argv)}\n", "a")
+            child.proc = proc
+            child.port = None
+            child._settled = child._tolerated = False
+            child._ready_buf = b""
+            self._watch(child, ready_r)
         self._exited = [c for c in self._exited if c is not child]
         return child
 
@@ -535,9 +537,32 @@ class Supervisor:
 
 # --- helpers ------------------------------------------------------------------------------
 
+#: the signals held while a child is forked (_signals_held)
+HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while a child is forked and registered. One that comes
+    while CPython runs its after-fork hooks in the parent (logging's lock) is raised in
+    a hook, where it is only reported ("Exception ignored") and lost, and the launcher
+    went on as if never interrupted (seen in CI: a Ctrl-C as the last child started).
+    Held, it is raised here once the child is known, and so stopped with the rest."""
+    if not _in_main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _die_with_parent(parent: int) -> None:
-    """In the child, before exec: SIGKILL when the launcher dies (Linux), and exit now
-    if it already died between fork and here."""
+    """In the child, before exec: the signals the launcher held while forking are the
+    child's again; SIGKILL when the launcher dies (Linux), and exit now if it already
+    died between fork and here."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
     if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
         if os.getppid() != parent:
