@@ -22,6 +22,8 @@ What it guarantees, on Linux:
   the **parent-death signal** SIGKILL (prctl PR_SET_PDEATHSIG): if the launcher is
   killed outright, its children die with it. (The signal follows the thread that
   started the child: start children from a thread that lives as long as they should.)
+  SIGINT and SIGTERM are held while a child is forked and registered, so that a Ctrl-C
+  then is not lost in CPython's after-fork hooks (see _signals_held).
 * **Output** goes to a log file (`log=`, first line `# <the command>`), or is left to
   the launcher's own (without `log=`). A child's input is /dev/null.
 * **Essential** children are the job: `wait` ends when all of them have exited 0. A
