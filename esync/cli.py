@@ -76,13 +76,18 @@ def _report(env: Optional["ClusterEnv"], error: UserError) -> None:
         report_failed_start(env, str(error))
 
 
+def _say_error(prog: str, error: UserError) -> None:
+    """Bad input as the one line users get: `main.py: error: ...`."""
+    print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
+
+
 def _scheduler_cannot_start(prog: str, error: UserError) -> int:
     """A scheduler with bad input: say so, then stay a while to tell the nodes that come
     why (they would otherwise wait for it); exit status 2."""
     from esync.transport.cluster import ClusterEnv
     from esync.transport.scheduler import tell_why
 
-    print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
+    _say_error(prog, error)  # now: what follows may take a while
     try:
         env = ClusterEnv.from_environ()
     except UserError:
@@ -185,7 +190,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except UserError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        _say_error(prog, e)
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

@@ -55,7 +55,8 @@ from esync.transport.cluster import ClusterEnv, advertised_address
 from esync.transport.message import (CHUNK_BYTES, CHUNK_VALUES, FRAME_SLACK, Message,
                                      MessageError, chunk_spans, decode, encode,
                                      integer_field)
-from esync.transport.node import Node
+from esync.transport.node import Node, node_id
+from esync.transport.quiet import Quiet
 
 REQUESTS = ("init", "pull", "push", "join", "leave")
 STRANGERS = 1024  # identities remembered as not members (bounded)
@@ -96,7 +97,7 @@ class ShardServer:
                  stalled: Stalled = lambda identity: None):
         self.rank, self.num_workers, self.sock = rank, num_workers, sock
         self.who, self.stalled = who, stalled
-        self.quiet_until = 0.0  # strangers that do not read: logged at most this often
+        self.quiet = Quiet()  # strangers that do not read: logged at most this often
         self.peers: Dict[bytes, Tuple[str, int]] = {}
         self.strangers: "OrderedDict[bytes, None]" = OrderedDict()
         self.sections: Tuple[np.ndarray, ...] = ()
@@ -442,10 +443,9 @@ class ShardServer:
                         role, rank)
             self._stranger(identity)
             self.stalled(identity)
-        elif time.monotonic() >= self.quiet_until:
+        elif self.quiet.say("unread"):
             log.warning("[server %d] a peer that is not a member (%r) does not read its "
                         "answers; dropping them", self.rank, identity[:64])
-            self.quiet_until = time.monotonic() + 10.0
 
 
 def _who(node: Node) -> Who:
@@ -453,7 +453,7 @@ def _who(node: Node) -> Who:
         """A peer's identity is "<node id>/<socket name>" (a node may have several)."""
         if len(identity) > 256 or b"/" not in identity:
             return None
-        answer = node.who(identity.rsplit(b"/", 1)[0].decode("utf-8", "replace"))
+        answer = node.who(node_id(identity))
         if answer is None or answer.get("role") not in ("worker", EVALUATOR) \
                 or type(answer.get("rank")) is not int:
             return None
@@ -464,8 +464,7 @@ def _who(node: Node) -> Who:
 
 def _stalled(node: Node) -> Stalled:
     def stalled(identity: bytes) -> None:
-        node.tell({"type": "stalled",
-                   "uid": identity.rsplit(b"/", 1)[0].decode("utf-8", "replace")})
+        node.tell({"type": "stalled", "uid": node_id(identity)})
 
     return stalled
 

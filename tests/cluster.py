@@ -73,6 +73,10 @@ class Cluster:
         with open(os.path.join(self.dir, f"{name}.out")) as f:
             return f.read()
 
+    def outputs(self) -> Dict[str, str]:
+        """Every process's output, by name."""
+        return {name: self.output(name) for name in self.procs}
+
     def rounds(self, worker: int) -> List[dict]:
         folder = os.path.join(self.log_dir, socket.gethostname(), f"w{worker}")
         count = len(glob.glob(os.path.join(folder, "iter-*.json")))

@@ -1,5 +1,6 @@
 """Shared by the tests: a hand-rolled IDX writer, a runner for real `main.py` processes,
-waiting for an event, and the evaluator's accuracy in a job's logs."""
+waiting for an event, the evaluator's accuracy in a job's logs, and processes' outputs
+without a traceback."""
 from __future__ import annotations
 
 import glob
@@ -10,7 +11,7 @@ import struct
 import subprocess
 import sys
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -99,3 +100,9 @@ def evaluator_accuracy(out: str, mode_folder: str, network: str = "lenet") -> fl
         os.path.join(out, network, mode_folder, "*", "evaluator", "iter-*.json"))]
     assert records, f"no evaluator logs under {out}"
     return max(r["accuracy"] for r in records if r.get("accuracy") is not None)
+
+
+def assert_no_traceback(outputs: Mapping[str, str]) -> None:
+    """No process's output ({name: output}) holds a traceback."""
+    for name, output in outputs.items():
+        assert "Traceback" not in output, (name, output[-3000:])

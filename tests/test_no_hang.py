@@ -17,17 +17,13 @@ from esync.transport.cluster import ClusterEnv
 from esync.transport.node import Node
 from launch.supervisor import free_port
 from tests.cluster import Cluster
+from tests.helpers import assert_no_traceback
 from tests.test_hostile import Attacker, answer, job_args, packed, scheduler_address, \
     server_address, shard_sizes
 
 pytestmark = pytest.mark.slow  # whole clusters of real processes
 
 HEARTBEAT_TIMEOUT = 3.0
-
-
-def assert_no_traceback(job: Cluster) -> None:
-    for name in job.procs:
-        assert "Traceback" not in job.output(name), (name, job.output(name)[-3000:])
 
 
 def assert_all_end(job: Cluster, codes: Dict[str, Optional[int]], expected=None) -> None:
@@ -37,7 +33,7 @@ def assert_all_end(job: Cluster, codes: Dict[str, Optional[int]], expected=None)
     if expected is not None:
         want = expected if isinstance(expected, dict) else {n: expected for n in codes}
         assert codes == want, {n: job.output(n)[-1500:] for n in codes}
-    assert_no_traceback(job)
+    assert_no_traceback(job.outputs())
 
 
 def assert_all_say(job: Cluster, pattern: str, timeout: float = 30) -> None:
@@ -364,7 +360,7 @@ def test_evaluators_are_bounded_and_dropped_when_their_heartbeats_stop(tmp_path)
                                            for n in range(MAX_EVALUATORS)], timeout=15)
         assert register("after-them") is None  # their places are free again
         assert job.procs["scheduler"].poll() is None
-        assert_no_traceback(job)
+        assert_no_traceback(job.outputs())
 
 
 def test_the_scheduler_survives_messages_about_settings_and_stalls_from_strangers(tmp_path):
@@ -380,5 +376,5 @@ def test_the_scheduler_survives_messages_about_settings_and_stalls_from_stranger
             reply = answer(sock, 5000)
             assert reply is not None and reply.type == "error", (header, reply)
         assert job.procs["scheduler"].poll() is None
-        assert_no_traceback(job)
+        assert_no_traceback(job.outputs())
 

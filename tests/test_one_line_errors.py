@@ -19,7 +19,7 @@ import pytest
 
 from launch.supervisor import free_port
 from tests.cluster import Cluster
-from tests.helpers import REPO, run_main, wait_until
+from tests.helpers import REPO, assert_no_traceback, run_main, wait_until
 from tests.stateserver import StateServer
 
 FAST = ["-n", "lenet", "--num-threads", "1", "-e", "0"]
@@ -32,13 +32,8 @@ def assert_one_line(output: str, line: str) -> None:
     assert any(line in text for text in output.splitlines()), (line, output[-3000:])
 
 
-def assert_no_traceback(outputs: dict) -> None:
-    for name, output in outputs.items():
-        assert "Traceback" not in output, (name, output[-3000:])
-
-
 def outputs_of(job: Cluster, state: StateServer = None) -> dict:
-    found = {name: job.output(name) for name in job.procs}
+    found = job.outputs()
     if state is not None and state.proc is not None:
         found["stateserver"] = state.output()
     return found

@@ -9,20 +9,17 @@ the scheduler says, at most every few seconds, that someone failed to authentica
 """
 from __future__ import annotations
 
-import time
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-#: the monitor events read here
-EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED
-          | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-          | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+from esync.transport.quiet import Quiet
+
 FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
           | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-#: seconds between two lines about the same kind of failure (the listening side)
-QUIET_S = 10.0
+#: the monitor events read here
+EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | FAILED
 #: failed handshakes in a row, none of them telling its cause, before the connecting
 #: side gives up (one that tells, a key mismatch, is enough)
 VAGUE_FAILURES = 3
@@ -66,12 +63,10 @@ class Handshakes:
         self.monitor = sock.get_monitor_socket(EVENTS)
         self.sock = sock
         self.connected = False  # a TCP connection was made (connecting side)
-        self.succeeded = False  # a handshake succeeded
         self.failures = 0
         self.failure: Optional[str] = None
         self._vague = 0  # failures in a row that did not tell their cause
-        self._said: Dict[str, float] = {}
-        self._unsaid: Dict[str, int] = {}
+        self._quiet = Quiet()
 
     def poll(self) -> List[str]:
         """Read the pending events; the causes of the handshakes that failed among them.
@@ -87,7 +82,7 @@ class Handshakes:
             if kind == zmq.EVENT_CONNECTED:
                 self.connected = True
             elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.succeeded, self._vague = True, 0
+                self._vague = 0
             elif kind & FAILED:
                 cause = why(kind, value, self.keyed, self.listening)
                 self.failures += 1
@@ -101,13 +96,11 @@ class Handshakes:
     def say(self, cause: str) -> Optional[str]:
         """The line to log for one more failure with `cause`, or None to stay quiet (the
         listening side: each cause at most once per QUIET_S, with the count since)."""
-        now = time.monotonic()
-        self._unsaid[cause] = self._unsaid.get(cause, 0) + 1
-        if now - self._said.get(cause, -QUIET_S) < QUIET_S:
+        count = self._quiet.say(cause)
+        if count is None:
             return None
-        count = self._unsaid.pop(cause)
-        self._said[cause] = now
-        return cause if count == 1 else f"{cause} ({count} times in the last {QUIET_S:g} s)"
+        return cause if count == 1 else \
+            f"{cause} ({count} times in the last {self._quiet.period:g} s)"
 
     def close(self) -> None:
         try:

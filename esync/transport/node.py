@@ -25,7 +25,7 @@ import secrets
 import socket
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import zmq
 
@@ -76,6 +76,12 @@ class JoinFailed(JobAborted):
 def clock(monotonic: float) -> str:
     """A time.monotonic() reading as this machine's wall-clock time, HH:MM:SS."""
     return time.strftime("%H:%M:%S", time.localtime(time.time() - time.monotonic() + monotonic))
+
+
+def node_id(identity: bytes) -> str:
+    """The node id a socket's ZeroMQ identity carries: "<node id>/<socket name>" (a node
+    has several sockets; Node._connect names them)."""
+    return identity.rsplit(b"/", 1)[0].decode("utf-8", "replace")
 
 
 def describe(error: JobAborted) -> str:
@@ -130,17 +136,22 @@ class Node:
         if self._aborted is not None:
             raise type(self._aborted)(str(self._aborted))
 
-    def wait(self, sock: zmq.Socket, types: Sequence[str]) -> Message:
-        """The next message on `sock` (blocking), unless the job is aborted meanwhile."""
+    def wait(self, sock: zmq.Socket, types: Sequence[str],
+             idle: Optional[Callable[[], None]] = None) -> Message:
+        """The next message on `sock` (blocking), unless the job is aborted meanwhile;
+        `idle` is called every POLL_MS while none comes."""
         while not sock.poll(POLL_MS):
             self.check()
+            if idle is not None:
+                idle()
         return decode(sock.recv_multipart(copy=False), types)
 
     # --- requests to the scheduler ----------------------------------------------------
-    def _request(self, header: Dict[str, Any]) -> Message:
+    def _request(self, header: Dict[str, Any],
+                 idle: Optional[Callable[[], None]] = None) -> Message:
         log.debug("[ps %s] -> scheduler %s", self.name, header)
         self._control.send_multipart(encode({"sender": self.uid, **header}))
-        reply = self.wait(self._control, REPLIES)
+        reply = self.wait(self._control, REPLIES, idle)
         log.debug("[ps %s] <- scheduler %s", self.name, reply.header)
         return self._answer(header["type"], reply)
 
@@ -159,14 +170,10 @@ class Node:
         {"rank", "num_workers", "num_servers", "servers": [address of server 0, ...],
         "job": the job id the scheduler drew}. Says every PROGRESS_S seconds what it
         waits for; `start_timeout` > 0: JoinFailed once it has waited that long."""
-        header = {"sender": self.uid, "type": "register", "role": self.role,
-                  "pid": os.getpid(), "hostname": socket.gethostname(), **info}
-        log.debug("[ps %s] -> scheduler %s", self.name, header)
-        self._control.send_multipart(encode(header))
         started = time.monotonic()
-        next_line = started + PROGRESS_S
-        while not self._control.poll(POLL_MS):
-            self.check()
+        next_line = [started + PROGRESS_S]
+
+        def idle() -> None:
             now = time.monotonic()
             if start_timeout and now - started >= start_timeout:
                 reason = f"gave up after --start-timeout {start_timeout:g} s " \
@@ -174,12 +181,13 @@ class Node:
                 if self._answered.is_set():  # the others would wait for this node: end it
                     self.fail(reason, user_error=True)
                 raise JoinFailed(f"{self.name}: {reason}")
-            if now >= next_line:
+            if now >= next_line[0]:
                 log.info("[%s] %s since %s (%d s)", self.name, self.waiting_for(),
                          clock(started), now - started)
-                next_line = now + PROGRESS_S
-        reply = self._answer("register", decode(self._control.recv_multipart(copy=False),
-                                                REPLIES))
+                next_line[0] = now + PROGRESS_S
+
+        reply = self._request({"type": "register", "role": self.role, "pid": os.getpid(),
+                               "hostname": socket.gethostname(), **info}, idle)
         self.rank = reply.header["rank"]
         self.servers = list(reply.header.get("servers", []))
         return reply.header

@@ -65,7 +65,8 @@ from esync.transport.cluster import ClusterEnv, resolve
 from esync.transport.handshake import Handshakes
 from esync.transport.message import (FRAME_SLACK, MAX_HEADER_BYTES, MessageError, decode,
                                      encode, integer_field, text_field)
-from esync.transport.node import PROGRESS_S, clock
+from esync.transport.node import PROGRESS_S, clock, node_id
+from esync.transport.quiet import Quiet
 
 POLL_MS = 100
 REQUESTS = ("register", "heartbeat", "barrier", "finished", "abort", "bye", "who",
@@ -188,12 +189,13 @@ class Scheduler:
     agreed: Dict[str, Tuple[str, str]] = field(default_factory=dict)
     evaluators: int = 0  # evaluators that ever joined (their ranks)
     #: members whose queue of messages from the scheduler is full: they do not read
-    stalled: List[str] = field(default_factory=list)
+    stalled: Set[str] = field(default_factory=set)
     aborted: Optional[str] = None  # why the job was aborted
     #: a start-up abort: nodes told why (their ids), and how long to tell late ones
     told: Set[str] = field(default_factory=set)
     linger: float = ABORT_LINGER
-    quiet_until: float = 0.0  # strangers that do not read: logged at most this often
+    quiet: Quiet = field(default_factory=Quiet)  # strangers that do not read: logged
+    #                                                at most this often
 
     def __post_init__(self) -> None:
         self.agreed = {name: (value, "the scheduler") for name, value in self.settings.items()}
@@ -664,10 +666,7 @@ class Scheduler:
                                    exclude=member.uid)
             log.warning("[scheduler] %s; the job goes on with %d worker(s) (start it again "
                         "to rejoin)", reason, len(living))
-            for m in self.members.values():
-                if m.role == "server" and m.alive:
-                    self._send(f"{m.uid}/hb".encode(), {"type": "left", "rank": member.rank,
-                                                        "uid": member.uid})
+            self._tell_servers_left(member)
             self._release_barriers()
             self._take_queued("worker")
             self._maybe_closing()
@@ -688,6 +687,10 @@ class Scheduler:
         for name in list(self.barriers):
             self.barriers[name] = [u for u in self.barriers[name] if u != member.uid]
         self.meeting_waiters = [u for u in self.meeting_waiters if u != member.uid]
+        self._tell_servers_left(member)
+
+    def _tell_servers_left(self, member: Member) -> None:
+        """The living servers forget `member` (a dead worker, an evaluator that left)."""
         for m in self.members.values():
             if m.role == "server" and m.alive:
                 self._send(f"{m.uid}/hb".encode(), {"type": "left", "role": member.role,
@@ -809,14 +812,12 @@ class Scheduler:
             self.sock.send_multipart([identity, *encode({"sender": "scheduler", **header})],
                                      flags=zmq.NOBLOCK)
         except zmq.Again:
-            uid = identity.rsplit(b"/", 1)[0].decode("utf-8", "replace")
+            uid = node_id(identity)
             if uid in self.members:
-                if uid not in self.stalled:
-                    self.stalled.append(uid)
-            elif time.monotonic() >= self.quiet_until:
+                self.stalled.add(uid)
+            elif self.quiet.say("unread"):
                 log.warning("[scheduler] a peer that is not a member (%r) does not read its "
                             "answers; dropping them", identity[:64])
-                self.quiet_until = time.monotonic() + 10.0
         except zmq.ZMQError:  # the peer is gone (ROUTER_MANDATORY): nothing to tell it
             pass
 
