@@ -109,7 +109,8 @@ def test_evaluator_started_before_the_servers_logs_the_global_model(tmp_path):
                 if r["round"] >= 1]
         assert seen
         # a pull that comes mid-round waits for its end: never the round's weights with
-        # the previous round's BatchNorm statistics (that differed by up to 0.05 early on)
+        # the previous round's BatchNorm statistics (a mix that, in one CI run under load,
+        # differed from worker 0's accuracy by more than 0.03)
         assert all(mine == worker0 for _, mine, worker0 in seen), seen
         # the clock: training lasted as long as the workers say, the evaluator's times
         # lie within it
