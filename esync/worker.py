@@ -173,9 +173,10 @@ def run_ddp_worker(plan: WorkerPlan, env: DDPEnv) -> int:
     elif "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun: its agent hosts the store
         dist.init_process_group(backend, init_method="env://", rank=env.rank,
                                 world_size=env.world_size)
-        if env.rank == 0:  # a client of the store, to tell the evaluator where to pull
-            store = dist.TCPStore(env.master_addr, env.master_port, is_master=False,
-                                  timeout=timedelta(seconds=60))
+        # a client of the store: to agree to stop (and rank 0: to tell the evaluator
+        # where to pull)
+        store = dist.TCPStore(env.master_addr, env.master_port, is_master=False,
+                              timeout=timedelta(seconds=60))
     else:  # rank 0 hosts the store (on MASTER_PORT, or on the free port it reported)
         store = dist.TCPStore(env.master_addr, env.master_port, env.world_size,
                               is_master=env.rank == 0, wait_for_workers=False,

@@ -1,29 +1,41 @@
 """The baseline most users run today: PyTorch DistributedDataParallel (`-m ddp`).
 
-Exactly what a DDP user writes: the model wrapped in `DistributedDataParallel`, gloo on
-CPU (nccl on GPU), torch's own rendezvous (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT:
-torchrun's variables, or launch/local.py's), `torch.optim.SGD` with the flags' learning
-rate, momentum and weight decay, the same partitions and batch size as every mode. Each
-step all-reduces the gradients (the average over ranks, DDP's default) during backward,
-so every step waits for the slowest rank.
+Exactly what a DDP user writes: the model wrapped in `DistributedDataParallel` with its
+defaults (its buffers, BatchNorm's statistics, broadcast from rank 0 at every forward),
+gloo on CPU (nccl on GPU), torch's own rendezvous (RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT: torchrun's variables, or launch/local.py's), `torch.optim.SGD` with the
+flags' learning rate, momentum and weight decay, the same partitions and batch size as
+every mode. Each step all-reduces the gradients (the average over ranks, DDP's default)
+during backward, so every step waits for the slowest rank.
 
-Three additions, each needed for the comparison and none changing DDP's arithmetic:
-- *Agreeing to stop*: after each step rank 0 broadcasts one byte, whether the job ends
-  (its time limit, its epochs, or the evaluator's target), so that no rank leaves a
-  collective the others wait in. A DDP script with a time limit needs the same.
+Three additions, each needed for the comparison and none changing DDP's arithmetic or
+adding a collective to a step:
+- *Agreeing to stop* without a collective per step: rank 0 decides (its time limit, its
+  epochs, the evaluator's target) and writes the round after which every rank stops
+  into torch.distributed's store, where the other ranks read it after each step (one
+  small request to the store, no waiting for anyone). A decision taken after round r
+  ends the job after round r+1: a rank that has finished round r+1 has all-reduced with
+  rank 0 in it, so it surely sees what rank 0 wrote before that round; round r itself
+  could be over on a rank before rank 0 decides. --max-rounds is written at the start,
+  so that limit is exact. All ranks pass one barrier at the end (rank 0 hosts the store
+  the others read until then).
 - *Publishing the model to the evaluator* (esync.publish) from rank 0, only when asked.
-- *Timing the all-reduce*: it runs through torch's own `allreduce_hook` (the Python
+- *Timing communication apart from computing*, so that the log shows it as `global
+  aggregate` and the simulated slowdown (esync.train.Slowdown) scales computing only:
+  the buffer broadcast is the gap between forward pre-hooks on the DDP module and on the
+  module it wraps; the all-reduce runs through torch's own `allreduce_hook` (the Python
   form of DDP's default all-reduce: the same sum divided by the world size), wrapped to
-  time it, so that the log shows it as `global aggregate` and the simulated slowdown
-  scales computing only; with `--bandwidth`/`--latency` the wrapper also holds it for
-  the emulated link (esync.link.Link.before_allreduce: gloo has no byte-level hook).
+  time it. With `--bandwidth`/`--latency` the wrapper also holds it for the emulated
+  link (esync.link.Link.before_allreduce: gloo has no byte-level hook).
 Traffic is estimated, as gloo does not count bytes: a ring all-reduce of the gradients
-sends (and receives) 2(W-1)/W of their bytes per step.
+sends (and receives) 2(W-1)/W of their bytes per step (the buffers' broadcast, small
+beside them, is not counted).
 """
 from __future__ import annotations
 
 import gc
 import logging
+import os
 import time
 from typing import Optional, Tuple
 
@@ -38,37 +50,51 @@ from esync.link import Link, link_of
 
 log = logging.getLogger(__name__)
 
+#: the store key holding the round after which every rank stops (0: not decided); a
+#: job restarted by torchrun has keys of its own
+STOP_KEY = "esync/ddp/stop-after-round/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+
 
 class DDP(Algorithm):
     name = "ddp"
 
     def __init__(self, job: Job, lr: float, momentum: float, weight_decay: float,
-                 eval_every: int, link: Link):
+                 eval_every: int, link: Link, max_rounds: Optional[int] = None):
         self.rank, self.world = job.rank, job.num_workers
         self.sgd = (lr, momentum, weight_decay)
         self.eval_every = eval_every
         self.link = link
         self.step_bytes = 0     # bytes a rank sends (and receives) per step
-        self.store, self.host = job.store, job.host  # rank 0: to tell the evaluator
+        self.store, self.host = job.store, job.host  # to stop, and for the evaluator
+        self.max_rounds = max_rounds
+        self.stop_after: Optional[int] = None  # the last round, once rank 0 has said it
+        self._reason: Optional[str] = None      # rank 0: why it ends the job
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.module: Optional[DistributedDataParallel] = None
         self.publisher = None
         self.bytes = 0          # estimated bytes sent (= received) by this rank
         self._comm_start: Optional[float] = None
         self._comm_end = 0.0
+        self._forward_start: Optional[float] = None
+        self._broadcast = 0.0   # seconds of the buffer broadcast of the last forward
+        self.last_communication = 0.0  # communication_seconds' last answer
+        self.gradient_scale = 1.0  # this rank's gradients are multiplied by it before
+        #                            the all-reduce (BalancedDDP weighs by batch size)
         self._device: Optional[torch.device] = None
         self._round = 0
 
     @classmethod
     def from_options(cls, opts, job: Optional[Job]) -> "DDP":
         return cls(job, opts.learning_rate, opts.momentum, opts.weight_decay,
-                   opts.eval_every, link_of(opts))
+                   opts.eval_every, link_of(opts), opts.max_rounds)
 
     def setup(self, model: nn.Module, device: torch.device) -> None:
         self._device = device
         self.module = DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
         self.module.register_comm_hook(None, self._allreduce)
+        self.module.register_forward_pre_hook(self._forward_begins)
+        model.register_forward_pre_hook(self._buffers_broadcast)
         gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters()
                              if p.requires_grad)
         self.step_bytes = Link.ring_allreduce_bytes(gradient_bytes, self.world)
@@ -79,17 +105,31 @@ class DDP(Algorithm):
 
             self.publisher = ModelPublisher(model, self.host)
             self.store.set(STORE_ADDRESS, self.publisher.address)
+        if self.rank == 0:
+            self._say_stop_after(self.max_rounds or 0)
         dist.barrier()  # start the clocks together
+        if self.rank != 0:
+            self._read_stop_after()
         if self.publisher is not None:
             self.publisher.restart_clock()
 
     def training_module(self, model: nn.Module) -> nn.Module:
         return self.module
 
-    # --- the all-reduce, timed and paced (only with emulation) ---------------------------
+    # --- communication: the buffer broadcast and the all-reduce, timed and paced -------
+    def _forward_begins(self, module, args) -> None:  # DDP's forward: before the broadcast
+        self._forward_start = time.perf_counter()
+
+    def _buffers_broadcast(self, module, args) -> None:  # the wrapped module's: after it
+        if self._forward_start is not None:  # (not an evaluation of the bare model)
+            self._broadcast = time.perf_counter() - self._forward_start
+            self._forward_start = None
+
     def _allreduce(self, state, bucket):  # (no annotation: DDP checks its exact type)
         if self._comm_start is None:
             self._comm_start = time.perf_counter()
+        if self.gradient_scale != 1.0:
+            bucket.buffer().mul_(self.gradient_scale)
         nbytes = bucket.buffer().numel() * bucket.buffer().element_size()
         self.link.before_allreduce(nbytes, self.world)
 
@@ -100,10 +140,11 @@ class DDP(Algorithm):
         return allreduce_hook(None, bucket).then(done)
 
     def communication_seconds(self) -> float:
-        if self._comm_start is None:
-            return 0.0
-        seconds = max(0.0, self._comm_end - self._comm_start)
-        self._comm_start = None
+        seconds, self._broadcast = self._broadcast, 0.0
+        if self._comm_start is not None:
+            seconds += max(0.0, self._comm_end - self._comm_start)
+            self._comm_start = None
+        self.last_communication = seconds
         return seconds
 
     # --- the round: one step -------------------------------------------------------------
@@ -131,14 +172,24 @@ class DDP(Algorithm):
         if self.rank == 0:
             if reason is None and self.publisher is not None:
                 reason = self.publisher.stop_reason
-            decision = torch.tensor([1 if reason else 0], dtype=torch.uint8,
-                                    device=self._device)
+            self._reason = self._reason or reason
+            if self._reason and (self.stop_after is None or self.stop_after > self._round + 1):
+                self._say_stop_after(self._round + 1)
         else:
-            decision = torch.zeros(1, dtype=torch.uint8, device=self._device)
-        dist.broadcast(decision, src=0)
-        if not decision.item():
+            self._read_stop_after()
+        if self.stop_after is None or self._round < self.stop_after:
             return None
-        return reason if self.rank == 0 else "rank 0 ended the job"
+        dist.barrier()  # no rank leaves (rank 0: with the store) while another reads it
+        return (self._reason or reason) if self.rank == 0 else "rank 0 ended the job"
+
+    def _say_stop_after(self, round_: int) -> None:
+        """Rank 0: every rank stops after round `round_` (0: not decided)."""
+        self.stop_after = round_ or None
+        self.store.set(STOP_KEY, str(round_))
+        self.store.add(STOP_KEY, 0)  # answered once the value is in (set is not)
+
+    def _read_stop_after(self) -> None:
+        self.stop_after = self.store.add(STOP_KEY, 0) or None
 
     def traffic(self) -> Tuple[int, int]:
         return self.bytes, self.bytes
