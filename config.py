@@ -31,6 +31,10 @@ LEARNING_RATE_GLOBAL = 1.0     # -gl: scale of the averaged model delta in esync
 MOMENTUM = 0.9                 # --momentum: SGD momentum (0 = plain SGD, as MXNet's "sgd")
 WEIGHT_DECAY = 0.0             # --weight-decay
 DCASGD = False                 # -dcasgd: delay-compensated ASGD in async mode
+BALANCE_BATCHES = False        # --balance-batches: ddp: each worker's batch in proportion
+                               #   to its measured speed, the global batch unchanged
+MIN_BATCH = 8                  # --min-batch: the smallest batch --balance-batches gives
+                               #   a worker (BatchNorm's statistics need a few samples)
 DCASGD_LAMDA = 0.04            # --dcasgd-lamda: the variance-control factor of DC-ASGD
 NORMALIZE_DELTAS = False       # --normalize-deltas: esync averages delta / local steps,
                                #   scaled by the mean steps (FedNova)

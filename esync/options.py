@@ -144,6 +144,14 @@ class Options:
     mode: str = _opt(["-m", "--mode"], config.MODE, "training algorithm", choices=MODES)
     use_dcasgd: Switch = _opt(["-dcasgd", "--use-dcasgd"], config.DCASGD,
                               "1: delay-compensated ASGD (with -m async)", type=_switch)
+    balance_batches: Switch = _opt(["--balance-batches"], config.BALANCE_BATCHES,
+                                   "ddp: 1: each worker's batch in proportion to its measured "
+                                   "speed, re-estimated as it trains, the global batch (-b "
+                                   "times the workers) and the learning rate unchanged "
+                                   "(LB-BSP)", type=_switch)
+    min_batch: int = _opt(["--min-batch"], config.MIN_BATCH,
+                          "with --balance-batches: the smallest batch a worker is given",
+                          type=_positive_int)
     dcasgd_lamda: float = _opt(["--dcasgd-lamda"], config.DCASGD_LAMDA,
                                "DC-ASGD's variance-control factor", type=_non_negative_float)
     normalize_deltas: Switch = _opt(["--normalize-deltas"], config.NORMALIZE_DELTAS,
@@ -283,6 +291,11 @@ def check_aggregation(opts: Options, num_servers: Optional[int] = None) -> None:
     if (opts.normalize_deltas or opts.outer_momentum) and not algorithm.state_server:
         flag = "--normalize-deltas" if opts.normalize_deltas else "--outer-momentum"
         raise UserError(f"{flag} applies to -m esync only, not -m {opts.mode}")
+    if opts.balance_batches and algorithm.backend != "ddp":
+        raise UserError(f"--balance-batches applies to -m ddp only, not -m {opts.mode}")
+    if opts.balance_batches and opts.min_batch > opts.batch_size:
+        raise UserError(f"--min-batch {opts.min_batch} is more than -b {opts.batch_size}: "
+                        f"the workers' batches could not add up to the global batch")
     if opts.compress != "none" and not algorithm.parameter_server:
         raise UserError(f"--compress applies to the parameter-server modes, not -m {opts.mode}")
     able = [a.mode for a in registry.ALGORITHMS.values() if a.all_reduce]

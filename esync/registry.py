@@ -41,6 +41,8 @@ class Algorithm:
 
     all_reduce: bool = False  # may aggregate by all-reduce among the workers instead of
     #                           through servers (`--backend allreduce`)
+    balance_batches: bool = False  # with `--balance-batches 1` (DDP with each worker's
+    #                                batch in proportion to its speed: LB-BSP)
 
     @property
     def distributed(self) -> bool:
@@ -55,7 +57,8 @@ class Algorithm:
     @property
     def flags(self) -> Tuple[str, ...]:
         """main.py's flags that select it."""
-        return ("-m", self.mode, *(("-dcasgd", "1") if self.dcasgd else ()))
+        return ("-m", self.mode, *(("-dcasgd", "1") if self.dcasgd else ()),
+                *(("--balance-batches", "1") if self.balance_batches else ()))
 
     def log_folder(self, split_by_class: bool = False) -> str:
         return self.folder + (NIID_FOLDER_SUFFIX if split_by_class else "")
@@ -88,6 +91,9 @@ ALGORITHMS: Dict[str, Algorithm] = {a.key: a for a in (
               "esync.rules:DCASGDRule", "dcasgd", "DCASGD", "DC-ASGD"),
     Algorithm("ddp", "ddp", False, "esync.algorithms.ddp:DDP", None, "ddp", "DDP", "DDP",
               synchronous=True, backend="ddp"),
+    Algorithm("ddp-balanced", "ddp", False, "esync.algorithms.balanced:BalancedDDP", None,
+              "ddp-balanced", "DDP-Balanced", "Balanced DDP", synchronous=True,
+              backend="ddp", balance_batches=True),
     Algorithm("local", "local", False, "esync.algorithms.standalone:StandaloneSGD", None,
               "local", "Local", "Standalone", backend=None),
 )}
@@ -110,15 +116,16 @@ BACKENDS: Tuple[str, ...] = ("ps", "allreduce")
 MODES: Tuple[str, ...] = tuple(dict.fromkeys(a.mode for a in ALGORITHMS.values()))
 
 
-def resolve(mode: str, dcasgd: bool = False) -> Algorithm:
-    """The algorithm that `-m MODE [-dcasgd 1]` runs. `-dcasgd` matters only where a
-    mode has a delay-compensated variant (async), as in the original."""
+def resolve(mode: str, dcasgd: bool = False, balance_batches: bool = False) -> Algorithm:
+    """The algorithm that `-m MODE [-dcasgd 1] [--balance-batches 1]` runs. A variant's
+    flag matters only where the mode has that variant (`-dcasgd`: async, as in the
+    original; `--balance-batches`: ddp, other modes refuse it, esync.options)."""
     fallback = None
     for algorithm in ALGORITHMS.values():
         if algorithm.mode == mode:
-            if algorithm.dcasgd == dcasgd:
+            if (algorithm.dcasgd, algorithm.balance_batches) == (dcasgd, balance_batches):
                 return algorithm
-            if not algorithm.dcasgd:
+            if not (algorithm.dcasgd or algorithm.balance_batches):
                 fallback = algorithm
     if fallback is None:
         raise KeyError(f"unknown mode {mode!r} (expected one of {', '.join(MODES)})")
@@ -127,7 +134,7 @@ def resolve(mode: str, dcasgd: bool = False) -> Algorithm:
 
 def of_options(opts: Any) -> Algorithm:
     """The algorithm of parsed main.py options (esync.options.Options)."""
-    return resolve(opts.mode, opts.use_dcasgd)
+    return resolve(opts.mode, opts.use_dcasgd, opts.balance_batches)
 
 
 def with_rules() -> Iterator[Algorithm]:

@@ -104,18 +104,25 @@ class Slowdown:
     iterations' t (this one included). Using m rather than t keeps the device's speed
     steady: on a machine shared by several simulated devices, t swings with the others'
     load, and waiting (factor - 1) * t would multiply each swing by `factor`, a noise no
-    real slower device has; the median also ignores the slow first iteration."""
+    real slower device has; the median also ignores the slow first iteration. The
+    window holds iterations of one batch size: a new size (speed-balanced DDP) starts it
+    afresh, as a real device's time follows its batch at once."""
 
     WINDOW = 15
 
     def __init__(self, factor: float):
         self.factor = factor
         self.recent: Deque[float] = deque(maxlen=self.WINDOW)
+        self.samples: Optional[int] = None  # the batch size of those in `recent`
 
-    def wait(self, seconds: float) -> Optional[float]:
-        """Wait after an iteration of `seconds`; returns the wait (None with factor 1)."""
+    def wait(self, seconds: float, samples: Optional[int] = None) -> Optional[float]:
+        """Wait after an iteration of `seconds` on `samples` samples; returns the wait
+        (None with factor 1)."""
         if self.factor <= 1.0:
             return None
+        if samples != self.samples:
+            self.recent.clear()
+            self.samples = samples
         self.recent.append(seconds)
         waited = (self.factor - 1.0) * statistics.median(self.recent)
         time.sleep(waited)
@@ -131,7 +138,7 @@ def _local_iteration(model: nn.Module, algorithm: Algorithm, batches: BatchStrea
     aggregate`, not as computing, and the simulated slowdown scales computing only.
     """
     t0 = time.perf_counter()
-    images, labels = batches.next()
+    images, labels = batches.next(algorithm.batch_size())
     t1 = time.perf_counter()
     model.zero_grad(set_to_none=True)
     loss = F.cross_entropy(model(images), labels)
@@ -146,7 +153,7 @@ def _local_iteration(model: nn.Module, algorithm: Algorithm, batches: BatchStrea
               "local update": t3 - t2}
     if communicated:
         phases["global aggregate"] = communicated
-    waited = slowdown.wait(t3 - t0 - communicated)
+    waited = slowdown.wait(t3 - t0 - communicated, len(labels))
     if waited is not None:
         phases["slowdown"] = waited
     return phases, loss.item(), len(labels)

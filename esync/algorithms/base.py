@@ -31,8 +31,9 @@ class Job:
     servers: List[str]          # address of server 0, 1, ...
     id: str                     # the job id the scheduler drew
     state_server_patience: float = 0.0  # ESYNC_STATE_SERVER_PATIENCE, where it matters
-    store: Any = None           # DDP, rank 0: torch.distributed's rendezvous store, where
-    #                             it tells the evaluator its address
+    store: Any = None           # DDP: torch.distributed's rendezvous store, where the
+    #                             ranks agree to stop and rank 0 tells the evaluator its
+    #                             address
     host: str = "127.0.0.1"     # the address other processes reach this one at
     rejoin: bool = False        # it takes the place of a dead worker in a running job
     resume: bool = False        # the job continues from a checkpoint (--resume)
@@ -81,6 +82,10 @@ class Algorithm:
         """Number of local iterations of round `round_` (from 1), and timed phases
         spent deciding it (for example asking a state server for a budget)."""
         return 1, {}
+
+    def batch_size(self) -> Optional[int]:
+        """Samples of the next local iteration's batch; None: the flags' -b."""
+        return None
 
     def local_update(self, model: nn.Module) -> None:
         """Apply this local iteration's gradients (already in `.grad`)."""

@@ -1,6 +1,8 @@
 """An endless stream of training batches from one worker's partition."""
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import torch
 
@@ -52,8 +54,9 @@ class BatchStream:
             parts.append(chunk)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.from_numpy(self._take(self.batch_size))
+    def next(self, size: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next batch, of `size` samples (None: `batch_size`)."""
+        index = torch.from_numpy(self._take(self.batch_size if size is None else size))
         self.samples_drawn += len(index)
         images = self.dataset.normalize(self.dataset.train_images[index])
         labels = self.dataset.train_labels[index]

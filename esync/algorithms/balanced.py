@@ -1,0 +1,134 @@
+"""Speed-balanced DDP (`-m ddp --balance-batches 1`): LB-BSP (Chen et al., SoCC 2018).
+
+DDP as its users run it (esync.algorithms.ddp), with the one change a user of a
+heterogeneous cluster makes: each rank's batch is in proportion to its speed, so that
+the ranks finish computing at about the same moment and none waits long in the
+all-reduce. The global batch (-b times the ranks) and the learning rate stay those of
+plain DDP.
+
+- *Speed*: each rank times its rounds (one step each) less the time spent inside
+  collectives, i.e. what esync.train logs as computing, the simulated slowdown included,
+  and keeps it as seconds per sample of its batch. Every PERIOD rounds the ranks
+  all-gather the median of their last 2 * PERIOD rounds (on a shared machine one
+  period's median still swings with the others' load), and each computes the same new
+  batches from them.
+- *Batches* (`apportion`): in proportion to samples per second, none below --min-batch
+  (BatchNorm's batch statistics collapse on a handful of samples), summing to the global
+  batch exactly. A step also has a fixed cost, so a rank's speed measured at a small
+  batch is lower than at a large one; re-estimating every PERIOD rounds converges to
+  batches whose steps take equally long, as LB-BSP's and OmniLearn's controllers do.
+- *Gradient*: each rank's loss is the mean over its own batch; before the all-reduce
+  its gradients are weighed by W * b_k / B, so that DDP's average over the W ranks is
+  the mean over the global batch of B samples.
+Every round record carries the batches of that round (`batch_sizes`, by rank); each
+change is logged as a line.
+
+A rank's partition is the same as under plain DDP, so a fast rank goes through its
+partition more often than a slow one (as with DistributedSampler and unequal batches).
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections import deque
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from esync.algorithms.base import Job, Phases
+from esync.algorithms.ddp import DDP
+from esync.link import Link, link_of
+
+log = logging.getLogger(__name__)
+
+#: rounds between two estimates of the ranks' speeds
+PERIOD = 10
+
+
+def apportion(total: int, speeds: Sequence[float], floor: int) -> List[int]:
+    """Whole batches in proportion to `speeds`, each at least `floor`, summing to
+    `total` (which is at least `floor` times the number of ranks): a rank whose share
+    would fall below the floor gets the floor and the others share the rest in
+    proportion; the samples left by rounding down go to the largest remainders."""
+    if floor * len(speeds) > total:
+        raise ValueError(f"{len(speeds)} batches of at least {floor} exceed {total}")
+    floored: set = set()
+    shares: Dict[int, float] = {}
+    while True:
+        free = [i for i in range(len(speeds)) if i not in floored]
+        rest, weight = total - floor * len(floored), sum(speeds[i] for i in free)
+        shares = {i: rest * speeds[i] / weight for i in free} if free else {}
+        low = {i for i, share in shares.items() if share < floor}
+        if not low:
+            break
+        floored |= low
+    exact = [shares.get(i, float(floor)) for i in range(len(speeds))]
+    batches = [int(x) for x in exact]
+    by_remainder = sorted(range(len(speeds)), key=lambda i: batches[i] - exact[i])
+    for i in by_remainder[:total - sum(batches)]:
+        batches[i] += 1
+    return batches
+
+
+class BalancedDDP(DDP):
+    name = "ddp-balanced"
+
+    def __init__(self, job: Job, lr: float, momentum: float, weight_decay: float,
+                 eval_every: int, link: Link, max_rounds: Optional[int], batch_size: int,
+                 min_batch: int):
+        super().__init__(job, lr, momentum, weight_decay, eval_every, link, max_rounds)
+        self.min_batch = min_batch
+        self.global_batch = batch_size * self.world
+        self.batches = [batch_size] * self.world   # every rank's, in rank order
+        self._used = self.batches                  # those of the round just ended
+        self._per_sample: Deque[float] = deque(maxlen=2 * PERIOD)  # seconds a sample
+        self._began = 0.0
+
+    @classmethod
+    def from_options(cls, opts, job: Optional[Job]) -> "BalancedDDP":
+        return cls(job, opts.learning_rate, opts.momentum, opts.weight_decay,
+                   opts.eval_every, link_of(opts), opts.max_rounds, opts.batch_size,
+                   opts.min_batch)
+
+    def batch_size(self) -> int:
+        return self.batches[self.rank]
+
+    def begin_round(self, round_: int) -> Tuple[int, Phases]:
+        self._began = time.perf_counter()
+        return super().begin_round(round_)
+
+    def end_round(self, round_: int, model: nn.Module) -> Phases:
+        computing = time.perf_counter() - self._began - self.last_communication
+        self._per_sample.append(computing / self.batches[self.rank])
+        self._used = self.batches
+        phases = super().end_round(round_, model)
+        if round_ % PERIOD == 0:
+            started = time.perf_counter()
+            self._rebalance(round_)
+            phases["balance batches"] = time.perf_counter() - started
+        return phases
+
+    def _rebalance(self, round_: int) -> None:
+        mine = torch.tensor([statistics.median(self._per_sample)], dtype=torch.float64,
+                            device=self._device)
+        everyone = [torch.zeros_like(mine) for _ in range(self.world)]
+        dist.all_gather(everyone, mine)
+        speeds = [1.0 / max(t.item(), 1e-9) for t in everyone]
+        batches = apportion(self.global_batch, speeds, self.min_batch)
+        if batches != self.batches:
+            log.info("[%s] after round %d: batches %s (samples per second %s)", self.name,
+                     round_, "/".join(map(str, batches)),
+                     "/".join(f"{s:.0f}" for s in speeds))
+        self.use(batches)
+
+    def use(self, batches: List[int]) -> None:
+        """Train on these batches (by rank) from the next step on: this rank's gradients
+        are weighed by W * b_k / B, so that DDP's average is the global batch's mean."""
+        self.batches = list(batches)
+        self.gradient_scale = self.world * batches[self.rank] / sum(batches)
+
+    def round_record(self) -> Dict[str, Any]:
+        return {"batch_sizes": list(self._used)}

@@ -1,0 +1,161 @@
+"""Speed-balanced DDP (`-m ddp --balance-batches 1`, esync/algorithms/balanced.py): the
+batches' arithmetic in-process, the gradient weighing in a real gloo group of two
+processes, and whole jobs of real processes on loopback."""
+import io
+import json
+import os
+import socket
+import statistics
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from esync.algorithms.balanced import BalancedDDP, apportion
+from esync.algorithms.base import Job
+from esync.link import Link
+from launch import local
+from tests.helpers import assert_no_traceback
+from tests.test_ddp import DDPJob, records
+
+# --- apportion: in proportion, at least the floor, summing to the global batch ------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(0.01, 1000.0), min_size=1, max_size=16), st.integers(1, 16),
+       st.integers(0, 400))
+def test_batches_sum_to_the_global_batch_none_below_the_floor(speeds, floor, extra):
+    total = floor * len(speeds) + extra
+    batches = apportion(total, speeds, floor)
+    assert sum(batches) == total
+    assert min(batches) >= floor
+    # a faster rank never gets a smaller batch
+    for (s1, b1), (s2, b2) in zip(sorted(zip(speeds, batches)), sorted(zip(speeds, batches))[1:]):
+        assert s1 == s2 or b1 <= b2, (speeds, batches)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.5, 2.0), min_size=2, max_size=8), st.integers(200, 2000))
+def test_batches_are_in_proportion_where_the_floor_does_not_bind(speeds, total):
+    batches = apportion(total, speeds, 1)
+    for speed, batch in zip(speeds, batches):
+        assert abs(batch - total * speed / sum(speeds)) < 1  # rounding only
+
+
+def test_batches_of_the_issue_s_clusters():
+    assert apportion(256, [4, 4, 1, 1], 8) == [102, 102, 26, 26]
+    assert apportion(256, [16, 16, 16, 1], 8) == [83, 83, 82, 8]  # the slow one at the floor
+    assert apportion(16, [1, 5], 8) == [8, 8]
+    with pytest.raises(ValueError):
+        apportion(15, [1, 1], 8)
+
+
+# --- the gradient: weighed so that DDP's average is the global batch's mean ---------------
+
+INPUTS = torch.linspace(-1, 1, 8 * 4).reshape(8, 4)
+LABELS = torch.tensor([0, 1, 2, 0, 1, 2, 2, 1])
+BATCHES = [3, 5]  # rank 0 trains on the first 3 samples, rank 1 on the other 5
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
+
+
+def _rank(rank, port, out):
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    try:
+        ddp = BalancedDDP(Job(None, rank, 2, [], "test", store=store), 0.1, 0.0, 0.0, 0,
+                          Link(), None, batch_size=4, min_batch=1)
+        model = _model()
+        ddp.setup(model, torch.device("cpu"))
+        ddp.use(BATCHES)
+        start = sum(BATCHES[:rank])
+        rows = slice(start, start + ddp.batch_size())
+        F.cross_entropy(ddp.training_module(model)(INPUTS[rows]), LABELS[rows]).backward()
+        torch.save({n: p.grad.clone() for n, p in model.named_parameters()},
+                   os.path.join(out, f"rank{rank}.pt"))
+        ddp.finish()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_all_reduced_gradient_is_the_global_batch_s_mean(tmp_path):
+    store = dist.TCPStore("127.0.0.1", 0, 3, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=60))
+    mp.spawn(_rank, args=(store.port, str(tmp_path)), nprocs=2, join=True)
+    model = _model()
+    F.cross_entropy(model(INPUTS), LABELS).backward()  # the mean over all 8 samples
+    unweighted = {}  # what DDP's plain average of the two batch means would be
+    for rows in (slice(0, 3), slice(3, 8)):
+        part = _model()
+        F.cross_entropy(part(INPUTS[rows]), LABELS[rows]).backward()
+        for n, p in part.named_parameters():
+            unweighted[n] = unweighted.get(n, 0) + p.grad / 2
+    for rank in (0, 1):
+        grads = torch.load(os.path.join(tmp_path, f"rank{rank}.pt"), weights_only=True)
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(grads[n], p.grad, rtol=1e-5, atol=1e-6)
+            assert not torch.allclose(grads[n], unweighted[n], rtol=1e-3, atol=1e-5), n
+
+
+# --- whole jobs ----------------------------------------------------------------------------
+
+
+def _batches(rounds):
+    return [r["batch_sizes"] for r in rounds]
+
+
+@pytest.mark.slow
+def test_balanced_ddp_trains_to_90_percent_no_batch_below_the_floor(tmp_path):
+    """4 workers, one 16x slower, -b 16 (a global batch of 64): its share would be 1 or 2
+    samples; it gets the floor of 8, the others the rest. The evaluator measures 0.90."""
+    out = io.StringIO()
+    code = local.run(["-m", "ddp", "--balance-batches", "1", "--workers", "4",
+                      "--slowdown", "1,1,1,16", "-b", "16", "-n", "lenet",
+                      "--out", str(tmp_path), "--target-accuracy", "0.9",
+                      "--time-limit", "90"], progress=False, out=out)
+    host = tmp_path / "lenet" / "ddp-balanced" / socket.gethostname()
+    logs = {str(p.relative_to(host)): p.read_text() for p in host.rglob("*.log")}
+    assert code == 0, (out.getvalue(), logs)
+    assert_no_traceback(logs)
+    accuracies = [r["accuracy"] for r in records(str(host / "evaluator"))]
+    assert max(accuracies) >= 0.90, accuracies
+    ranks = [records(str(host / device)) for device in ("w0", "w1", "w2", "w3-x16")]
+    assert len({len(rounds) for rounds in ranks}) == 1
+    for k, rounds in enumerate(ranks):
+        for r in rounds:
+            assert sum(r["batch_sizes"]) == 64 and min(r["batch_sizes"]) >= 8, r
+            assert r["num_samples"] == r["batch_sizes"][k]
+        assert _batches(rounds) == _batches(ranks[0])  # every rank agrees
+    assert ranks[0][0]["batch_sizes"] == [16] * 4  # it starts as plain DDP
+    assert [8] == sorted({r["batch_sizes"][3] for r in ranks[3][-10:]})
+    assert "batches" in logs["w0/worker.log"]
+
+
+@pytest.mark.slow
+def test_a_4x_faster_worker_settles_at_about_4x_the_batch(tmp_path):
+    """--slowdown 1,4 by hand, -b 512 (a global batch of 1,024: large enough that a
+    step's fixed cost, paid 4 times over by the slow worker, matters little): over the
+    second half of the run the fast worker's batch is about 4 times the slow one's."""
+    job = DDPJob(tmp_path, [["--slowdown", "1"], ["--slowdown", "4"]],
+                 ["--balance-batches", "1", "-b", "512", "--max-rounds", "50", "-e", "0",
+                  "--num-threads", "1"])
+    job.check_ok()
+    assert_no_traceback({k: job.output(k) for k in (0, 1)})
+    rounds = job.rounds(0)
+    assert len(rounds) == len(job.rounds(1)) == 50
+    assert all(sum(b) == 1024 for b in _batches(rounds))
+    ratio = statistics.median(b[0] / b[1] for b in _batches(rounds)[25:])
+    assert 3.0 <= ratio <= 5.0, _batches(rounds)
+    for k in (0, 1):
+        assert [r["num_samples"] for r in job.rounds(k)] == [b[k] for b in _batches(rounds)]
+    print(json.dumps(_batches(rounds)[::10]))
