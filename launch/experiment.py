@@ -1,6 +1,7 @@
-"""The comparison in one command: ESync against SSGD, ASGD, DC-ASGD, PyTorch DDP and
-standalone training, each job repeated with several seeds, on plain loopback and with
-the slow devices on emulated slow links; then medians, spreads, figures and tables.
+"""The comparison in one command: ESync against SSGD, ASGD, DC-ASGD, PyTorch DDP,
+speed-balanced DDP (`-m ddp --balance-batches 1`) and standalone training, each job
+repeated with several seeds, on plain loopback and with the slow devices on emulated
+slow links; then medians, spreads, figures and tables.
 
     python launch/experiment.py --out runs              (or: esync-experiment ...)
 
@@ -51,8 +52,9 @@ def jobs() -> Dict[str, List[str]]:
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Run ESync, SSGD, ASGD, DC-ASGD, DDP and standalone training with "
-                    "several seeds, on loopback and on emulated slow links, then write "
+        description="Run ESync, SSGD, ASGD, DC-ASGD, DDP, balanced DDP and standalone "
+                    "training with several seeds, on loopback and on emulated slow links, "
+                    "then write "
                     "medians, spreads and figures. Flags not listed here are passed to "
                     "every worker's main.py.")
     parser.add_argument("-n", "--network", default=config.NETWORK,

@@ -209,10 +209,10 @@ def test_names_from_the_registry_and_no_torch():
     assert imported == "['esync', 'esync.registry']"
     assert modes == ("[('esync', 'ESync', False), ('sync', 'SSGD', False), "
                      "('async', 'ASGD', False), ('dcasgd', 'DC-ASGD', False), "
-                     "('ddp', 'DDP', False), "
+                     "('ddp', 'DDP', False), ('ddp-balanced', 'Balanced DDP', False), "
                      "('esync-niid', 'ESync', True), ('sync-niid', 'SSGD', True), "
                      "('async-niid', 'ASGD', True), ('dcasgd-niid', 'DC-ASGD', True), "
-                     "('ddp-niid', 'DDP', True)] "
+                     "('ddp-niid', 'DDP', True), ('ddp-balanced-niid', 'Balanced DDP', True)] "
                      "('local', 'Standalone', False) SSGD")
 
 

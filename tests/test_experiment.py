@@ -59,16 +59,18 @@ def test_jobs_and_their_order_come_from_the_registry():
     from launch import experiment
 
     jobs = experiment.jobs()
-    assert list(jobs) == ["esync", "sync", "async", "dcasgd", "ddp", "esync-niid",
-                          "sync-niid", "async-niid", "dcasgd-niid", "ddp-niid", "local"]
+    assert list(jobs) == ["esync", "sync", "async", "dcasgd", "ddp", "ddp-balanced",
+                          "esync-niid", "sync-niid", "async-niid", "dcasgd-niid", "ddp-niid",
+                          "ddp-balanced-niid", "local"]
     assert jobs["dcasgd-niid"] == ["-m", "async", "-dcasgd", "1", "-s", "1"]
+    assert jobs["ddp-balanced"] == ["-m", "ddp", "--balance-batches", "1"]
     args, extra = experiment.build_parser().parse_known_args(["--seeds", "2", "-b", "32"])
     planned = experiment.plan(args, extra)
     # seed by seed, configuration by configuration; no standalone run on emulated links
     assert [(c, f, s) for c, f, s, _ in planned][:7] == [
-        ("plain", m, 0) for m in ("esync", "sync", "async", "dcasgd", "ddp", "local")] + [
-        ("links", "esync", 0)]
-    assert len(planned) == 2 * (6 + 5)
+        ("plain", m, 0) for m in ("esync", "sync", "async", "dcasgd", "ddp", "ddp-balanced")] + [
+        ("plain", "local", 0)]
+    assert len(planned) == 2 * (7 + 6)
     links_ddp = next(argv for c, f, s, argv in planned if (c, f, s) == ("links", "ddp", 1))
     assert links_ddp[links_ddp.index("--bandwidth") + 1] == "none,none,100,100"
     assert links_ddp[links_ddp.index("--out") + 1] == os.path.join("runs", "links", "seed1")
