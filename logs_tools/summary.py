@@ -11,6 +11,7 @@ hosts and devices discovered from the folders, and writes `BASE/NETWORK/MODE/<Na
                      "self_iters_list":    [...],  # local iterations (entries of `time`)
                      "elapsed_time_list":  [...],  # total_time
                      "aggregate_time_list": [...], # `global aggregate` + `global update`
+                                                   #   + `balance batches`
                      "compute_time_list":  [...],  # get_batch + forward and backward
                                                    #   + local update + slowdown
                      "bytes_list":         [...],  # bytes_sent + bytes_received
@@ -56,7 +57,7 @@ from esync import registry
 PROG = "summary.py"
 
 COMPUTE_PHASES = ("get_batch", "forward and backward", "local update", "slowdown")
-AGGREGATE_PHASES = ("global aggregate", "global update")
+AGGREGATE_PHASES = ("global aggregate", "global update", "balance batches")
 
 FIELDS = ("accuracy_list", "num_samples_list", "self_iters_list", "elapsed_time_list",
           "aggregate_time_list", "compute_time_list", "bytes_list", "loss_list",
