@@ -207,3 +207,31 @@ def test_a_rank_waiting_in_a_collective_does_not_log_the_wait_as_computing(tmp_p
     assert median(fast, "forward and backward") < 2 * median(slow, "forward and backward") + 0.005
     assert median(fast, "forward and backward") < 0.25 * slept
     assert median(fast, "global aggregate") > 0.5 * slept  # it did wait, as communication
+
+
+def test_torchrun_starts_the_ranks_and_they_stop_together(tmp_path):
+    """torchrun (--standalone: its agent hosts the store on a free port) starts two ranks
+    with the same flags; rank 0's time limit ends both after the same round, the other
+    rank reading the decision from the agent's store."""
+    env = {k: v for k, v in os.environ.items() if k not in CLUSTER_VARIABLES}
+    env.update(OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
+    log_dir = tmp_path / "logs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         "2", MAIN, "-m", "ddp", "-n", "lenet", "--time-limit", "3", "-e", "0",
+         "--num-threads", "1", "-ld", str(log_dir)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    assert proc.returncode == 0, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    host = log_dir / socket.gethostname()
+    rank0, rank1 = records(str(host / "cpu-rank0")), records(str(host / "cpu-rank1"))
+    assert len(rank0) == len(rank1) >= 2
+    assert "reached the time limit of 3 s" in output
+    assert "rank 0 ended the job" in output
