@@ -6,6 +6,8 @@ import json
 import os
 import socket
 import statistics
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -21,7 +23,7 @@ from esync.algorithms.balanced import BalancedDDP, apportion
 from esync.algorithms.base import Job
 from esync.link import Link
 from launch import local
-from tests.helpers import assert_no_traceback
+from tests.helpers import REPO, assert_no_traceback, run_main
 from tests.test_ddp import DDPJob, records
 
 # --- apportion: in proportion, at least the floor, summing to the global batch ------------
@@ -54,6 +56,28 @@ def test_batches_of_the_issue_s_clusters():
     assert apportion(16, [1, 5], 8) == [8, 8]
     with pytest.raises(ValueError):
         apportion(15, [1, 1], 8)
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+
+def test_balance_batches_with_another_mode_is_one_line():
+    result = run_main(["-m", "local", "--balance-batches", "1", "--max-rounds", "1"],
+                      timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "main.py: error: --balance-batches applies to -m ddp only, not -m local"]
+
+
+def test_a_floor_above_the_batch_is_refused_before_anything_starts(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "launch", "local.py"), "-m",
+                           "ddp", "--balance-batches", "1", "--min-batch", "100",
+                           "--workers", "2", "--out", str(tmp_path)],
+                          cwd=REPO, text=True, capture_output=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "--min-batch 100 is more than -b 64" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "lenet").exists()
 
 
 # --- the gradient: weighed so that DDP's average is the global batch's mean ---------------
