@@ -49,9 +49,9 @@ import os
 import statistics
 import sys
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List
 
-from nodes import NodeRun, cluster_node
+from nodes import NodeRun, cluster_node, gloo_group, spread
 
 WARMUP = 2
 TIMEOUT_S = 600.0
@@ -147,20 +147,11 @@ def _esync_worker(values: int, buffers: int, rounds: int, compress: str,
 
 def _bare_worker(rank: int, port: int, world: int, values: int, rounds: int,
                  compress: str, step: bool, result: str) -> None:
-    from datetime import timedelta
-
     import torch
     import torch.distributed as dist
 
-    from esync import ready
-
     torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port if rank else 0, world, is_master=rank == 0,
-                          wait_for_workers=False, timeout=timedelta(seconds=TIMEOUT_S))
-    if rank == 0:
-        ready.announce(store.port)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=TIMEOUT_S))
+    gloo_group(rank, world, port, TIMEOUT_S)
     tensor = torch.empty(values, dtype=torch.float32)
     weights = torch.zeros(values, dtype=torch.float32) if step else None
     times = []
@@ -276,11 +267,6 @@ def check(args) -> tuple:
         raise ValueError(f"--compress {args.compress!r}: choose from "
                          f"{', '.join(COMPRESSIONS)} (the all-reduce takes no topk)")
     return workers, values, list(dict.fromkeys(compress))
-
-
-def spread(values: Sequence[float], spec: str) -> str:
-    return (f"{statistics.median(values):{spec}} "
-            f"[{min(values):{spec}}-{max(values):{spec}}]")
 
 
 def main() -> int:

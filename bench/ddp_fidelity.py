@@ -58,7 +58,7 @@ import time
 from typing import Dict, List, Sequence
 
 from launch.supervisor import ChildFailed
-from nodes import NodeRun, failure
+from nodes import NodeRun, failure, spread
 
 SCRIPT = os.path.abspath(__file__)
 REPO = os.path.dirname(os.path.dirname(SCRIPT))
@@ -219,11 +219,6 @@ def check(args) -> List[List[float]]:
         raise ValueError(f"--seconds {args.seconds:g}: expected at least --skip + 1 "
                          f"({args.skip + 1:g})")
     return settings
-
-
-def spread(values: Sequence[float], spec: str) -> str:
-    return (f"{statistics.median(values):{spec}} "
-            f"[{min(values):{spec}}-{max(values):{spec}}]")
 
 
 def main() -> int:

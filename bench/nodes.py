@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import tempfile
+from datetime import timedelta
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from launch.supervisor import Supervisor
@@ -126,3 +128,26 @@ def parse_rounds(text: str, modes: Sequence[str], defaults: Mapping[str, str],
         for m in ([mode] if mode else rounds):
             rounds[m] = length
     return rounds
+
+
+def spread(values: Sequence[float], spec: str) -> str:
+    """median [min-max] of `values`, each formatted with `spec` (e.g. ".2f")."""
+    return (f"{statistics.median(values):{spec}} "
+            f"[{min(values):{spec}}-{max(values):{spec}}]")
+
+
+def gloo_group(rank: int, world: int, port: int, timeout_s: float):
+    """A bare gloo process group, as a torch.distributed user starts one: rank 0 hosts
+    the TCPStore on a free port and reports it (esync.ready), the others join `port`.
+    Returns the store."""
+    import torch.distributed as dist
+
+    from esync import ready
+
+    store = dist.TCPStore("127.0.0.1", port if rank else 0, world, is_master=rank == 0,
+                          wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+    if rank == 0:
+        ready.announce(store.port)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+    return store

@@ -37,7 +37,8 @@ import json
 import statistics
 import time
 from collections import deque
-from datetime import timedelta
+
+from nodes import gloo_group
 
 LR, MOMENTUM, BATCH, SEED, WINDOW = 0.05, 0.9, 64, 0, 15
 TIMEOUT_S = 120.0
@@ -51,7 +52,6 @@ def run(rank: int, world: int, port: int, slowdown: float, seconds: float,
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel
 
-    from esync import ready
     from esync.data.batches import BatchStream
     from esync.data.datasets import load_dataset
     from esync.data.partition import partition
@@ -60,12 +60,7 @@ def run(rank: int, world: int, port: int, slowdown: float, seconds: float,
 
     torch.set_num_threads(1)
     torch.manual_seed(SEED)
-    store = dist.TCPStore("127.0.0.1", port if rank else 0, world, is_master=rank == 0,
-                          wait_for_workers=False, timeout=timedelta(seconds=TIMEOUT_S))
-    if rank == 0:
-        ready.announce(store.port)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=TIMEOUT_S))
+    store = gloo_group(rank, world, port, TIMEOUT_S)
 
     dataset = load_dataset("digits", "data")
     order = EpochOrder(partition(dataset.train_labels.numpy(), world, rank, False, SEED),
