@@ -15,18 +15,21 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 @pytest.mark.slow
 def test_a_small_experiment_gives_summaries_figures_and_the_tables(tmp_path):
+    """Balanced DDP (a mode with a variant's flag, -m ddp --balance-batches 1) and
+    standalone training, 2 seeds, both configurations."""
     result = subprocess.run(
-        [sys.executable, EXPERIMENT, "--modes", "ddp,local", "--seeds", "2",
+        [sys.executable, EXPERIMENT, "--modes", "ddp-balanced,local", "--seeds", "2",
          "--time-limit", "2", "--workers", "2", "--slowdown", "1,3",
          "--links-bandwidth", "none,50", "--links-latency", "0,2", "--targets", "0.5,0.8",
          "--hold", "0.3", "--eval-interval", "0.2", "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
     for seed in ("seed0", "seed1"):
-        for config, modes in (("plain", ("ddp", "local")), ("links", ("ddp",))):
+        for config, modes in (("plain", ("ddp-balanced", "local")),
+                              ("links", ("ddp-balanced",))):
             for mode in modes:
                 folder = tmp_path / config / seed / "lenet" / mode
-                name = {"ddp": "DDP", "local": "Local"}[mode]
+                name = {"ddp-balanced": "DDP-Balanced", "local": "Local"}[mode]
                 summary = json.loads((folder / f"{name}.json").read_text())
                 devices = {d for host in summary.values() for d in host}
                 # distributed jobs have their evaluator; training alone evaluates itself
@@ -36,8 +39,8 @@ def test_a_small_experiment_gives_summaries_figures_and_the_tables(tmp_path):
     doc = json.loads((tmp_path / "results.json").read_text())
     for config in ("plain", "links"):
         rows = doc["configs"][config]["algorithms"]
-        assert "DDP" in rows
-        assert len(rows["DDP"]["time_to_target"]["0.50"]["per_seed"]) == 2
+        assert "Balanced DDP" in rows
+        assert len(rows["Balanced DDP"]["time_to_target"]["0.50"]["per_seed"]) == 2
         for name in ("accuracy", "time_to_target", "traffic"):
             assert (tmp_path / f"{name}-{config}.png").read_bytes()[:8] == PNG
     assert "Standalone" in doc["configs"]["plain"]["algorithms"]
