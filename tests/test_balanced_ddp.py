@@ -183,3 +183,21 @@ def test_a_4x_faster_worker_settles_at_about_4x_the_batch(tmp_path):
     for k in (0, 1):
         assert [r["num_samples"] for r in job.rounds(k)] == [b[k] for b in _batches(rounds)]
     print(json.dumps(_batches(rounds)[::10]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rank1, message", [
+    ([], "--balance-batches: rank 1 gives 0, rank 0 gives 1"),
+    (["--balance-batches", "1", "-b", "32"], "-b: rank 1 gives 32, rank 0 gives 64"),
+])
+def test_ranks_that_disagree_all_stop_with_one_line(tmp_path, rank1, message):
+    """Ranks started by hand with different balancing flags would disagree on their
+    collectives (and hang) or on the global batch: every rank stops at the start with
+    the same line, exit 2."""
+    job = DDPJob(tmp_path, [["--balance-batches", "1"], rank1],
+                 ["--max-rounds", "5", "-e", "0"], timeout=120)
+    assert job.codes == [2, 2], {k: job.output(k)[-1500:] for k in (0, 1)}
+    for k in (0, 1):
+        assert job.output(k).strip().splitlines()[-1] == (
+            f"main.py: error: {message}; every rank of a DDP job must give the same")
+    assert_no_traceback({k: job.output(k) for k in (0, 1)})

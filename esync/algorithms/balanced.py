@@ -93,6 +93,10 @@ class BalancedDDP(DDP):
                    opts.eval_every, link_of(opts), opts.max_rounds, opts.batch_size,
                    opts.min_batch)
 
+    def agreement(self) -> Dict[str, int]:
+        return {"--balance-batches": 1, "-b": self.global_batch // self.world,
+                "--min-batch": self.min_batch}
+
     def batch_size(self) -> int:
         return self.batches[self.rank]
 

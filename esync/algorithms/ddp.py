@@ -20,6 +20,10 @@ adding a collective to a step:
   so that limit is exact. All ranks pass one barrier at the end (rank 0 hosts the store
   the others read until then).
 - *Publishing the model to the evaluator* (esync.publish) from rank 0, only when asked.
+- *Agreeing on the flags that must match* (`agreement`): the ranks all-gather them once
+  at the start and, if one differs from rank 0's, every rank stops with the same line
+  naming the flag (ranks started by hand could otherwise disagree on collectives and
+  hang, or weigh gradients differently).
 - *Timing communication apart from computing*, so that the log shows it as `global
   aggregate` and the simulated slowdown (esync.train.Slowdown) scales computing only:
   the buffer broadcast is the gap between forward pre-hooks on the DDP module and on the
@@ -37,7 +41,7 @@ import gc
 import logging
 import os
 import time
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -46,6 +50,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from esync.algorithms.base import Algorithm, Job, Phases
+from esync.errors import UserError
 from esync.link import Link, link_of
 
 log = logging.getLogger(__name__)
@@ -88,8 +93,27 @@ class DDP(Algorithm):
         return cls(job, opts.learning_rate, opts.momentum, opts.weight_decay,
                    opts.eval_every, link_of(opts), opts.max_rounds)
 
+    def agreement(self) -> Dict[str, int]:
+        """The flags every rank must give alike, as integers: the same names in the same
+        order in every DDP variant (the ranks all-gather them as one tensor), 0 where a
+        flag does not matter (plain DDP ranks may give different -b)."""
+        return {"--balance-batches": 0, "-b": 0, "--min-batch": 0}
+
+    def _check_agreement(self) -> None:
+        names, mine = zip(*self.agreement().items())
+        values = torch.tensor(mine, dtype=torch.int64, device=self._device)
+        everyone = [torch.zeros_like(values) for _ in range(self.world)]
+        dist.all_gather(everyone, values)
+        first = everyone[0].tolist()
+        for rank, theirs in enumerate(everyone[1:], start=1):
+            for name, expected, given in zip(names, first, theirs.tolist()):
+                if given != expected:
+                    raise UserError(f"{name}: rank {rank} gives {given}, rank 0 gives "
+                                    f"{expected}; every rank of a DDP job must give the same")
+
     def setup(self, model: nn.Module, device: torch.device) -> None:
         self._device = device
+        self._check_agreement()
         self.module = DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
         self.module.register_comm_hook(None, self._allreduce)
