@@ -727,7 +727,7 @@ class Launcher:
     def run(self) -> int:
         """Start the job and wait for it; the exit status. Stops every child at the end."""
         p = self.plan
-        self.say(f"{p.mode} with {p.workers} worker(s) (slowdown "
+        self.say(f"{p.algorithm.key} with {p.workers} worker(s) (slowdown "
                  f"{','.join(f'{f:g}' for f in p.slowdowns)})"
                  + (f" and {p.servers} server(s)" if p.algorithm.parameter_server else "")
                  + f"; logs in {p.folder}")

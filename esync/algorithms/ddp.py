@@ -8,8 +8,8 @@ flags' learning rate, momentum and weight decay, the same partitions and batch s
 every mode. Each step all-reduces the gradients (the average over ranks, DDP's default)
 during backward, so every step waits for the slowest rank.
 
-Three additions, each needed for the comparison and none changing DDP's arithmetic or
-adding a collective to a step:
+Four additions, each needed for the comparison and none changing DDP's arithmetic or
+adding a collective to a step (one all-gather at the start):
 - *Agreeing to stop* without a collective per step: rank 0 decides (its time limit, its
   epochs, the evaluator's target) and writes the round after which every rank stops
   into torch.distributed's store, where the other ranks read it after each step (one
