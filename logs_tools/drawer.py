@@ -6,8 +6,8 @@ record}}``, each record a set of per-round lists) and writes into OUTDIR (defaul
 ``BASE/NETWORK``):
 
 * ``accuracy_iid.png``, ``accuracy_noniid.png``: test accuracy against wall-clock time of
-  the distributed algorithms (ESync, SSGD, ASGD, DC-ASGD, DDP; IID / non-IID data), the
-  standalone best as a dashed line; the time axis is logarithmic (curves otherwise pile
+  the distributed algorithms (ESync, SSGD, ASGD, DC-ASGD, DDP, balanced DDP; IID /
+  non-IID data), the standalone best as a dashed line; the time axis is logarithmic (curves otherwise pile
   up in the first seconds; times of 0 are drawn at half the smallest positive time),
   linear with ``--linear-time``;
 * ``throughput.png``: samples/s per algorithm (IID modes and Standalone);
