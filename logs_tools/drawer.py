@@ -7,9 +7,9 @@ record}}``, each record a set of per-round lists) and writes into OUTDIR (defaul
 
 * ``accuracy_iid.png``, ``accuracy_noniid.png``: test accuracy against wall-clock time of
   the distributed algorithms (ESync, SSGD, ASGD, DC-ASGD, DDP, balanced DDP; IID /
-  non-IID data), the standalone best as a dashed line; the time axis is logarithmic (curves otherwise pile
-  up in the first seconds; times of 0 are drawn at half the smallest positive time),
-  linear with ``--linear-time``;
+  non-IID data), the standalone best as a dashed line; the time axis is logarithmic
+  (curves otherwise pile up in the first seconds; times of 0 are drawn at half the
+  smallest positive time), linear with ``--linear-time``;
 * ``throughput.png``: samples/s per algorithm (IID modes and Standalone);
 * ``traffic.png``: network traffic in MB/s per algorithm (IID modes);
 * ``computing_ratio.png``: computing time / wall-clock time per device and algorithm;
