@@ -57,6 +57,7 @@ import sys
 import time
 from typing import Dict, List, Sequence
 
+from launch.local import inherited
 from launch.supervisor import ChildFailed
 from nodes import NodeRun, failure, spread
 
@@ -69,10 +70,6 @@ SLOWDOWNS = ("1,1,4,4", "1,1,1,16")
 COMPUTING = ("get_batch", "forward and backward", "local update")
 #: beyond the training time: start-up of the processes, and slack on a loaded machine
 SLACK_S = 120.0
-#: variables that would make main.py another kind of node, or change its rendezvous
-CLUSTER_VARIABLES = ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
-                     "DMLC_NUM_WORKER", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                     "TORCHELASTIC_RUN_ID", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
 def steady_medians(rank: dict, skip: float) -> str:
@@ -128,7 +125,7 @@ def ddp_run(factors: List[float], seconds: float) -> List[dict]:
     world = len(factors)
     with NodeRun(SCRIPT, "esync-ddp-fidelity-", seconds + SLACK_S) as run:
         logs = os.path.join(run.tmp.name, "logs")
-        env = {k: v for k, v in os.environ.items() if k not in CLUSTER_VARIABLES}
+        env = inherited(os.environ, auth=True)  # no other job's cluster variables
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
                    WORLD_SIZE=str(world))
         port = 0

@@ -10,8 +10,8 @@ per rank from esync's data classes, so the same samples in the same order as `-m
 `EpochOrder(seed=[0, rank])`, `BatchStream`): a plain DataLoader would add its own
 per-batch costs, which are not what is being compared.
 
-Slowdown F (as esync.train.Slowdown): after each step the rank sleeps (F-1) times the
-median of its last 15 steps' computing, where computing is the step's wall time (batch,
+Slowdown F (esync.train.Slowdown, as in -m ddp): after each step the rank sleeps (F-1)
+times the median of its last 15 steps' computing, where computing is the step's wall time (batch,
 forward, backward, optimizer step) less the time spent in collectives:
 - DDP's buffer broadcast at the start of its forward: the gap between a forward
   pre-hook on the DDP module and one on the wrapped module;
@@ -34,13 +34,11 @@ from __future__ import annotations
 
 import gc
 import json
-import statistics
 import time
-from collections import deque
 
 from nodes import gloo_group
 
-LR, MOMENTUM, BATCH, SEED, WINDOW = 0.05, 0.9, 64, 0, 15
+LR, MOMENTUM, BATCH, SEED = 0.05, 0.9, 64, 0
 TIMEOUT_S = 120.0
 
 
@@ -57,6 +55,7 @@ def run(rank: int, world: int, port: int, slowdown: float, seconds: float,
     from esync.data.partition import partition
     from esync.data.shuffle import EpochOrder
     from esync.models import build_network
+    from esync.train import Slowdown
 
     torch.set_num_threads(1)
     torch.manual_seed(SEED)
@@ -93,7 +92,7 @@ def run(rank: int, world: int, port: int, slowdown: float, seconds: float,
     model.register_forward_pre_hook(before_model)
     ddp.register_comm_hook(None, timed_allreduce)
 
-    recent = deque(maxlen=WINDOW)
+    slower = Slowdown(slowdown)
     ends, collectives, computing, checks = [], [], [], []
     start = time.perf_counter()
     step, last = 0, None
@@ -110,9 +109,7 @@ def run(rank: int, world: int, port: int, slowdown: float, seconds: float,
             comm["start"] = None
             collectives.append(comm["broadcast"] + allreduce)
             computing.append(t1 - t0 - collectives[-1])
-            if slowdown > 1.0:
-                recent.append(computing[-1])
-                time.sleep((slowdown - 1.0) * statistics.median(recent))
+            slower.wait(computing[-1], BATCH)
             ends.append(time.perf_counter() - start)
             t2 = time.perf_counter()
             if last is None:

@@ -156,6 +156,7 @@ def _local_iteration(model: nn.Module, algorithm: Algorithm, batches: BatchStrea
     waited = slowdown.wait(t3 - t0 - communicated, len(labels))
     if waited is not None:
         phases["slowdown"] = waited
+    algorithm.iteration_timed(t3 - t0 - communicated + (waited or 0.0), len(labels))
     return phases, loss.item(), len(labels)
 
 

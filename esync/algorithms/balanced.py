@@ -6,9 +6,9 @@ the ranks finish computing at about the same moment and none waits long in the
 all-reduce. The global batch (-b times the ranks) and the learning rate stay those of
 plain DDP.
 
-- *Speed*: each rank times its rounds (one step each) less the time spent inside
-  collectives, i.e. what esync.train logs as computing, the simulated slowdown included,
-  and keeps it as seconds per sample of its batch. Every PERIOD rounds the ranks
+- *Speed*: each rank keeps the computing time of its steps as the loop measures it
+  (`iteration_timed`: the simulated slowdown included, time inside collectives not),
+  as seconds per sample of its batch. Every PERIOD rounds the ranks
   all-gather the median of their last 2 * PERIOD rounds (on a shared machine one
   period's median still swings with the others' load), and each computes the same new
   batches from them.
@@ -32,7 +32,7 @@ import logging
 import statistics
 import time
 from collections import deque
-from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -56,7 +56,6 @@ def apportion(total: int, speeds: Sequence[float], floor: int) -> List[int]:
     if floor * len(speeds) > total:
         raise ValueError(f"{len(speeds)} batches of at least {floor} exceed {total}")
     floored: set = set()
-    shares: Dict[int, float] = {}
     while True:
         free = [i for i in range(len(speeds)) if i not in floored]
         rest, weight = total - floor * len(floored), sum(speeds[i] for i in free)
@@ -85,7 +84,6 @@ class BalancedDDP(DDP):
         self.batches = [batch_size] * self.world   # every rank's, in rank order
         self._used = self.batches                  # those of the round just ended
         self._per_sample: Deque[float] = deque(maxlen=2 * PERIOD)  # seconds a sample
-        self._began = 0.0
 
     @classmethod
     def from_options(cls, opts, job: Optional[Job]) -> "BalancedDDP":
@@ -100,13 +98,10 @@ class BalancedDDP(DDP):
     def batch_size(self) -> int:
         return self.batches[self.rank]
 
-    def begin_round(self, round_: int) -> Tuple[int, Phases]:
-        self._began = time.perf_counter()
-        return super().begin_round(round_)
+    def iteration_timed(self, computing: float, samples: int) -> None:
+        self._per_sample.append(computing / samples)
 
     def end_round(self, round_: int, model: nn.Module) -> Phases:
-        computing = time.perf_counter() - self._began - self.last_communication
-        self._per_sample.append(computing / self.batches[self.rank])
         self._used = self.batches
         phases = super().end_round(round_, model)
         if round_ % PERIOD == 0:

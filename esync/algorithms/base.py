@@ -87,6 +87,10 @@ class Algorithm:
         """Samples of the next local iteration's batch; None: the flags' -b."""
         return None
 
+    def iteration_timed(self, computing: float, samples: int) -> None:
+        """After each local iteration: its seconds of computing (the simulated slowdown
+        included, communication not) and its number of samples, as the loop logs them."""
+
     def local_update(self, model: nn.Module) -> None:
         """Apply this local iteration's gradients (already in `.grad`)."""
 

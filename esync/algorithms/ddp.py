@@ -82,7 +82,6 @@ class DDP(Algorithm):
         self._comm_end = 0.0
         self._forward_start: Optional[float] = None
         self._broadcast = 0.0   # seconds of the buffer broadcast of the last forward
-        self.last_communication = 0.0  # communication_seconds' last answer
         self.gradient_scale = 1.0  # this rank's gradients are multiplied by it before
         #                            the all-reduce (BalancedDDP weighs by batch size)
         self._device: Optional[torch.device] = None
@@ -168,7 +167,6 @@ class DDP(Algorithm):
         if self._comm_start is not None:
             seconds += max(0.0, self._comm_end - self._comm_start)
             self._comm_start = None
-        self.last_communication = seconds
         return seconds
 
     # --- the round: one step -------------------------------------------------------------
