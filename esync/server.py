@@ -55,7 +55,7 @@ from esync.transport.cluster import ClusterEnv, advertised_address
 from esync.transport.message import (CHUNK_BYTES, CHUNK_VALUES, FRAME_SLACK, Message,
                                      MessageError, chunk_spans, decode, encode,
                                      integer_field)
-from esync.transport.node import Node, node_id
+from esync.transport.node import JobAborted, Node, node_id
 from esync.transport.quiet import Quiet
 
 REQUESTS = ("init", "pull", "push", "join", "leave")
@@ -129,6 +129,8 @@ class ShardServer:
             log.warning("[server %d] rejected a message from %r: %s", self.rank,
                         identity[:64], e)
             self._send(identity, {"type": "error", "error": str(e)})
+        except JobAborted:  # the job ended while this message was handled (asking the
+            raise           # scheduler who sent it): the server ends, as the job has
         except Exception as e:  # one message never stops the server
             log.exception("[server %d] error handling a message from %r", self.rank,
                           identity[:64])
