@@ -4,7 +4,7 @@ Without DMLC_ROLE it trains standalone (`-m local`); see README.md for the flags
 """
 import sys
 
-from esync.cli import main
+from esync.cli import console_main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

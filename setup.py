@@ -37,7 +37,7 @@ setup(
                             "hypothesis>=6.80"],
                     "ray": ["ray[default]>=2.49"]},
     entry_points={"console_scripts": [
-        "esync = esync.cli:main",
+        "esync = esync.cli:console_main",
         "esync-launch = launch.local:console_main",
         "esync-hosts = launch.hosts:console_main",
         "esync-experiment = launch.experiment:console_main",

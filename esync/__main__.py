@@ -1,6 +1,6 @@
 """`python -m esync`: the same as `python main.py` and the `esync` command."""
 import sys
 
-from esync.cli import main
+from esync.cli import console_main
 
-sys.exit(main(prog="esync"))
+sys.exit(console_main(prog="esync"))
