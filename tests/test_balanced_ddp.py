@@ -166,14 +166,14 @@ def test_balanced_ddp_trains_to_90_percent_no_batch_below_the_floor(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_4x_faster_worker_settles_at_about_4x_the_batch(tmp_path):
     """--slowdown 1,4 by hand, -b 512 (a global batch of 1,024), three estimates of the
     workers' speeds (after rounds 10, 20 and 30): the median of the three gives the fast
-    worker about 4 times the slow one's batch. The batches make steps equally long, so a
-    step's fixed cost and a CPU's lower speed per sample on small batches, both paid 4
-    times over by the slow worker, push the ratio above 4: on an idle machine the
-    median was 4.1 to 4.3 (within the issue's 25%), beside another test's load (as in
-    CI) 4.3 to 5.2, which small batches suffer more from; the bound here is 6."""
+    worker 4 times the slow one's batch, within 25%. The test runs alone (conftest.py):
+    beside another test's load the slow worker, which computes only while the fast one
+    does too, is slowed more than the fast one, and the ratio drifted to 4.3-5.9 (the
+    emulation's artefact: real devices do not share cores)."""
     job = DDPJob(tmp_path, [["--slowdown", "1"], ["--slowdown", "4"]],
                  ["--balance-batches", "1", "-b", "512", "--max-rounds", "31", "-e", "0",
                   "--num-threads", "1"])
@@ -184,7 +184,7 @@ def test_a_4x_faster_worker_settles_at_about_4x_the_batch(tmp_path):
     assert all(sum(b) == 1024 for b in batches)
     assert batches[:10] == [[512, 512]] * 10  # plain DDP until the first estimate
     ratio = statistics.median(batches[k][0] / batches[k][1] for k in (10, 20, 30))
-    assert 3.0 <= ratio <= 6.0, batches
+    assert 3.0 <= ratio <= 5.0, batches
     assert all(b[0] > b[1] for b in batches[10:]), batches
     for k in (0, 1):
         assert [r["num_samples"] for r in job.rounds(k)] == [b[k] for b in batches]
