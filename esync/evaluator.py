@@ -81,7 +81,7 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
     if opts.num_threads:
         torch.set_num_threads(opts.num_threads)
     dataset = load_dataset(opts.dataset, opts.data_dir)
-    model = build_network(opts.network).to(device)
+    model = build_network(opts.network, dataset.num_classes, dataset.sample()).to(device)
     flat = FlatModel(model, device)
     kv = KVStore(source, servers, registry.EVALUATOR, flat.params.numel(),
                  flat.buffers.numel())

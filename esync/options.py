@@ -20,6 +20,7 @@ import config
 from esync.data import DATASETS, SHUFFLES
 from esync.errors import UserError
 from esync.models import NETWORKS
+from esync.plugin import is_spec
 from esync.compress import Compression
 from esync.registry import BACKENDS, MODES
 
@@ -62,6 +63,15 @@ _fraction = _number(float, "a number in (0, 1]", low=0.0, high=1.0, low_open=Tru
 _momentum = _number(float, "a number in [0, 1)", low=0.0, high=0.999999)
 _slowdown = _number(float, "a number >= 1", low=1.0)
 _port = _number(int, "a port number in 1..65535", low=1, high=65535)
+
+
+def _network(text: str) -> str:
+    """-n: a built-in network's name, or a plug-in's module:function (its form only:
+    esync.models imports and checks it where the network is built)."""
+    if text in NETWORKS or is_spec(text):
+        return text
+    raise argparse.ArgumentTypeError(f"expected one of {', '.join(sorted(NETWORKS))}, or "
+                                     f"module:function, got {text!r}")
 
 
 def _compress(text: str) -> str:
@@ -125,8 +135,10 @@ class Options:
                               type=_non_negative_int)
     cpu: Switch = _opt(["-c", "--cpu"], config.USE_CPU,
                        "1: use the CPU even if -g is given", type=_switch)
-    network: str = _opt(["-n", "--network"], config.NETWORK, "network to train",
-                        choices=sorted(NETWORKS))
+    network: str = _opt(["-n", "--network"], config.NETWORK,
+                        f"network to train: {', '.join(sorted(NETWORKS))}, or a plug-in "
+                        f"module:function returning a torch.nn.Module", type=_network,
+                        metavar="NAME")
     log_dir: str = _opt(["-ld", "--log-dir"], config.LOG_DIR,
                         "where LOG_DIR/<host>/<device>/iter-<n>.json are written")
     eval_every: int = _opt(["-e", "--eval-duration"], config.EVAL_DURATION,

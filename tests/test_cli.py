@@ -88,7 +88,9 @@ def test_parsing_flags_does_not_import_torch():
 
 
 BAD = [
-    (["-n", "vgg99"], "argument -n/--network: invalid choice: 'vgg99'"),
+    (["-n", "vgg99"], "argument -n/--network: expected one of alexnet, inception-v3, lenet, "
+                      "mobilenet-v1, mobilenet-v2, resnet18-v1, resnet50-v1, resnet50-v2, or "
+                      "module:function, got 'vgg99'"),
     (["-b", "-3"], "argument -b/--batch-size: expected a positive integer, got '-3'"),
     (["-b", "0"], "argument -b/--batch-size: expected a positive integer"),
     (["-l", "nan"], "argument -l/--learning-rate: expected a positive number"),

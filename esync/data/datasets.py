@@ -36,6 +36,14 @@ class Dataset:
     mean: float                 # of the training pixels, scaled to [0, 1]
     std: float
 
+    @property
+    def num_classes(self) -> int:
+        return int(max(self.train_labels.max(), self.test_labels.max())) + 1
+
+    def sample(self, n: int = 2) -> torch.Tensor:
+        """The first `n` test images, normalised: inputs to check a network on."""
+        return self.normalize(self.test_images[:n])
+
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 images -> float32, scaled to [0, 1] and standardised."""
         return (images.float() / 255.0 - self.mean) / self.std

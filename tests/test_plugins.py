@@ -1,0 +1,161 @@
+"""The user's own network as a plug-in, `-n module:function` (esync/plugin.py,
+esync/models): checked in-process for each way it can be wrong, then trained by real
+processes, alone and as a job of the local launcher, from the folder holding the
+user's module."""
+import io
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from esync import plugin
+from esync.errors import UserError
+from esync.models import build_network
+from launch import local
+from tests.helpers import REPO, assert_no_traceback, evaluator_accuracy, run_main
+
+# A user's file of networks for 1x28x28 inputs and 10 classes, as one would write it
+NETS = '''
+import torch
+from torch import nn
+
+def build():
+    return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 64), nn.BatchNorm1d(64),
+                         nn.ReLU(), nn.Linear(64, 10))
+
+def seven_classes():
+    return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 7))
+
+def for_cifar():
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
+
+def not_a_module():
+    return "a network"
+
+def raises():
+    raise RuntimeError("no weights here")
+
+class zoo:
+    @staticmethod
+    def small():
+        return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10))
+
+not_callable = 3
+'''
+
+
+@pytest.fixture
+def nets(tmp_path, monkeypatch):
+    """A folder holding the user's `usernets.py` (and a module that fails to import),
+    as the current folder; the test process's path is restored afterwards."""
+    (tmp_path / "usernets.py").write_text(NETS)
+    (tmp_path / "brokennets.py").write_text("import torch\nraise ImportError('cuda 13 needed')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for name in ("usernets", "brokennets"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    return tmp_path
+
+
+def _error(spec: str) -> str:
+    with pytest.raises(UserError) as caught:
+        build_network(spec, 10, torch.zeros(2, 1, 28, 28))
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"-n/--network {spec}: "), message
+    return message[len(f"-n/--network {spec}: "):]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("nosuchmodule:build", "no module named 'nosuchmodule' on the Python path or in "),
+    ("usernets:nope", "usernets has no 'nope'"),
+    ("usernets:zoo.large", "usernets has no 'zoo.large'"),
+    ("usernets:not_callable", "not_callable is a int, not a function"),
+    ("brokennets:build", "importing brokennets failed: ImportError: cuda 13 needed"),
+    ("usernets:not_a_module", "returned a str, not a torch.nn.Module"),
+    ("usernets:raises", "calling it raised RuntimeError: no weights here"),
+    ("usernets:seven_classes", "the network's output for 2 samples is [2, 7], expected "
+                               "[2, 10] (one score per class)"),
+    ("usernets:for_cifar", "the network fails on the data set's samples (shape [2, 1, "
+                           "28, 28]): RuntimeError: "),
+])
+def test_a_bad_plugin_is_one_line_naming_the_flag(nets, spec, message):
+    assert _error(spec).startswith(message)
+
+
+def test_a_good_plugin_is_built_from_the_current_folder_and_left_untouched(nets):
+    model = build_network("usernets:build", 10, torch.randn(2, 1, 28, 28))
+    assert isinstance(model, torch.nn.Sequential) and model.training
+    batch_norm = model[2]
+    assert int(batch_norm.num_batches_tracked) == 0  # the check ran in evaluation mode
+    assert torch.equal(batch_norm.running_mean, torch.zeros(64))
+    assert isinstance(build_network("usernets:zoo.small"), torch.nn.Module)
+
+
+@pytest.mark.parametrize("text, ok", [
+    ("pkg.mod:build", True), ("mod:fn", True), ("mod:Cls.method", True),
+    ("mod", False), ("mod:", False), (":fn", False), ("mod:fn:x", False),
+    ("mod/x:fn", False), ("1mod:fn", False), ("mod:fn()", False),
+])
+def test_the_form_module_function(text, ok):
+    assert plugin.is_spec(text) is ok
+
+
+def test_main_refuses_a_name_that_is_neither_builtin_nor_a_plugin(tmp_path):
+    proc = run_main(["-m", "local", "-n", "lenet5", "--epochs", "1"], cwd=str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "main.py: error: argument -n/--network: expected one of alexnet, ")
+    assert "module:function, got 'lenet5'" in proc.stderr
+    assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.slow
+def test_main_trains_a_plugin_alone_and_refuses_a_bad_one_before_training(nets):
+    good = run_main(["-m", "local", "-n", "usernets:build", "--epochs", "2", "-e", "1",
+                     "--num-threads", "1"], cwd=str(nets))
+    assert good.returncode == 0, good.stderr[-2000:]
+    assert_no_traceback({"main.py": good.stdout + good.stderr})
+    assert "training usernets:build on digits" in good.stdout + good.stderr
+    records = list((nets / "logs" / socket.gethostname() / "cpu").glob("iter-*.json"))
+    assert records
+    bad = run_main(["-m", "local", "-n", "usernets:seven_classes", "--epochs", "1",
+                    "-ld", "badlogs"], cwd=str(nets))
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        "main.py: error: -n/--network usernets:seven_classes: the network's output for 2 "
+        "samples is [2, 7], expected [2, 10] (one score per class)"]
+    assert not (nets / "badlogs").exists()
+
+
+@pytest.mark.slow
+def test_the_launcher_runs_a_plugin_in_every_process_of_a_job(nets):
+    """ESync with two workers, the state server and the evaluator, started from the
+    folder of the user's module: every process imports it, and the evaluator measures
+    the plug-in's accuracy."""
+    out = io.StringIO()
+    code = local.run(["-m", "esync", "--workers", "2", "--slowdown", "1,2", "-n",
+                      "usernets:build", "--out", "runs", "--target-accuracy", "0.8",
+                      "--time-limit", "60", "--no-auth"],
+                     progress=False, out=out)
+    folder = nets / "runs" / "usernets:build" / "esync" / socket.gethostname()
+    logs = {str(p.relative_to(folder)): p.read_text() for p in folder.rglob("*.log")}
+    assert code == 0, (out.getvalue(), logs)
+    assert_no_traceback(logs)
+    assert evaluator_accuracy(str(nets / "runs"), "esync", "usernets:build") >= 0.8
+    for device in ("w0", "w1-x2"):
+        assert "training usernets:build on digits" in logs[f"{device}/worker.log"]
+
+
+def test_the_launcher_refuses_a_bad_plugin_before_starting_anything(nets):
+    """The same one line as main.py's, exit 2, and no log folder: nothing started."""
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "launch", "local.py"), "-m",
+                           "sync", "--workers", "2", "-n", "usernets:nope", "--out", "runs",
+                           "--no-auth"], capture_output=True, text=True, cwd=str(nets),
+                          timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "launch/local.py: error: -n/--network usernets:nope: usernets has no 'nope'"]
+    assert not (nets / "runs").exists()
