@@ -217,13 +217,17 @@ INTERRUPTED_WHILE_FORKING = textwrap.dedent("""\
     sys.path.insert(0, sys.argv[1])
     os.register_at_fork(after_in_parent=lambda: time.sleep(1.0))
     from launch.supervisor import Supervisor
+    sent = sys.argv[2] + ".sent"
     sup = Supervisor(grace=2.0)
     try:
         sup.start("interrupter", ["sh", "-c",
                                   "grep SigBlk /proc/self/status > " + sys.argv[2]
-                                  + "; kill -INT $PPID; sleep 30"])
-        time.sleep(3)  # a pending KeyboardInterrupt is raised long before this ends
-        print("not interrupted")
+                                  + "; kill -INT $PPID; touch " + sent + "; sleep 30"])
+        deadline = time.monotonic() + 60
+        while not os.path.exists(sent) and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the child has sent it (on a busy machine: seconds)
+        time.sleep(1.0)  # sent and pending: raised at once, long before this ends
+        print("not interrupted;", "sent" if os.path.exists(sent) else "never sent")
     except KeyboardInterrupt:
         print("interrupted;", [c.name for c in sup.children], "known")
     finally:
@@ -237,7 +241,7 @@ def test_a_ctrl_c_while_a_child_is_forked_is_not_lost(tmp_path):
     test_no_auth_hands_on_no_key_and_no_token)."""
     mask = tmp_path / "mask"
     done = subprocess.run([PY, "-c", INTERRUPTED_WHILE_FORKING, REPO, str(mask)],
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.stdout.strip() == "interrupted; ['interrupter'] known", done
     assert "Exception ignored" not in done.stderr, done.stderr
     blocked = int(mask.read_text().split()[1], 16)  # the child's signals are its own
