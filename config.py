@@ -61,6 +61,8 @@ EVAL_INTERVAL = 0.5            # --eval-interval: seconds between the evaluator'
 TARGET_HOLD = 0.0              # --target-hold: seconds the evaluator must see the target
                                #   accuracy held before it ends the job
 LOG_DIR = "logs"               # -ld: LOG_DIR/<host>/<device>/iter-<n>.json
+TENSORBOARD = None             # --tensorboard: where each process also writes TensorBoard
+                               #   scalars (None: nowhere)
 EPOCHS = None                  # --epochs: passes over the partition (None: no limit)
 MAX_ROUNDS = None              # --max-rounds
 TIME_LIMIT = None              # --time-limit: seconds of training

@@ -34,8 +34,9 @@ setup(
     # ray: `esync-launch --ray` (launch/onray.py; nothing else imports ray), with Ray's
     # state API and `ray list actors` (the [default] extra)
     extras_require={"dev": ["pytest>=7", "pytest-django>=4.5", "pytest-xdist>=3",
-                            "hypothesis>=6.80"],
-                    "ray": ["ray[default]>=2.49"]},
+                            "hypothesis>=6.80", "tensorboard>=2.14"],
+                    "ray": ["ray[default]>=2.49"],
+                    "tensorboard": ["tensorboard>=2.14"]},
     entry_points={"console_scripts": [
         "esync = esync.cli:console_main",
         "esync-launch = launch.local:console_main",

@@ -88,7 +88,8 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
     stop = StopCriteria(target_accuracy=opts.target_accuracy, target_hold=opts.target_hold)
     decided: Optional[str] = None  # the stop this evaluator asked for
     n, next_at = 0, time.monotonic()  # n: evaluations logged
-    with Recorder(opts.log_dir, socket.gethostname(), registry.EVALUATOR) as recorder:
+    with Recorder(opts.log_dir, socket.gethostname(), registry.EVALUATOR,
+                  tensorboard=opts.tensorboard) as recorder:
         log.info("[evaluator] evaluating %s on %s every %g s; logs in %s", opts.network,
                  opts.dataset, opts.eval_interval, recorder.path)
         try:

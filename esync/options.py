@@ -141,6 +141,11 @@ class Options:
                         metavar="NAME")
     log_dir: str = _opt(["-ld", "--log-dir"], config.LOG_DIR,
                         "where LOG_DIR/<host>/<device>/iter-<n>.json are written")
+    tensorboard: Optional[str] = _opt(["--tensorboard"], config.TENSORBOARD,
+                                      "also write each round's loss, samples, budget and "
+                                      "bytes (the evaluator: its accuracy) as TensorBoard "
+                                      "scalars into DIR/<host>/<device>/; none: no "
+                                      "TensorBoard")
     eval_every: int = _opt(["-e", "--eval-duration"], config.EVAL_DURATION,
                            "worker 0 evaluates test accuracy every N rounds, 0: never "
                            "(local mode: a round is N iterations and is evaluated)",

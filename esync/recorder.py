@@ -19,6 +19,9 @@ no running process holds replaces the `iter-*.json` files left there, as the ori
 emptied its log folder, unless it continues a job (`keep`: a worker rejoining, or a job
 resumed from a checkpoint), whose logs go on from where they were.
 
+With `tensorboard` (--tensorboard DIR) each round also goes to TensorBoard
+(esync.scalars), into DIR/<host>/<device>/.
+
 A file that cannot be written or removed (a full disk, a read-only folder) is a
 UserError naming -ld/--log-dir and the file: the process ends with that one line (a
 worker of a job tells the scheduler, which ends the job), not a traceback.
@@ -34,6 +37,7 @@ import time
 from typing import Mapping, Optional
 
 from esync.errors import UserError
+from esync.scalars import Scalars
 
 Phases = Mapping[str, float]
 
@@ -53,8 +57,13 @@ def _remove(path: str) -> None:
 
 
 class Recorder:
-    def __init__(self, log_dir: str, host: str, device: str, keep: bool = False):
+    """`tensorboard`: a folder where each round also goes as TensorBoard scalars
+    (esync.scalars), into <tensorboard>/<host>/<device>/."""
+
+    def __init__(self, log_dir: str, host: str, device: str, keep: bool = False,
+                 tensorboard: Optional[str] = None):
         self.path = os.path.join(log_dir, host, device)
+        self.scalars: Optional[Scalars] = None
         try:
             os.makedirs(self.path, exist_ok=True)
             self._lock = open(os.path.join(self.path, ".lock"), "a+")
@@ -80,6 +89,12 @@ class Recorder:
             try:
                 for old in glob.glob(os.path.join(self.path, "iter-*.json")):
                     _remove(old)
+            except UserError:
+                self.close()
+                raise
+        if tensorboard is not None:
+            try:
+                self.scalars = Scalars(os.path.join(tensorboard, host, device), fresh=not keep)
             except UserError:
                 self.close()
                 raise
@@ -155,9 +170,14 @@ class Recorder:
             except OSError:
                 pass
             raise _log_dir_error("write", final, e) from None
+        if self.scalars is not None:
+            self.scalars.add(record)
         return final
 
     def close(self) -> None:
+        if self.scalars is not None:
+            self.scalars.close()
+            self.scalars = None
         if not self._lock.closed:
             fcntl.flock(self._lock, fcntl.LOCK_UN)
             self._lock.close()

@@ -19,6 +19,7 @@ from esync.algorithms.base import Job
 from esync.errors import UserError
 from esync.options import Options, check_aggregation
 from esync.plugin import is_spec
+from esync.scalars import check_installed
 from esync.train import StopCriteria, TrainResult, train
 from esync.transport.cluster import REQUIRED, ClusterEnv, DDPEnv, advertised_address
 
@@ -64,6 +65,8 @@ def check(opts: Options, env: Optional[ClusterEnv]) -> WorkerPlan:
                         f"unset DMLC_ROLE, or pick a parameter-server mode ({others})")
     check_aggregation(opts, env.num_servers if env is not None else None)
     check_network(opts)
+    if opts.tensorboard is not None:
+        check_installed()
     device = select_device(opts)
     patience = 0.0
     if algorithm.state_server:
@@ -129,7 +132,8 @@ def _train(plan: WorkerPlan, job: Optional[Job]) -> TrainResult:
     ddp_rank = job.rank if job is not None and not plan.algorithm.parameter_server else None
     keep = job is not None and (job.rejoin or job.resume)  # its logs go on
     with Recorder(opts.log_dir, socket.gethostname(),
-                  device_label(opts, device, ddp_rank), keep=keep) as recorder:
+                  device_label(opts, device, ddp_rank), keep=keep,
+                  tensorboard=opts.tensorboard) as recorder:
         log.info("[%s] training %s on %s (%d samples, rank %d of %d) on %s; logs in %s",
                  algorithm.name, opts.network, opts.dataset, len(indices), rank, num_workers,
                  device, recorder.path)

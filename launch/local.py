@@ -73,6 +73,7 @@ from esync.errors import UserError
 from esync.options import Options, check_aggregation, flags_given, parse_options
 from esync.options import build_parser as options_parser
 from esync.plugin import is_spec
+from esync.scalars import check_installed
 from esync.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
 from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
 from launch.progress import Progress
@@ -331,13 +332,15 @@ def plan(argv: Sequence[str], prog: str = PROG,
         check_aggregation(opts, args.servers if algorithm.parameter_server else None)
     except UserError as e:
         raise LaunchError(str(e)) from None
-    if is_spec(opts.network):  # the user's network: refused here, before any process
-        from esync.worker import check_network
+    try:  # refused here, before any process starts
+        if opts.tensorboard is not None:
+            check_installed()
+        if is_spec(opts.network):  # the user's network
+            from esync.worker import check_network
 
-        try:
             check_network(opts)
-        except UserError as e:
-            raise LaunchError(str(e)) from None
+    except UserError as e:
+        raise LaunchError(str(e)) from None
     workers = args.workers if algorithm.distributed else 1
     slowdowns = _per_worker("--slowdown", args.slowdown, workers, low=1.0, noun="factor")
     bandwidths = _per_worker("--bandwidth", args.bandwidth, workers, none_ok=True)
