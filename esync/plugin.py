@@ -27,6 +27,12 @@ _IDENTIFIER = r"[A-Za-z_]\w*"
 _SPEC = re.compile(rf"{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}(\.{_IDENTIFIER})*")
 
 
+def describe(error: BaseException) -> str:
+    """`Type: message` on one line (the first of a message that has several)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
 def is_spec(text: str) -> bool:
     """Whether `text` has the form `module:function` (dotted names on both sides)."""
     return _SPEC.fullmatch(text) is not None
@@ -47,10 +53,11 @@ def load(spec: str, flag: str) -> Callable[..., Any]:
         if e.name is not None and (module_name == e.name or module_name.startswith(e.name + ".")):
             raise UserError(f"{flag} {spec}: no module named {e.name!r} on the Python path "
                             f"or in {here}") from None
-        raise UserError(f"{flag} {spec}: importing {module_name} failed: {e}") from None
+        raise UserError(f"{flag} {spec}: importing {module_name} failed: "
+                        f"{describe(e)}") from None
     except Exception as e:  # the user's module raised while it was imported
         raise UserError(f"{flag} {spec}: importing {module_name} failed: "
-                        f"{type(e).__name__}: {e}") from None
+                        f"{describe(e)}") from None
     found: Any = module
     for name in attribute.split("."):
         if not hasattr(found, name):
@@ -70,4 +77,4 @@ def call(spec: str, flag: str, *args: Any) -> Any:
     except UserError:
         raise
     except Exception as e:
-        raise UserError(f"{flag} {spec}: calling it raised {type(e).__name__}: {e}") from None
+        raise UserError(f"{flag} {spec}: calling it raised {describe(e)}") from None

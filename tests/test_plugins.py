@@ -18,7 +18,7 @@ from launch import local
 from tests.helpers import REPO, assert_no_traceback, evaluator_accuracy, run_main
 
 # A user's file of networks for 1x28x28 inputs and 10 classes, as one would write it
-NETS = '''
+NETS = r'''
 import torch
 from torch import nn
 
@@ -36,7 +36,7 @@ def not_a_module():
     return "a network"
 
 def raises():
-    raise RuntimeError("no weights here")
+    raise RuntimeError("no weights here\nsecond line of the message")
 
 class zoo:
     @staticmethod

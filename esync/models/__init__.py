@@ -68,7 +68,7 @@ def check_output(model: "nn.Module", name: str, images: "torch.Tensor",
             out = model(images)
     except Exception as e:
         raise UserError(f"{FLAG} {name}: the network fails on the data set's samples "
-                        f"(shape {list(images.shape)}): {type(e).__name__}: {e}") from None
+                        f"(shape {list(images.shape)}): {plugin.describe(e)}") from None
     finally:
         model.train(training)
     wanted = [len(images), num_classes]
