@@ -1,6 +1,8 @@
 import fcntl
 import os
+import signal
 import sys
+import warnings
 
 import pytest
 import torch
@@ -42,3 +44,26 @@ def _share_the_machine(request, _machine_locks):
         fcntl.flock(machine, fcntl.LOCK_UN)
         if alone:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+_INTERRUPTS = {signal.SIGINT, signal.SIGTERM}
+_last_test = ["(none)"]
+
+
+@pytest.fixture(autouse=True)
+def _interrupts_as_a_shell_leaves_them(request):
+    """Every test starts its processes with SIGINT and SIGTERM unblocked and SIGINT at
+    Python's default, as from a shell: children inherit the mask and an ignored SIGINT,
+    and a launcher that cannot be interrupted fails every Ctrl-C test after it (seen
+    once in CI: ten such tests, cause not found). If an earlier test of this process
+    left them otherwise, this says which and restores them."""
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, _INTERRUPTS) & _INTERRUPTS
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if blocked or ignored:
+        warnings.warn(f"after {_last_test[0]}: SIGINT/SIGTERM were "
+                      f"{'blocked ' + str(sorted(blocked)) if blocked else ''}"
+                      f"{' ignored' if ignored else ''}; restored")
+    _last_test[0] = request.node.nodeid
+    yield
