@@ -47,21 +47,22 @@ def _share_the_machine(request, _machine_locks):
 
 
 _INTERRUPTS = {signal.SIGINT, signal.SIGTERM}
-_last_test = ["(none)"]
+_last_test = [None]
 
 
 @pytest.fixture(autouse=True)
 def _interrupts_as_a_shell_leaves_them(request):
     """Every test starts its processes with SIGINT and SIGTERM unblocked and SIGINT at
-    Python's default, as from a shell: children inherit the mask and an ignored SIGINT,
-    and a launcher that cannot be interrupted fails every Ctrl-C test after it (seen
-    once in CI: ten such tests, cause not found). If an earlier test of this process
-    left them otherwise, this says which and restores them."""
+    Python's default, as from an interactive shell. Children inherit an ignored SIGINT
+    and a blocked mask: a test run started in the background (`pytest &` in a script,
+    nohup) ignores SIGINT from the start, and then every launcher a Ctrl-C test starts
+    ignores it too and the test times out (ten of them in one such run). If a test of
+    this process left them otherwise, this also warns, naming it."""
     blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, _INTERRUPTS) & _INTERRUPTS
     ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     if ignored:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    if blocked or ignored:
+    if (blocked or ignored) and _last_test[0] is not None:
         warnings.warn(f"after {_last_test[0]}: SIGINT/SIGTERM were "
                       f"{'blocked ' + str(sorted(blocked)) if blocked else ''}"
                       f"{' ignored' if ignored else ''}; restored")
