@@ -299,6 +299,24 @@ def agreed_settings(opts: Options, role: str, given: Set[str], num_workers: int,
     return out
 
 
+def check_plugins(opts: Options) -> None:
+    """What the user plugs in, before anything starts: a plug-in network (`-n
+    module:function`) is built and run on two of the data set's inputs (UserError, one
+    line naming -n, if it cannot be imported or built or gives no score per class), and
+    --tensorboard needs the tensorboard package. Built-in names need nothing; torch is
+    imported only for a plug-in."""
+    if opts.tensorboard is not None:
+        from esync.scalars import check_installed
+
+        check_installed()
+    if is_spec(opts.network):
+        from esync.data.datasets import load_dataset
+        from esync.models import build_network
+
+        dataset = load_dataset(opts.dataset, opts.data_dir)
+        build_network(opts.network, dataset.num_classes, dataset.sample())
+
+
 def check_aggregation(opts: Options, num_servers: Optional[int] = None) -> None:
     """--backend, --compress and ESync's aggregation options against the mode and (if
     known) the job's DMLC_NUM_SERVER; UserError names the flag."""

@@ -85,19 +85,15 @@ class Recorder:
         except OSError as e:
             self.close()
             raise _log_dir_error("write", self._lock.name, e) from None
-        if not keep:
-            try:
+        try:
+            if not keep:
                 for old in glob.glob(os.path.join(self.path, "iter-*.json")):
                     _remove(old)
-            except UserError:
-                self.close()
-                raise
-        if tensorboard is not None:
-            try:
+            if tensorboard is not None:
                 self.scalars = Scalars(os.path.join(tensorboard, host, device), fresh=not keep)
-            except UserError:
-                self.close()
-                raise
+        except UserError:
+            self.close()
+            raise
         self.start = time.time()
 
     def rounds(self) -> list:

@@ -17,9 +17,7 @@ import torch
 from esync import registry
 from esync.algorithms.base import Job
 from esync.errors import UserError
-from esync.options import Options, check_aggregation
-from esync.plugin import is_spec
-from esync.scalars import check_installed
+from esync.options import Options, check_aggregation, check_plugins
 from esync.train import StopCriteria, TrainResult, train
 from esync.transport.cluster import REQUIRED, ClusterEnv, DDPEnv, advertised_address
 
@@ -64,9 +62,7 @@ def check(opts: Options, env: Optional[ClusterEnv]) -> WorkerPlan:
         raise UserError(f"-m/--mode {opts.mode} does not run with DMLC_ROLE={env.role}: "
                         f"unset DMLC_ROLE, or pick a parameter-server mode ({others})")
     check_aggregation(opts, env.num_servers if env is not None else None)
-    check_network(opts)
-    if opts.tensorboard is not None:
-        check_installed()
+    check_plugins(opts)
     device = select_device(opts)
     patience = 0.0
     if algorithm.state_server:
@@ -74,19 +70,6 @@ def check(opts: Options, env: Optional[ClusterEnv]) -> WorkerPlan:
 
         patience = patience_from_environ()
     return WorkerPlan(opts, algorithm, device, patience)
-
-
-def check_network(opts: Options) -> None:
-    """A plug-in network (`-n module:function`) is built and run on a few of the data
-    set's inputs before anything starts: UserError, one line naming -n, if it cannot be
-    imported or built or does not give one score per class. (Built-in names need none.)"""
-    if not is_spec(opts.network):
-        return
-    from esync.data.datasets import load_dataset
-    from esync.models import build_network
-
-    dataset = load_dataset(opts.dataset, opts.data_dir)
-    build_network(opts.network, dataset.num_classes, dataset.sample())
 
 
 def device_label(opts: Options, device: torch.device, rank: Optional[int] = None) -> str:
@@ -126,7 +109,8 @@ def _train(plan: WorkerPlan, job: Optional[Job]) -> TrainResult:
     order = EpochOrder(indices, opts.shuffle, seed=[opts.seed, rank],
                        block_size=opts.block_size, buffer_ratio=opts.buffer_ratio)
     batches = BatchStream(dataset, order, opts.batch_size, device)
-    model = build_network(opts.network, dataset.num_classes, dataset.sample()).to(device)
+    # a plug-in was built and checked on the data once already, by check()
+    model = build_network(opts.network, dataset.num_classes).to(device)
     algorithm = plan.algorithm.worker_class().from_options(opts, job)
     stop = stop_criteria(opts)
     ddp_rank = job.rank if job is not None and not plan.algorithm.parameter_server else None

@@ -70,10 +70,9 @@ from tqdm import tqdm
 import config
 from esync import registry
 from esync.errors import UserError
-from esync.options import Options, check_aggregation, flags_given, parse_options
+from esync.options import (Options, check_aggregation, check_plugins, flags_given,
+                           parse_options)
 from esync.options import build_parser as options_parser
-from esync.plugin import is_spec
-from esync.scalars import check_installed
 from esync.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
 from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
 from launch.progress import Progress
@@ -328,17 +327,9 @@ def plan(argv: Sequence[str], prog: str = PROG,
     if args.workers < 1 or (args.servers < 1 and not all_reduce):
         raise LaunchError("--workers and --servers must be at least 1")
     algorithm = registry.of_options(opts)
-    try:
-        check_aggregation(opts, args.servers if algorithm.parameter_server else None)
-    except UserError as e:
-        raise LaunchError(str(e)) from None
     try:  # refused here, before any process starts
-        if opts.tensorboard is not None:
-            check_installed()
-        if is_spec(opts.network):  # the user's network
-            from esync.worker import check_network
-
-            check_network(opts)
+        check_aggregation(opts, args.servers if algorithm.parameter_server else None)
+        check_plugins(opts)
     except UserError as e:
         raise LaunchError(str(e)) from None
     workers = args.workers if algorithm.distributed else 1

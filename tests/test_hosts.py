@@ -230,10 +230,9 @@ def test_help_documents_the_format():
 
 #: what hosts.py may import of esync: main.py's parser and the registry, nothing of the
 #: runtime (and no torch); the job key's module (zmq only), to draw the job's key; the
-#: plug-ins' form (esync.plugin: no import of a plug-in); whether tensorboard is
-#: installed (esync.scalars: no import of it)
+#: plug-ins' form (esync.plugin: no import of a plug-in)
 ALLOWED = {"esync", "esync.options", "esync.registry", "esync.errors", "esync.data",
-           "esync.models", "esync.plugin", "esync.scalars", "esync.ready", "esync.transport", "esync.transport.auth",
+           "esync.models", "esync.plugin", "esync.ready", "esync.transport", "esync.transport.auth",
            "esync.stateclient", "esync.compress"}
 
 
