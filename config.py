@@ -67,6 +67,7 @@ EPOCHS = None                  # --epochs: passes over the partition (None: no l
 MAX_ROUNDS = None              # --max-rounds
 TIME_LIMIT = None              # --time-limit: seconds of training
 TARGET_ACCURACY = None         # --target-accuracy: stop once test accuracy reaches it
+TARGET_LOSS = None             # --target-loss: stop once the evaluated loss falls to it
 
 # --- devices and simulated heterogeneity ---------------------------------------------
 USE_CPU = False                # -c: force the CPU even if -g is given

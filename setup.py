@@ -40,6 +40,7 @@ setup(
     entry_points={"console_scripts": [
         "esync = esync.cli:console_main",
         "esync-launch = launch.local:console_main",
+        "esync-run = launch.run:console_main",
         "esync-hosts = launch.hosts:console_main",
         "esync-experiment = launch.experiment:console_main",
         "esync-summary = logs_tools.summary:console_main",

@@ -1,9 +1,7 @@
 """`python main.py` / `esync`: parse the settings, pick the role, start it.
 
 The role comes from DMLC_ROLE (ps-lite's variables); without it the process trains
-alone. This module also configures logging: every module logs to its own logger
-(`logging.getLogger(__name__)`), and here the lines go to stdout (errors and warnings
-to stderr) as plain messages; PS_VERBOSE=1 adds the transport's control messages.
+alone. Logging and the one-line errors are esync.console's.
 """
 from __future__ import annotations
 
@@ -11,75 +9,10 @@ import gc
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
+from esync.console import configure_logging, report_failed_start, say_error
 from esync.errors import UserError
-
-if TYPE_CHECKING:
-    from esync.transport.cluster import ClusterEnv
-
-#: the handlers this module installs, so that configuring again replaces them
-_HANDLERS: list = []
-
-
-class _StandardStream(logging.StreamHandler):
-    """A handler writing to whatever sys.stdout / sys.stderr is when a line is logged
-    (main() may run in a process that swaps them, as pytest's capture does)."""
-
-    def __init__(self, name: str):
-        self.name_of_stream = name
-        super().__init__()
-
-    @property
-    def stream(self):
-        return getattr(sys, self.name_of_stream)
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass  # always the current standard stream
-
-
-class _Below(logging.Filter):
-    def __init__(self, level: int):
-        super().__init__()
-        self.level = level
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno < self.level
-
-
-def configure_logging(verbose: bool = False) -> None:
-    """esync's messages as plain lines: INFO and DEBUG to stdout, WARNING and above to
-    stderr; `verbose` (PS_VERBOSE) turns on the transport's DEBUG lines."""
-    root = logging.getLogger("esync")
-    for handler in _HANDLERS:
-        root.removeHandler(handler)
-    _HANDLERS.clear()
-    out = _StandardStream("stdout")
-    out.addFilter(_Below(logging.WARNING))
-    err = _StandardStream("stderr")
-    err.setLevel(logging.WARNING)
-    for handler in (out, err):
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        root.addHandler(handler)
-        _HANDLERS.append(handler)
-    root.setLevel(logging.INFO)
-    logging.getLogger("esync.transport").setLevel(logging.DEBUG if verbose else logging.NOTSET)
-
-
-def _report(env: Optional["ClusterEnv"], error: UserError) -> None:
-    """Bad input before joining a parameter-server job: tell its scheduler, which ends
-    the job rather than wait for this node (nodes that joined tell it themselves:
-    Node.fail). Best effort: with wrong cluster variables there is nobody to tell."""
-    if env is not None and env.role not in ("scheduler", "evaluator"):
-        from esync.transport.node import report_failed_start
-
-        report_failed_start(env, str(error))
-
-
-def _say_error(prog: str, error: UserError) -> None:
-    """Bad input as the one line users get: `main.py: error: ...`."""
-    print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
 
 
 def _scheduler_cannot_start(prog: str, error: UserError) -> int:
@@ -88,7 +21,7 @@ def _scheduler_cannot_start(prog: str, error: UserError) -> int:
     from esync.transport.cluster import ClusterEnv
     from esync.transport.scheduler import tell_why
 
-    _say_error(prog, error)  # now: what follows may take a while
+    say_error(prog, error)  # now: what follows may take a while
     try:
         env = ClusterEnv.from_environ()
     except UserError:
@@ -112,7 +45,7 @@ def _run(argv: Optional[Sequence[str]], prog: str) -> int:
             return _scheduler_cannot_start(prog, e)
         if role:
             try:
-                _report(ClusterEnv.from_environ(), e)
+                report_failed_start(ClusterEnv.from_environ(), e)
             except UserError:
                 pass
         raise
@@ -130,7 +63,7 @@ def _run(argv: Optional[Sequence[str]], prog: str) -> int:
 
             device = select_device(opts)
     except UserError as e:
-        _report(env, e)
+        report_failed_start(env, e)
         raise
     configure_logging(verbose=env is not None and env.verbose)
     if env is None:
@@ -191,7 +124,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except UserError as e:
-        _say_error(prog, e)
+        say_error(prog, e)
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

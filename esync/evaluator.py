@@ -76,7 +76,8 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
     from esync.kvstore import KVStore
     from esync.models import build_network
     from esync.recorder import Recorder
-    from esync.train import StopCriteria, evaluate
+    from esync.session import StopCriteria
+    from esync.train import evaluate
 
     if opts.num_threads:
         torch.set_num_threads(opts.num_threads)

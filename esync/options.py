@@ -24,6 +24,10 @@ from esync.plugin import is_spec
 from esync.compress import Compression
 from esync.registry import BACKENDS, MODES
 
+#: the variable in which esync-run hands a training script these flags (a JSON list of
+#: strings), for esync.init to parse
+ARGS_VARIABLE = "ESYNC_ARGS"
+
 # A bool that takes a value (`-c 1`, `-s True`), as the original's flags did. The
 # annotation keeps argparse-dataclass from turning it into a value-less switch.
 Switch = Annotated[bool, "takes a value: 1/0, true/false, yes/no"]
@@ -209,6 +213,10 @@ class Options:
     target_accuracy: Optional[float] = _opt(["--target-accuracy"], config.TARGET_ACCURACY,
                                             "stop once test accuracy reaches this",
                                             type=_fraction)
+    target_loss: Optional[float] = _opt(["--target-loss"], config.TARGET_LOSS,
+                                        "stop once the evaluated loss falls to this (a "
+                                        "metric where lower is better)",
+                                        type=_non_negative_float)
     shuffle: str = _opt(["--shuffle"], config.SHUFFLE, "order of samples in each epoch",
                         choices=SHUFFLES)
     block_size: int = _opt(["--block-size"], config.BLOCK_SIZE,

@@ -55,6 +55,7 @@ flags.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import secrets
@@ -70,8 +71,8 @@ from tqdm import tqdm
 import config
 from esync import registry
 from esync.errors import UserError
-from esync.options import (Options, check_aggregation, check_plugins, flags_given,
-                           parse_options)
+from esync.options import (ARGS_VARIABLE, Options, check_aggregation, check_plugins,
+                           flags_given, parse_options)
 from esync.options import build_parser as options_parser
 from esync.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
 from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
@@ -129,6 +130,9 @@ class Plan:
     #: "gpu:N" (cuda:N; on this machine only)
     devices: List[Optional[str]] = field(default_factory=list)
     ray: Optional["RayPlan"] = None  # --ray: where and how to place the job on Ray
+    #: esync-run: the user's script and its arguments, run as each worker in place of
+    #: main.py, with main.py's flags in ESYNC_ARGS (esync.api.init reads them)
+    script: List[str] = field(default_factory=list)
 
     def scheduler_argv(self, main: Sequence[str]) -> List[str]:
         return [*main, "-m", self.mode, *self.role_args]
@@ -309,9 +313,11 @@ def _check_auth(environ: Mapping[str, str]) -> None:
 
 
 def plan(argv: Sequence[str], prog: str = PROG,
-         environ: Mapping[str, str] = os.environ) -> Plan:
+         environ: Mapping[str, str] = os.environ, script: Sequence[str] = ()) -> Plan:
     """The job that `argv` (and, for its key, `environ`) describes; LaunchError (one
-    line) on bad input."""
+    line) on bad input. With `script` (esync-run: a training script and its arguments)
+    the workers run it instead of main.py; the evaluator then needs the script's model
+    and test data as plug-ins (-n, --dataset), and there is none without -n."""
     args, rest = build_parser(prog).parse_known_args(list(argv))
     opts, given = _worker_options(args.mode, rest)
     for dest in ("log_dir", "device_name"):
@@ -347,10 +353,16 @@ def plan(argv: Sequence[str], prog: str = PROG,
               *(["--latency", f"{lat:g}"] if lat else [])]
              for b, lat in zip(bandwidths, latencies)]
     evaluate_by_worker = "eval_every" in given
-    evaluator = algorithm.distributed and not evaluate_by_worker and not args.no_evaluator
+    evaluator = algorithm.distributed and not evaluate_by_worker and not args.no_evaluator \
+        and (not script or "network" in given)
     if not evaluate_by_worker:  # the evaluator (or, alone, the clock) does it
         rest = [*rest, "-e", "0"]
-    folder = os.path.join(args.out, opts.network, algorithm.log_folder(opts.split_by_class))
+    if script:
+        if not os.path.isfile(script[0]):
+            raise LaunchError(f"{script[0]}: no such training script")
+        script = [os.path.abspath(script[0]), *script[1:]]
+    name = os.path.splitext(os.path.basename(script[0]))[0] if script else opts.network
+    folder = os.path.join(args.out, name, algorithm.log_folder(opts.split_by_class))
     ray = _ray_plan(args)
     if "num_threads" in given:
         threads, extra = opts.num_threads, []
@@ -366,7 +378,7 @@ def plan(argv: Sequence[str], prog: str = PROG,
     return Plan(algorithm, workers, args.servers, slowdowns, links, evaluator,
                 [*rest, *extra], opts, folder, threads, _every_role_args(opts, given),
                 restarts, not args.no_auth, _devices(args.devices, given, workers, ray),
-                ray)
+                ray, list(script))
 
 
 def _devices(text: Optional[str], given, workers: int,
@@ -588,9 +600,12 @@ class Launcher:
         def worker(k: int, env: Dict[str, str], extra: Sequence[str] = (),
                    ready: bool = False) -> Child:
             label = p.label(k)
-            argv = [*main, "-m", p.mode, *p.worker_args, *extra, *p.device_args(k),
-                    *p.links[k], "--slowdown", f"{p.slowdowns[k]:g}", "--device-name", label,
-                    "-ld", LOGS]
+            flags = ["-m", p.mode, *p.worker_args, *extra, *p.device_args(k), *p.links[k],
+                     "--slowdown", f"{p.slowdowns[k]:g}", "--device-name", label, "-ld", LOGS]
+            argv = [*main, *flags]
+            if p.script:  # the user's script, its flags for esync.init in ESYNC_ARGS
+                argv = [PYTHON, *p.script]
+                env = dict(env, **{ARGS_VARIABLE: json.dumps(flags)})
             return self._start_role(f"worker{k}", argv, env, os.path.join(label, "worker.log"),
                                     ready=ready, **member)
 
@@ -764,10 +779,11 @@ class Launcher:
 
 
 def run(argv: Sequence[str], progress: bool = True, *, out: Optional[IO[str]] = None,
-        position: int = 0, nested: bool = False, prog: str = PROG) -> int:
+        position: int = 0, nested: bool = False, prog: str = PROG,
+        script: Sequence[str] = ()) -> int:
     """Launch one job and wait for it; the exit status (raises LaunchError on bad input,
-    before anything starts)."""
-    planned = plan(argv, prog)
+    before anything starts). `script`: esync-run's training script and its arguments."""
+    planned = plan(argv, prog, script=script)
     progress = progress and "--no-progress" not in argv
     if planned.ray is not None:
         try:

@@ -1,5 +1,5 @@
 """A worker process that runs a few rounds of the real aggregation path (esync's
-PushPull with `--backend ps` or `allreduce`) on fixed, rank-dependent gradients and
+PushPull with `--backend ps` or `allreduce`) on fixed, rank-dependent local steps and
 buffers, and saves the weights and buffers it starts and ends with: the same weights and
 gradients must give the same result with either backend (tests/test_allreduce.py).
 
@@ -55,8 +55,10 @@ def main(out: str, argv) -> int:
         start = np.concatenate([algorithm.flat.params.numpy(), algorithm.flat.buffers.numpy()])
         for round_ in range(1, ROUNDS + 1):
             g = torch.Generator().manual_seed(1000 * job.rank + round_)
-            for p in model.parameters():
-                p.grad = torch.randn(p.shape, generator=g)
+            algorithm.begin_round(round_)
+            with torch.no_grad():  # the round's local step
+                for p in model.parameters():
+                    p.sub_(0.1 * torch.randn(p.shape, generator=g))
             algorithm.flat.buffers.copy_(torch.rand(algorithm.flat.buffers.shape, generator=g))
             algorithm.end_round(round_, model)
         np.save(out, np.stack([start, np.concatenate([algorithm.flat.params.numpy(),

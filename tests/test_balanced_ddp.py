@@ -97,8 +97,8 @@ def _rank(rank, port, out):
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     try:
-        ddp = BalancedDDP(Job(None, rank, 2, [], "test", store=store), 0.1, 0.0, 0.0, 0,
-                          Link(), None, batch_size=4, min_batch=1)
+        ddp = BalancedDDP(Job(None, rank, 2, [], "test", store=store), 0, Link(), None,
+                          batch_size=4, min_batch=1)
         model = _model()
         ddp.setup(model, torch.device("cpu"))
         ddp.use(BATCHES)

@@ -1,5 +1,6 @@
-"""The one training loop (esync.train.train), driven in this process by a tiny algorithm
-that records what the loop asks of it: the hooks' order, budgets, phases, evaluation,
+"""The one training loop (esync.train.train on esync.session's rounds, the public API's
+machinery), driven in this process by a tiny algorithm that records what the loop asks
+of it: the hooks' order, budgets, phases, evaluation,
 stop agreement, traffic and clean-up, with real data, a real network and real logs."""
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from esync.data.partition import partition
 from esync.data.shuffle import EpochOrder
 from esync.models import build_network
 from esync.recorder import Recorder
-from esync.train import StopCriteria, train
+from esync.session import Session, StopCriteria
+from esync.train import train
 
 CPU = torch.device("cpu")
 
@@ -42,18 +44,17 @@ class Scripted(Algorithm):
 
     def setup(self, model, device):
         self.calls.append(("setup",))
-        self.optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 
     def begin_round(self, round_):
         self.calls.append(("begin_round", round_))
         self.round = round_
         return self.budgets[min(round_, len(self.budgets)) - 1], {"asking": 0.001}
 
-    def local_update(self, model):
+    def local_update(self, model, step):
         self.calls.append(("local_update", self.round))
         if self.round == self.fail_in_round:
             raise RuntimeError("the algorithm broke")
-        self.optimizer.step()
+        return step()
 
     def end_round(self, round_, model):
         self.calls.append(("end_round", round_))
@@ -95,8 +96,8 @@ def run_loop(tmp_path, digits, algorithm, stop, batch_size=64):
     torch.manual_seed(0)
     indices = partition(digits.train_labels.numpy(), 1, 0, False, 0)
     batches = BatchStream(digits, EpochOrder(indices, "none", seed=0), batch_size, CPU)
-    with Recorder(str(tmp_path), "host", "dev") as recorder:
-        result = train(build_network("lenet"), algorithm, batches, digits, recorder, stop, CPU)
+    with Session(algorithm, Recorder(str(tmp_path), "host", "dev"), stop, CPU) as session:
+        result = train(session, build_network("lenet"), batches, digits, lr=0.05)
     return result, _records(tmp_path)
 
 

@@ -75,10 +75,9 @@ def apportion(total: int, speeds: Sequence[float], floor: int) -> List[int]:
 class BalancedDDP(DDP):
     name = "ddp-balanced"
 
-    def __init__(self, job: Job, lr: float, momentum: float, weight_decay: float,
-                 eval_every: int, link: Link, max_rounds: Optional[int], batch_size: int,
-                 min_batch: int):
-        super().__init__(job, lr, momentum, weight_decay, eval_every, link, max_rounds)
+    def __init__(self, job: Job, eval_every: int, link: Link, max_rounds: Optional[int],
+                 batch_size: int, min_batch: int):
+        super().__init__(job, eval_every, link, max_rounds)
         self.min_batch = min_batch
         self.global_batch = batch_size * self.world
         self.batches = [batch_size] * self.world   # every rank's, in rank order
@@ -87,8 +86,7 @@ class BalancedDDP(DDP):
 
     @classmethod
     def from_options(cls, opts, job: Optional[Job]) -> "BalancedDDP":
-        return cls(job, opts.learning_rate, opts.momentum, opts.weight_decay,
-                   opts.eval_every, link_of(opts), opts.max_rounds, opts.batch_size,
+        return cls(job, opts.eval_every, link_of(opts), opts.max_rounds, opts.batch_size,
                    opts.min_batch)
 
     def agreement(self) -> Dict[str, int]:

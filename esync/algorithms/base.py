@@ -1,14 +1,15 @@
 """The hooks through which an algorithm plugs into the one training loop (esync.train).
 
-The loop owns batches, forward/backward, timing, logging, evaluation and stopping; an
-algorithm only says how many local iterations a round has, what a local update is, and
-what happens at a round's end (push/pull, aggregation). Like Flower's `Strategy`: the
+The loop owns batches, forward/backward, timing, logging, evaluation and stopping, and
+the optimizer is the user's; an algorithm only says how many local iterations a round
+has, what it does around the optimizer's step, and what happens at a round's end
+(push/pull, aggregation). Like Flower's `Strategy`: the
 runtime calls the algorithm; the algorithm never drives the runtime.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -59,6 +60,11 @@ class Algorithm:
         process training alone."""
         raise NotImplementedError
 
+    @staticmethod
+    def learning_rate(opts: "Options") -> float:
+        """The learning rate of the built-in loop's SGD under this algorithm (-l)."""
+        return opts.learning_rate
+
     def setup(self, model: nn.Module, device: torch.device) -> None:
         """Called once before the first round, with the model on its device."""
 
@@ -91,8 +97,11 @@ class Algorithm:
         """After each local iteration: its seconds of computing (the simulated slowdown
         included, communication not) and its number of samples, as the loop logs them."""
 
-    def local_update(self, model: nn.Module) -> None:
-        """Apply this local iteration's gradients (already in `.grad`)."""
+    def local_update(self, model: nn.Module, step: Callable[[], Any]) -> Any:
+        """Apply this local iteration's gradients (already in `.grad`): `step` is the
+        user's optimizer step (it does nothing for a step AMP's GradScaler skips, which
+        still counts as a local iteration); returns what `step` returns."""
+        return step()
 
     def end_round(self, round_: int, model: nn.Module) -> Phases:
         """Everything after the round's local iterations; returns its timed phases."""

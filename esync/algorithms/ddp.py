@@ -3,9 +3,9 @@
 Exactly what a DDP user writes: the model wrapped in `DistributedDataParallel` with its
 defaults (its buffers, BatchNorm's statistics, broadcast from rank 0 at every forward),
 gloo on CPU (nccl on GPU), torch's own rendezvous (RANK, WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT: torchrun's variables, or launch/local.py's), `torch.optim.SGD` with the
-flags' learning rate, momentum and weight decay, the same partitions and batch size as
-every mode. Each step all-reduces the gradients (the average over ranks, DDP's default)
+MASTER_PORT: torchrun's variables, or launch/local.py's), the loop's optimizer (the
+built-in loop's `torch.optim.SGD` with the flags' learning rate, momentum and weight
+decay), the same partitions and batch size as every mode. Each step all-reduces the gradients (the average over ranks, DDP's default)
 during backward, so every step waits for the slowest rank.
 
 Four additions, each needed for the comparison and none changing DDP's arithmetic or
@@ -41,7 +41,7 @@ import gc
 import logging
 import os
 import time
-from typing import Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -63,10 +63,9 @@ STOP_KEY = "esync/ddp/stop-after-round/" + os.environ.get("TORCHELASTIC_RESTART_
 class DDP(Algorithm):
     name = "ddp"
 
-    def __init__(self, job: Job, lr: float, momentum: float, weight_decay: float,
-                 eval_every: int, link: Link, max_rounds: Optional[int] = None):
+    def __init__(self, job: Job, eval_every: int, link: Link,
+                 max_rounds: Optional[int] = None):
         self.rank, self.world = job.rank, job.num_workers
-        self.sgd = (lr, momentum, weight_decay)
         self.eval_every = eval_every
         self.link = link
         self.step_bytes = 0     # bytes a rank sends (and receives) per step
@@ -74,7 +73,6 @@ class DDP(Algorithm):
         self.max_rounds = max_rounds
         self.stop_after: Optional[int] = None  # the last round, once rank 0 has said it
         self._reason: Optional[str] = None      # rank 0: why it ends the job
-        self.optimizer: Optional[torch.optim.Optimizer] = None
         self.module: Optional[DistributedDataParallel] = None
         self.publisher = None
         self.bytes = 0          # estimated bytes sent (= received) by this rank
@@ -89,8 +87,7 @@ class DDP(Algorithm):
 
     @classmethod
     def from_options(cls, opts, job: Optional[Job]) -> "DDP":
-        return cls(job, opts.learning_rate, opts.momentum, opts.weight_decay,
-                   opts.eval_every, link_of(opts), opts.max_rounds)
+        return cls(job, opts.eval_every, link_of(opts), opts.max_rounds)
 
     def agreement(self) -> Dict[str, int]:
         """The flags every rank must give alike, as integers: the same names in the same
@@ -121,8 +118,6 @@ class DDP(Algorithm):
         gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters()
                              if p.requires_grad)
         self.step_bytes = Link.ring_allreduce_bytes(gradient_bytes, self.world)
-        self.optimizer = torch.optim.SGD(model.parameters(), lr=self.sgd[0],
-                                         momentum=self.sgd[1], weight_decay=self.sgd[2])
         if self.rank == 0 and self.store is not None:
             from esync.publish import STORE_ADDRESS, ModelPublisher
 
@@ -174,9 +169,9 @@ class DDP(Algorithm):
         self._round = round_
         return 1, {}
 
-    def local_update(self, model: nn.Module) -> None:
-        self.optimizer.step()
-        self.bytes += self.step_bytes
+    def local_update(self, model: nn.Module, step: Callable[[], Any]) -> Any:
+        self.bytes += self.step_bytes  # all-reduced in backward, stepped or skipped
+        return step()
 
     def end_round(self, round_: int, model: nn.Module) -> Phases:
         if self.publisher is not None:
@@ -220,7 +215,7 @@ class DDP(Algorithm):
         # let the DDP module (and its hook, which refers back to this object) go now,
         # not at interpreter exit: collected then, gloo's thread still finishing its
         # last work aborts the process ("terminate called without an active exception")
-        self.module = self.optimizer = None
+        self.module = None
         gc.collect()
         if self.publisher is not None:
             from esync.publish import STORE_FINISHED

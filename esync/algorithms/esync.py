@@ -7,7 +7,7 @@ times faster about k, so that all reach the aggregation together. (Round t's req
 sent at the end of round t-1, as soon as the time is measured, and runs while the delta
 is being averaged: the HTTP round trip costs the round nothing. Round 1's is sent at
 its start, with nothing measured: every device gets 1.) It runs K
-local SGD steps (`-ll`), pushes its delta (its weights minus those it started the
+local steps of the user's optimizer (the built-in loop's: SGD with `-ll`), pushes its delta (its weights minus those it started the
 round with) and its BatchNorm statistics; the servers' `esync` rule waits for all N
 workers, sets w <- w + gl * mean(delta) (`-gl`) and averages the statistics; the worker
 receives the new weights and starts round t+1 from them.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -41,8 +41,7 @@ log = logging.getLogger(__name__)
 
 
 class ESync(PushPull):
-    def __init__(self, job: Job, state: StateClient, local_lr: float, momentum: float,
-                 weight_decay: float, global_lr: float, max_local_steps: int,
+    def __init__(self, job: Job, state: StateClient, global_lr: float, max_local_steps: int,
                  eval_every: int, key: str, link: Optional[Link] = None,
                  backend: str = "ps", compression: Compression = Compression(),
                  normalize_deltas: bool = False, outer_momentum: float = 0.0):
@@ -51,10 +50,7 @@ class ESync(PushPull):
         super().__init__(rule, job, eval_every, synchronous=True, link=link,
                          backend=backend, compression=compression)
         self.state = state
-        self.local = (local_lr, momentum, weight_decay)
         self.max_local_steps = max_local_steps
-        self.optimizer: Optional[torch.optim.Optimizer] = None
-        self.round_start_weights: Optional[torch.Tensor] = None
         self.time_per_iteration: Optional[float] = None  # measured in the last round
         self.budget, self.request_seconds = 1, 0.0
         self._next: Optional[PendingBudget] = None  # the next round's budget, on its way
@@ -67,10 +63,13 @@ class ESync(PushPull):
                             patience=job.state_server_patience, check=job.node.check)
         if job.rank == 0:
             log.info("[esync] job %s; budgets at %s/jobs/%s/", job.id, state.url, job.id)
-        return cls(job, state, opts.local_lr, opts.momentum, opts.weight_decay,
-                   opts.global_lr, opts.max_local_steps, opts.eval_every,
+        return cls(job, state, opts.global_lr, opts.max_local_steps, opts.eval_every,
                    registry.of_options(opts).key, link_of(opts), opts.backend,
                    compression(opts), opts.normalize_deltas, opts.outer_momentum)
+
+    @staticmethod
+    def learning_rate(opts) -> float:
+        return opts.local_lr  # -ll: ESync's local steps
 
     def _init_job(self, resume_round: Optional[int] = None) -> None:
         try:
@@ -103,12 +102,7 @@ class ESync(PushPull):
     def setup(self, model: nn.Module, device: torch.device) -> None:
         if self.rank == 0 and not self.rejoin:  # before the barrier: the job is known
             self._init_job()  # when others ask
-        lr, momentum, weight_decay = self.local
-        # before the clocks start: torch's first optimizer costs about a second of imports
-        self.optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
-                                         weight_decay=weight_decay)
         super().setup(model, device)
-        self.round_start_weights = torch.empty_like(self.flat.params)
         if self.resume:  # the state server accepts this job's rounds from here on again
             self._init_job(resume_round=self._continues[0])
 
@@ -122,9 +116,9 @@ class ESync(PushPull):
         # the time this round waited for its budget (usually none: it came meanwhile)
         return self.budget, {"state server": self._computing_since - start}
 
-    def local_update(self, model: nn.Module) -> None:
-        self.optimizer.step()
-        self._steps += 1
+    def local_update(self, model: nn.Module, step: Callable[[], Any]) -> Any:
+        self._steps += 1  # a step AMP skips counts too: the budget is of iterations
+        return step()
 
     aggregate_phase = "global update"
 
@@ -134,17 +128,10 @@ class ESync(PushPull):
         self._next = self._request(round_ + 1, self.time_per_iteration)
         return super().end_round(round_, model)
 
-    def pushed(self) -> torch.Tensor:
-        """The round's delta: the weights now minus those the round started with (with
-        --normalize-deltas, divided by the round's local steps). With all-reduce, the
-        weights go back to the round's start: the rule moves them from there."""
-        delta = self.flat.grads  # reused as the delta's buffer: no gradient is pushed
-        torch.sub(self.flat.params, self.round_start_weights, out=delta)
-        if self.rule.normalize:
-            delta.div_(max(1, self._steps))
-        if self.all_reduce:
-            self.flat.params.copy_(self.round_start_weights)
-        return delta
+    def push_scale(self) -> float:
+        """The round's delta as it is (with --normalize-deltas, divided by the round's
+        local steps): the servers' rule adds the mean delta times -gl."""
+        return 1.0 / max(1, self._steps) if self.rule.normalize else 1.0
 
     def pushed_steps(self) -> Optional[int]:
         return max(1, self._steps) if self.rule.normalize else None

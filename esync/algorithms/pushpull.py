@@ -2,11 +2,19 @@
 then pull (`--backend ps`: through the parameter servers, esync.kvstore), or all-reduce
 among the workers (`--backend allreduce`, SSGD and ESync only: esync.allreduce).
 
-SSGD, ASGD and DC-ASGD run this class as it is: each round is one local iteration and
-pushes its gradient. On the worker the three are the same; they differ in the server's
-rule (esync.rules): SSGD's server answers once all workers pushed the round, ASGD's at
-once, DC-ASGD's at once with delay compensation. ESync (esync.algorithms.esync) builds
-on it and pushes its model delta instead.
+SSGD, ASGD and DC-ASGD run this class as it is: each round is one local iteration, a
+step of the user's optimizer, and pushes that step as a gradient: (w_start - w) / lr,
+lr being the rule's learning rate (-l), so that the servers' SGD step of lr (momentum
+and weight decay are the worker's optimizer's, not the servers') moves the weights by
+the optimizer's step, averaged (SSGD) or as it comes (ASGD, DC-ASGD). With
+`torch.optim.SGD` (lr -l) that is the gradient itself, and SSGD's arithmetic is the
+classic one, momentum and weight decay included (the mean of the workers' momentum
+steps is the momentum step of the mean gradient); any other optimizer (AdamW) works
+the same way, each worker keeping its own optimizer state. On the worker the three
+are the same; they differ in the server's rule (esync.rules): SSGD's server answers
+once all workers pushed the round, ASGD's at once, DC-ASGD's at once with delay
+compensation (of the step read as a gradient). ESync (esync.algorithms.esync) builds on
+it with a budget of local steps and pushes its model delta.
 """
 from __future__ import annotations
 
@@ -46,14 +54,15 @@ class PushPull(Algorithm):
         self.synchronous = synchronous  # every worker waits for all in each round
         self.link = link
         self.flat: Optional[FlatModel] = None
+        self.round_start_weights: Optional[torch.Tensor] = None
         self.kv: Union[KVStore, "AllReduce", None] = None
         self._announced: Optional[str] = None
 
     @classmethod
     def from_options(cls, opts, job: Optional[Job]) -> "PushPull":
         algorithm = registry.of_options(opts)
-        rule = RuleConfig(algorithm.key, job.num_workers, opts.learning_rate, opts.momentum,
-                          opts.weight_decay, opts.dcasgd_lamda if algorithm.dcasgd else 0.0)
+        rule = RuleConfig(algorithm.key, job.num_workers, opts.learning_rate,
+                          lamda=opts.dcasgd_lamda if algorithm.dcasgd else 0.0)
         return cls(rule, job, opts.eval_every, algorithm.synchronous, link_of(opts),
                    opts.backend, compression(opts))
 
@@ -63,6 +72,7 @@ class PushPull(Algorithm):
 
     def setup(self, model: nn.Module, device: torch.device) -> None:
         self.flat = FlatModel(model, device)
+        self.round_start_weights = torch.empty_like(self.flat.params)
         if self.all_reduce:
             from esync.allreduce import AllReduce  # torch.distributed: only where used
 
@@ -118,15 +128,27 @@ class PushPull(Algorithm):
         return self._continues
 
     def begin_round(self, round_: int) -> Tuple[int, Phases]:
+        self.round_start_weights.copy_(self.flat.params)
         return 1, {}
 
     #: the log's name of end_round's phase: push, wait for the servers, pull
     aggregate_phase = "global aggregate"
 
     def pushed(self) -> torch.Tensor:
-        """The vector this round pushes for the weights (on the model's device: the flat
-        model's `grads`): the gradient."""
-        return self.flat.gather_grads()
+        """The vector this round pushes for the weights (on the model's device, in the
+        flat model's `grads`, reused as its buffer): the weights' change over the round
+        times `push_scale()`. With all-reduce, the weights go back to the round's start:
+        the rule moves them from there."""
+        change = self.flat.grads
+        torch.sub(self.flat.params, self.round_start_weights, out=change)
+        change.mul_(self.push_scale())
+        if self.all_reduce:
+            self.flat.params.copy_(self.round_start_weights)
+        return change
+
+    def push_scale(self) -> float:
+        """The optimizer's step as a gradient for the servers' SGD step of lr: -1/lr."""
+        return -1.0 / self.rule.lr
 
     def pushed_steps(self) -> Optional[int]:
         """The local steps the push reports (ESync with --normalize-deltas), or None."""

@@ -1,0 +1,372 @@
+"""esync's public API: a training script of the user's, with its own model, data,
+optimizer and loop, under ESync, SSGD, ASGD or DC-ASGD (or alone), as PyTorch's own
+post-local SGD and Ray Train's `prepare_*` verbs are used::
+
+    import esync
+    esync.init()                                  # joins the job esync-run started
+    model = esync.prepare_model(MyNet())          # on the device, the job's weights
+    loader = esync.prepare_data_loader(DataLoader(train_set, batch_size=64, shuffle=True))
+    opt = esync.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=3e-4))
+    for x, y in loader:                           # this worker's partition
+        opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
+
+The job's settings (mode, backend, stop criteria, logs...) are main.py's flags: those
+esync-run passes in ESYNC_ARGS, then `init`'s `argv`. Without a job (no DMLC_ROLE) the
+script trains alone (`-m local`), logging as every mode does.
+
+What each algorithm does with the user's optimizer (its state is never sent):
+- every mode steps it on this worker's own gradients and keeps its state (momentum,
+  Adam's moments and step count) local: after a synchronisation the weights are the
+  job's, the state this worker's;
+- ESync: a round is this device's budget of steps; the servers average the rounds'
+  deltas. SSGD: a round is one step; the servers average the steps, which for SGD
+  (momentum and weight decay included) is the classic SSGD on the mean gradient.
+  ASGD / DC-ASGD: each step is applied on the servers as it comes.
+- floating-point buffers (BatchNorm's running statistics) are averaged with the weights;
+  integer buffers (`num_batches_tracked`) stay each worker's count;
+- the synchronised tensors are all parameters that require a gradient, in the model's
+  order, whether or not this step gave them one (a parameter without a gradient is
+  unchanged by the step, so its delta is zero).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, RandomSampler
+
+from esync.data.order import DataSettings, WorkerOrder
+from esync.errors import UserError
+from esync.options import ARGS_VARIABLE
+from esync.session import Session
+
+log = logging.getLogger(__name__)
+
+
+_session: Optional[Session] = None
+_data: Optional[DataSettings] = None
+_failed: Optional[BaseException] = None
+
+
+def init(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Session:
+    """Join the job this process belongs to, once: as a worker of a parameter-server or
+    all-reduce job (DMLC_* variables, as esync-run sets them), a rank of DDP (RANK,
+    WORLD_SIZE, MASTER_ADDR, MASTER_PORT), or alone (neither). The settings are main.py's
+    flags: ESYNC_ARGS's, then `argv`'s. Bad settings end the process with one line
+    naming the flag and exit status 2, as main.py does. Returns the session (`rank`,
+    `num_workers`, `device`, `stop_reason`...); the job is left at the end of the
+    process, or by `finish()`."""
+    global _session, _data
+    if _session is not None:
+        return _session
+    from esync.console import say_error
+    prog = prog or os.path.basename(sys.argv[0]) or "esync"
+    try:
+        _session, _data = _join(_flags(argv), prog)
+    except UserError as e:
+        say_error(prog, e)
+        raise SystemExit(2) from None
+    atexit.register(finish)
+    _chain_excepthook()
+    return _session
+
+
+def _flags(argv: Optional[Sequence[str]]) -> list:
+    text = os.environ.get(ARGS_VARIABLE, "")
+    try:
+        given = json.loads(text) if text else []
+    except ValueError:
+        given = None
+    if not isinstance(given, list) or not all(isinstance(a, str) for a in given):
+        raise UserError(f"{ARGS_VARIABLE}: expected a JSON list of strings, got {text[:60]!r}")
+    return given + list(argv or [])
+
+
+def _join(flags: list, prog: str):
+    from esync import join, registry
+    from esync.console import configure_logging, report_failed_start
+    from esync.options import agreed_settings, flags_given, parse_options
+    from esync.transport.cluster import ClusterEnv, DDPEnv
+
+    role = os.environ.get("DMLC_ROLE")
+    opts = parse_options(flags, prog)
+    env: Any = None
+    if registry.of_options(opts).backend == "ddp":
+        env = DDPEnv.from_environ()
+    elif role:
+        env = ClusterEnv.from_environ()
+        if env.role != "worker":
+            raise UserError(f"DMLC_ROLE={role}: a training script is a worker; the "
+                            f"scheduler, servers and evaluator are started as `esync` "
+                            f"processes (esync-run does)")
+    try:
+        plan = join.check(opts, env if isinstance(env, ClusterEnv) else None)
+    except UserError as e:
+        report_failed_start(env, e)
+        raise
+    configure_logging(verbose=getattr(env, "verbose", False))
+    settings = None
+    if isinstance(env, ClusterEnv):
+        settings = agreed_settings(opts, "worker", flags_given(flags, prog),
+                                   env.num_workers, env.num_servers)
+    return join.join(plan, env, settings), DataSettings.from_options(opts)
+
+
+def _chain_excepthook() -> None:
+    """Remember an exception that ends the script, so that leaving the job at exit
+    tells the others it failed rather than finished."""
+    previous = sys.excepthook
+
+    def hook(kind, error, traceback):
+        global _failed
+        _failed = error
+        previous(kind, error, traceback)
+
+    sys.excepthook = hook
+
+
+def session() -> Session:
+    """The session `init` opened (RuntimeError before)."""
+    if _session is None:
+        raise RuntimeError("call esync.init() first")
+    return _session
+
+
+def prepare_model(model: nn.Module) -> nn.Module:
+    """Move `model` to this worker's device and give it the job's initial weights (the
+    first worker's, or the servers' when resuming or rejoining); returns the module to
+    run forward through: `model` itself, DDP's wrapper of it under `-m ddp`. Call once,
+    before `DistributedOptimizer`; `model`'s parameters are from now on views of the
+    flat vector the job synchronises."""
+    return session().adopt(model)
+
+
+def prepare_data_loader(loader: DataLoader) -> "JobLoader":
+    """`loader`'s data set, batch size, workers and collate function over this worker's
+    partition of the data set (split as `-s` says; shuffled in `--shuffle`'s order if
+    `loader` shuffles), batches moved to the device. Each pass is one epoch of the
+    partition, cut short when the job stops; a worker that continues a job (resume,
+    rejoin) goes on at its exact next sample."""
+    return JobLoader(loader, session(), _data or DataSettings())
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def _samples(batch: Any) -> Optional[int]:
+    """The number of samples of a batch: the first tensor's first dimension."""
+    if isinstance(batch, torch.Tensor):
+        return len(batch) if batch.dim() else None
+    items = batch.values() if isinstance(batch, dict) else \
+        batch if isinstance(batch, (list, tuple)) else ()
+    for item in items:
+        found = _samples(item)
+        if found is not None:
+            return found
+    return None
+
+
+class _Rest(torch.utils.data.Sampler):
+    """The rest of the current epoch of a worker's order (its sampler)."""
+
+    def __init__(self, order: WorkerOrder):
+        self.order = order
+
+    def __iter__(self) -> Iterator[int]:
+        return self.order.epoch_rest()
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+
+class JobLoader:
+    """A data loader over this worker's partition (prepare_data_loader)."""
+
+    def __init__(self, loader: DataLoader, session: Session, settings: DataSettings):
+        dataset = loader.dataset
+        labels = getattr(dataset, "targets", None)
+        if labels is None or len(labels) != len(dataset):
+            labels = [0] * len(dataset)
+        try:
+            self.order = WorkerOrder(labels, session.rank, session.num_workers, settings,
+                                     shuffle=isinstance(loader.sampler, RandomSampler))
+        except ValueError as e:
+            raise UserError(f"prepare_data_loader: {e}") from None
+        self.order.skip_to(session.resume_epoch)
+        self.session = session
+        session.epochs_done = lambda: self.order.epochs_done
+        self.loader = DataLoader(
+            dataset, batch_size=loader.batch_size, sampler=_Rest(self.order),
+            num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+            pin_memory=loader.pin_memory, drop_last=loader.drop_last,
+            timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+            prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
+            persistent_workers=False)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.session.stop_reason is not None:
+            return
+        batches = iter(self.loader)
+        while True:
+            self.session.batch_size()  # the round begins before its first batch
+            started = time.perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                self.order.next_epoch()
+                return
+            count = _samples(batch)
+            self.order.samples_drawn += count or 0
+            self.session.batch_fetched(time.perf_counter() - started, count)
+            yield _to_device(batch, self.session.device)
+            if self.session.stop_reason is not None:
+                return
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """`optimizer` (any torch.optim optimizer over the prepared model's parameters), whose
+    `step()` also counts the local iteration and, when this device's budget for the round
+    is used up, runs the round's synchronisation and fetches the next budget. Everything
+    else (`zero_grad`, `param_groups`, learning-rate schedulers, AMP's GradScaler) works
+    as on `optimizer`; a step GradScaler skips (inf or NaN gradients) still counts and
+    still joins the synchronisation. `state_dict()` adds the job's round
+    (`"esync": {"round": r}`); the job's own checkpoints (--checkpoint-dir) hold the
+    weights."""
+
+    #: GradScaler hands this optimizer its scale and inf flags and lets `step` skip
+    _step_supports_amp_scaling = True
+
+    def __init__(self, optimizer: torch.optim.Optimizer, model: Optional[nn.Module] = None,
+                 *, job: Optional[Session] = None):
+        # no Optimizer.__init__: the wrapped optimizer owns the parameters and the state
+        self.optimizer = optimizer
+        self.session = job or session()
+        self.defaults = optimizer.defaults
+        self._optimizer_step_pre_hooks: Dict[int, Callable] = {}
+        self._optimizer_step_post_hooks: Dict[int, Callable] = {}
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none)
+
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        def update() -> Any:
+            found_inf = getattr(self, "found_inf", None)
+            if found_inf is not None:  # inside GradScaler.step: unscale, or skip
+                if found_inf.item():
+                    return None
+                scale = getattr(self, "grad_scale", None)
+                if scale is not None:
+                    inverse = scale.double().reciprocal().float()
+                    for group in self.optimizer.param_groups:
+                        for p in group["params"]:
+                            if p.grad is not None:
+                                p.grad.mul_(inverse.to(p.grad.device))
+            return self.optimizer.step(closure) if closure else self.optimizer.step()
+
+        return self.session.step(update)
+
+    def state_dict(self) -> Dict[str, Any]:
+        state = self.optimizer.state_dict()
+        state["esync"] = {"round": self.session.round, "iterations": self.session.iterations}
+        return state
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        state = dict(state_dict)
+        state.pop("esync", None)  # the job's round comes from the job (its servers)
+        self.optimizer.load_state_dict(state)
+
+    def __repr__(self) -> str:
+        return f"DistributedOptimizer({self.optimizer!r})"
+
+
+class RoundScheduler:
+    """A learning-rate scheduler that advances once per round of the job, not per local
+    step: under ESync a device doing 8 local steps a round would otherwise decay 8
+    times faster than a device doing 1 (prepare_scheduler)."""
+
+    def __init__(self, scheduler: Any, session: Session):
+        self.scheduler, self.session = scheduler, session
+        self.rounds = session.round
+
+    def step(self) -> None:
+        """Call it where the plain loop would (after each step, or each epoch): it
+        advances the wrapped scheduler once for each round finished since."""
+        finished = self.session.round - (1 if self.session.in_round else 0)
+        while self.rounds < finished:
+            self.rounds += 1
+            self.scheduler.step()
+
+    def get_last_lr(self):
+        return self.scheduler.get_last_lr()
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"scheduler": self.scheduler.state_dict(), "rounds": self.rounds}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.rounds = state["rounds"]
+
+
+def prepare_scheduler(scheduler: Any) -> RoundScheduler:
+    """`scheduler` (any torch.optim.lr_scheduler, over the wrapped optimizer) stepped
+    once per round of the job: the same on a fast and a slow device."""
+    return RoundScheduler(scheduler, session())
+
+
+def report(loss: Optional[float] = None, samples: Optional[int] = None) -> None:
+    """This local iteration's training loss (a float or a one-element tensor), for the
+    round's log record, TensorBoard and the divergence check; `samples` where the batches
+    do not come from prepare_data_loader."""
+    if isinstance(loss, torch.Tensor):
+        loss = loss.item()
+    session().report(loss, samples)
+
+
+def should_stop() -> bool:
+    """Whether the job has stopped (its stop criteria, or another worker's)."""
+    return session().stop_reason is not None
+
+
+def finish() -> None:
+    """Leave the job (also called at the end of the process): if the job is still
+    running, the round in progress ends now, and in a synchronous job the others stop
+    after it; then the connections close. Idempotent."""
+    global _session
+    if _session is None:
+        return
+    current, _session = _session, None
+    error = _failed
+    try:
+        if error is None:
+            current.leave(f"worker {current.rank} finished its loop")
+    finally:
+        current.close(error)

@@ -1,0 +1,68 @@
+"""Which samples a worker visits, and in what order, epoch after epoch: its partition of
+the data set (partition.py) in the order `--shuffle` gives (shuffle.py), as one object
+that knows its position, so that a worker continuing a job goes on at its exact next
+sample."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+
+from esync.data.partition import partition
+from esync.data.shuffle import EpochOrder
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """The flags that decide a worker's samples (--shuffle, --block-size,
+    --buffer-ratio, -s, --seed)."""
+
+    shuffle: str = "corgipile"
+    block_size: int = 32
+    buffer_ratio: float = 0.1
+    split_by_class: bool = False
+    seed: int = 0
+
+    @classmethod
+    def from_options(cls, opts) -> "DataSettings":
+        return cls(opts.shuffle, opts.block_size, opts.buffer_ratio,
+                   bool(opts.split_by_class), opts.seed)
+
+
+class WorkerOrder:
+    """Partition `rank` of `num_workers` of a data set of `labels` (one per sample; all
+    alike where the data set has none), visited in `settings.shuffle`'s order (`shuffle`
+    False: the stored order). `samples_drawn` counts the samples taken so far."""
+
+    def __init__(self, labels: Sequence[int], rank: int, num_workers: int,
+                 settings: DataSettings, shuffle: bool = True):
+        self.indices = partition(np.asarray(labels), num_workers, rank,
+                                 settings.split_by_class, settings.seed)
+        self.order = EpochOrder(self.indices, settings.shuffle if shuffle else "none",
+                                seed=[settings.seed, rank], block_size=settings.block_size,
+                                buffer_ratio=settings.buffer_ratio)
+        self.samples_drawn = 0
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @property
+    def epochs_done(self) -> float:
+        return self.samples_drawn / len(self.indices)
+
+    def epoch_rest(self) -> Iterator[int]:
+        """The samples of the current epoch not drawn yet (the order is a function of
+        the seed, the rank and the epoch alone)."""
+        epoch, position = divmod(self.samples_drawn, len(self.indices))
+        return iter(self.order.order(epoch)[position:].tolist())
+
+    def next_epoch(self) -> None:
+        """Skip what is left of the current epoch (a loader dropping its last batch)."""
+        epoch, position = divmod(self.samples_drawn, len(self.indices))
+        if position:
+            self.samples_drawn = (epoch + 1) * len(self.indices)
+
+    def skip_to(self, epochs: Optional[float]) -> None:
+        if epochs:
+            self.samples_drawn = int(round(epochs * len(self.indices)))

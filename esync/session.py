@@ -1,0 +1,382 @@
+"""A worker's part in a job, round by round: the machinery behind the public API's
+optimizer wrapper (esync.api), and so behind every training loop, the built-in one
+(esync.train) included.
+
+A round: the algorithm names its budget of local iterations (`begin_round`); each
+local iteration is the user's forward and backward, then `step`, which runs the
+algorithm's local update (the user's optimizer), the simulated slowdown and the timing;
+when the budget is used up the algorithm ends the round (push/pull or all-reduce), the
+process may evaluate, the round's record is written and the stop criteria are agreed on.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Deque, Dict, Optional
+
+import torch
+from torch import nn
+
+from esync.algorithms.base import Algorithm, Phases
+from esync.recorder import Recorder
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StopCriteria:
+    """Whichever limit is reached first ends the run; None means no such limit. A target
+    counts once it has held `target_hold` seconds (every evaluation in between reaching
+    it): `target_accuracy` is reached at or above it, `target_loss` at or below it."""
+
+    epochs: Optional[float] = None
+    max_rounds: Optional[int] = None
+    time_limit: Optional[float] = None
+    target_accuracy: Optional[float] = None
+    target_hold: float = 0.0
+    target_loss: Optional[float] = None
+    _held_since: Optional[float] = field(default=None, repr=False)
+
+    def epochs_reached(self, epochs_done: float) -> bool:
+        return self.epochs is not None and epochs_done >= self.epochs - 1e-9
+
+    def _reached(self, metric: float) -> Optional[str]:
+        if self.target_accuracy is not None and metric >= self.target_accuracy:
+            return f"reached target accuracy {self.target_accuracy}"
+        if self.target_loss is not None and metric <= self.target_loss:
+            return f"reached target loss {self.target_loss}"
+        return None
+
+    def target_held(self, metric: Optional[float], elapsed: float) -> Optional[str]:
+        """After an evaluation (metric None: none this time): the reason to stop, if the
+        target has now held long enough."""
+        if metric is None or (self.target_accuracy is None and self.target_loss is None):
+            return None
+        reached = self._reached(metric)
+        if reached is None:
+            self._held_since = None
+            return None
+        if self._held_since is None:
+            self._held_since = elapsed
+        if elapsed - self._held_since < self.target_hold:
+            return None
+        return reached + (f" (held {self.target_hold:g} s)" if self.target_hold else "")
+
+    def reason(self, rounds: int, epochs_done: float, elapsed: float,
+               metric: Optional[float]) -> Optional[str]:
+        reached = self.target_held(metric, elapsed)
+        if reached:
+            return reached
+        if self.epochs_reached(epochs_done):
+            return f"finished {self.epochs:g} epoch{'' if self.epochs == 1 else 's'}"
+        if self.max_rounds is not None and rounds >= self.max_rounds:
+            return f"finished {self.max_rounds} rounds"
+        if self.time_limit is not None and elapsed >= self.time_limit:
+            return f"reached the time limit of {self.time_limit:g} s"
+        return None
+
+
+@dataclass
+class TrainResult:
+    rounds: int
+    iterations: int
+    epochs: float
+    seconds: float
+    accuracy: Optional[float]  # the last in-process evaluation's metric
+    stop_reason: str
+    diverged: bool = False
+
+
+class Slowdown:
+    """Makes this process act as a device `factor` times slower: after a local iteration
+    of t seconds it waits (factor - 1) * m, where m is the median of its last WINDOW
+    iterations' t (this one included). Using m rather than t keeps the device's speed
+    steady: on a machine shared by several simulated devices, t swings with the others'
+    load, and waiting (factor - 1) * t would multiply each swing by `factor`, a noise no
+    real slower device has; the median also ignores the slow first iteration. The
+    window holds iterations of one batch size: a new size (speed-balanced DDP) starts it
+    afresh, as a real device's time follows its batch at once."""
+
+    WINDOW = 15
+
+    def __init__(self, factor: float):
+        self.factor = factor
+        self.recent: Deque[float] = deque(maxlen=self.WINDOW)
+        self.samples: Optional[int] = None  # the batch size of those in `recent`
+
+    def wait(self, seconds: float, samples: Optional[int] = None) -> Optional[float]:
+        """Wait after an iteration of `seconds` on `samples` samples; returns the wait
+        (None with factor 1)."""
+        if self.factor <= 1.0:
+            return None
+        if samples != self.samples:
+            self.recent.clear()
+            self.samples = samples
+        self.recent.append(seconds)
+        waited = (self.factor - 1.0) * statistics.median(self.recent)
+        time.sleep(waited)
+        return waited
+
+
+class Clock:
+    """Seconds of training: wall-clock time since `restart`, less the pauses (the
+    in-process evaluations of a run timed by --eval-interval)."""
+
+    def __init__(self) -> None:
+        self.restart()
+
+    def restart(self, elapsed: float = 0.0) -> None:
+        self.start, self.paused = time.perf_counter() - elapsed, 0.0
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.start - self.paused
+
+    def pause(self, seconds: float) -> None:
+        self.paused += seconds
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for queued GPU work, so that phase timings measure the work itself."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Session:
+    """One process's training: its algorithm, recorder, clock, stop criteria and the
+    round in progress. The API creates it (esync.api.init); its verbs call it.
+
+    `evaluation`, if set, measures the model in this process (the built-in loop's test
+    accuracy) after the rounds the algorithm names, or with `eval_interval` by the clock;
+    `epochs_done` is read from the prepared data loader; `on_close` undoes the joining
+    (leaves the cluster or the process group)."""
+
+    def __init__(self, algorithm: Algorithm, recorder: Recorder, stop: StopCriteria,
+                 device: torch.device, slowdown: float = 1.0,
+                 eval_interval: Optional[float] = None, rank: int = 0,
+                 num_workers: int = 1, seed: int = 0,
+                 on_close: Callable[[Optional[BaseException]], None] = lambda error: None):
+        self.algorithm, self.recorder, self.stop = algorithm, recorder, stop
+        self.device, self.rank, self.num_workers, self.seed = device, rank, num_workers, seed
+        self.eval_interval = eval_interval
+        self.evaluation: Optional[Callable[[], float]] = None
+        self.epochs_done: Callable[[], float] = lambda: 0.0
+        self.model: Optional[nn.Module] = None
+        self.clock = Clock()
+        self._slower = Slowdown(slowdown)
+        self._on_close = on_close
+        self.round = 0            # the round in progress (or the last one)
+        self.iterations = 0
+        self.metric: Optional[float] = None  # the last in-process evaluation's
+        self.stop_reason: Optional[str] = None
+        self.diverged = False
+        self.resume_epoch: Optional[float] = None  # data position to go on from
+        self._budget = 0          # local iterations of the round in progress; 0: none
+        self._last_eval = 0.0
+        self._closed = False
+
+    # --- setting up ----------------------------------------------------------------------
+    def adopt(self, model: nn.Module) -> nn.Module:
+        """The model, on this process's device, with the job's initial weights: the
+        module the user's loop runs forward through (DDP's wrapper under -m ddp)."""
+        if self.model is not None:
+            raise RuntimeError("esync.prepare_model was called already: one model a job")
+        model.to(self.device).train()
+        self.model = model
+        self.algorithm.setup(model, self.device)
+        self.recorder.restart_clock()
+        self.clock.restart()
+        continues = self.algorithm.continues()
+        if continues is not None:
+            self._continue(*continues)
+        return self.algorithm.training_module(model)
+
+    def _continue(self, first: Optional[int], elapsed: float) -> None:
+        """A process continuing a job (rejoining it, or resuming it from a checkpoint)
+        goes on from its first round, on the job's clock, at the data position its own
+        log had reached before that round."""
+        last = self.recorder.last_record(before=first)
+        if first is None:
+            first = last["num_iters"] + 1 if last and isinstance(last.get("num_iters"), int) else 1
+        self.recorder.drop_from(first)
+        epoch = last.get("epoch") if last else None
+        if isinstance(epoch, (int, float)) and epoch >= 0:
+            self.resume_epoch = float(epoch)
+        self.recorder.restart_clock(elapsed)
+        self.clock.restart(elapsed)
+        self.round = first - 1
+        log.info("continuing the job from round %d at %.1f s (epoch %.2f of this partition)",
+                 first, elapsed, self.resume_epoch or 0.0)
+
+    @property
+    def in_round(self) -> bool:
+        """Whether a round has begun and not ended."""
+        return bool(self._budget)
+
+    # --- a local iteration ---------------------------------------------------------------
+    def batch_size(self) -> Optional[int]:
+        """The next local iteration's batch (None: the loader's own); begins a round."""
+        self._begin_round()
+        return self.algorithm.batch_size()
+
+    def batch_fetched(self, seconds: float, samples: Optional[int]) -> None:
+        """The data loader took `seconds` to give the next batch, of `samples` samples."""
+        self._begin_round()
+        self._fetch, self._samples = self._fetch + seconds, samples
+        self._batch_ready = time.perf_counter()
+
+    def report(self, loss: Optional[float] = None, samples: Optional[int] = None) -> None:
+        """The user's loss of this local iteration (and its samples, where the loader is
+        not esync's)."""
+        if loss is not None:
+            self._loss_sum += float(loss)
+            self._losses += 1
+        if samples is not None:
+            self._samples = samples
+
+    def step(self, update: Callable[[], Any]) -> Any:
+        """The end of a local iteration: the algorithm's local update (it calls `update`,
+        the user's optimizer step), the timing, and the round's end once its budget is
+        used up. After the job has stopped, only `update`."""
+        if self.stop_reason is not None:
+            return update()
+        self._begin_round()
+        _sync(self.device)
+        t2 = time.perf_counter()
+        result = self.algorithm.local_update(self.model, update)
+        _sync(self.device)
+        t3 = time.perf_counter()
+        communicated = self.algorithm.communication_seconds()
+        phases = {"get_batch": self._fetch,
+                  "forward and backward": t2 - self._batch_ready - communicated,
+                  "local update": t3 - t2}
+        if communicated:
+            phases["global aggregate"] = communicated
+        computing = t3 - self._batch_ready - communicated + self._fetch
+        waited = self._slower.wait(computing, self._samples)
+        if waited is not None:
+            phases["slowdown"] = waited
+        self.algorithm.iteration_timed(computing + (waited or 0.0), self._samples or 0)
+        i = len(self._times)
+        self._times[i] = {**self._first_phases, **phases} if i == 0 else phases
+        self._round_samples += self._samples or 0
+        self.iterations += 1
+        self._next_iteration()
+        if len(self._times) >= self._budget or (
+                self.algorithm.decides_stop and self.stop.epochs_reached(self.epochs_done())):
+            self._end_round()
+        return result
+
+    def _next_iteration(self) -> None:
+        self._fetch, self._samples = 0.0, None
+        self._batch_ready = time.perf_counter()
+
+    # --- rounds --------------------------------------------------------------------------
+    def _begin_round(self) -> None:
+        if self._budget or self.stop_reason is not None:
+            return
+        if self.model is None:
+            raise RuntimeError("call esync.prepare_model(model) before training")
+        self.round += 1
+        budget, self._first_phases = self.algorithm.begin_round(self.round)
+        if budget < 1:
+            raise ValueError(f"{self.algorithm.name} gave round {self.round} {budget} "
+                             f"local iterations")
+        self._budget = budget
+        self._times: Dict[int, Phases] = {}
+        self._loss_sum, self._losses, self._round_samples = 0.0, 0, 0
+        self._traffic = self.algorithm.traffic()
+        self._next_iteration()
+
+    def _end_round(self, announce: Optional[str] = None) -> None:
+        if not self._times:  # a round ended before its first local iteration
+            self._times[0] = dict(self._first_phases)
+        self._times[len(self._times) - 1].update(self.algorithm.end_round(self.round, self.model))
+        self._budget = 0
+        metric = self._evaluate()
+        sent, received = self.algorithm.traffic()
+        mean_loss = self._loss_sum / self._losses if self._losses else math.nan
+        self.recorder.write_round(self.round, self._times, self._round_samples, mean_loss,
+                                  sent - self._traffic[0], received - self._traffic[1],
+                                  metric, epoch=round(self.epochs_done(), 6),
+                                  **self.algorithm.round_record())
+        elapsed = self.clock()
+        if metric is not None:
+            log.info("[%s] round %d iteration %d epoch %.2f loss %.4f test accuracy %.4f "
+                     "time %.1fs", self.algorithm.name, self.round, self.iterations,
+                     self.epochs_done(), mean_loss, metric, elapsed)
+        if self._losses and not math.isfinite(mean_loss):
+            self.diverged = True
+            self._stopped("stopped: the training loss is not finite (learning rate too high?)")
+            return
+        reason = self.algorithm.agree_stop(
+            announce or self.stop.reason(self.round, self.epochs_done(), elapsed, metric))
+        if reason:
+            self._stopped(reason)
+
+    def _evaluate(self) -> Optional[float]:
+        if self.evaluation is None:
+            return None
+        if self.algorithm.evaluates(self.round):
+            self.metric = self.evaluation()
+            return self.metric
+        if self.eval_interval is not None and self.clock() - self._last_eval >= self.eval_interval:
+            started = time.perf_counter()
+            self.metric = self.evaluation()
+            spent = time.perf_counter() - started
+            self.clock.pause(spent)
+            self.recorder.pause(spent)
+            self._last_eval = self.clock()
+            return self.metric
+        return None
+
+    def _stopped(self, reason: str) -> None:
+        self.stop_reason = reason
+        self._finish_algorithm()
+        log.info("[%s] %s after %d rounds, %d iterations, %.1fs; last test accuracy %s",
+                 self.algorithm.name, reason, self.round, self.iterations, self.clock(),
+                 "n/a" if self.metric is None else f"{self.metric:.4f}")
+
+    def _finish_algorithm(self) -> None:
+        if not getattr(self, "_finished", False):
+            self._finished = True
+            self.algorithm.finish()
+
+    # --- the end -------------------------------------------------------------------------
+    def leave(self, reason: str) -> None:
+        """The user's loop ended before the job's stop criteria: the round in progress
+        ends now (its local iterations so far), telling the others in a synchronous job
+        that this worker stops, so that all stop after that round."""
+        if self.stop_reason is not None or self.model is None:
+            return
+        if not self._budget:
+            self._begin_round()
+        self.algorithm.agree_stop(reason)  # said with this round's push, in a synchronous job
+        self._end_round(announce=reason)
+        if self.stop_reason is None:  # the others learn it after this round's push
+            self._stopped(reason)
+
+    def result(self) -> TrainResult:
+        return TrainResult(self.round, self.iterations, self.epochs_done(), self.clock(),
+                           self.metric, self.stop_reason or "", self.diverged)
+
+    def close(self, error: Optional[BaseException] = None) -> None:
+        """Release the job's resources (the algorithm's connections, the recorder, the
+        cluster membership, told of `error` if training failed); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._finish_algorithm()
+            self.recorder.close()
+        finally:
+            self._on_close(error)
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        self.close(error)
