@@ -1,3 +1,27 @@
-"""esync: data-parallel training on heterogeneous clusters (ESync, SSGD, ASGD, DC-ASGD)."""
+"""esync: data-parallel training on heterogeneous clusters (ESync, SSGD, ASGD, DC-ASGD).
+
+The public API (esync.api) for a training script of your own::
+
+    import esync
+    esync.init()
+    model = esync.prepare_model(model)
+    loader = esync.prepare_data_loader(loader)
+    optimizer = esync.DistributedOptimizer(optimizer)
+
+Its names are imported on first use, so that `import esync` stays cheap (no torch) for
+the launchers and log tools.
+"""
 
 __version__ = "0.1.0"
+
+#: the public API, all in esync.api
+__all__ = ["init", "prepare_model", "prepare_data_loader", "prepare_scheduler",
+           "DistributedOptimizer", "report", "should_stop", "finish", "get_session"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from esync import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'esync' has no attribute {name!r}")

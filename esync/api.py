@@ -132,7 +132,7 @@ def _chain_excepthook() -> None:
     sys.excepthook = hook
 
 
-def session() -> Session:
+def get_session() -> Session:
     """The session `init` opened (RuntimeError before)."""
     if _session is None:
         raise RuntimeError("call esync.init() first")
@@ -145,7 +145,7 @@ def prepare_model(model: nn.Module) -> nn.Module:
     run forward through: `model` itself, DDP's wrapper of it under `-m ddp`. Call once,
     before `DistributedOptimizer`; `model`'s parameters are from now on views of the
     flat vector the job synchronises."""
-    return session().adopt(model)
+    return get_session().adopt(model)
 
 
 def prepare_data_loader(loader: DataLoader) -> "JobLoader":
@@ -154,7 +154,7 @@ def prepare_data_loader(loader: DataLoader) -> "JobLoader":
     `loader` shuffles), batches moved to the device. Each pass is one epoch of the
     partition, cut short when the job stops; a worker that continues a job (resume,
     rejoin) goes on at its exact next sample."""
-    return JobLoader(loader, session(), _data or DataSettings())
+    return JobLoader(loader, get_session(), _data or DataSettings())
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:
@@ -225,7 +225,6 @@ class JobLoader:
             return
         batches = iter(self.loader)
         while True:
-            self.session.batch_size()  # the round begins before its first batch
             started = time.perf_counter()
             try:
                 batch = next(batches)
@@ -257,7 +256,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  *, job: Optional[Session] = None):
         # no Optimizer.__init__: the wrapped optimizer owns the parameters and the state
         self.optimizer = optimizer
-        self.session = job or session()
+        self.session = job or get_session()
         self.defaults = optimizer.defaults
         self._optimizer_step_pre_hooks: Dict[int, Callable] = {}
         self._optimizer_step_post_hooks: Dict[int, Callable] = {}
@@ -339,7 +338,7 @@ class RoundScheduler:
 def prepare_scheduler(scheduler: Any) -> RoundScheduler:
     """`scheduler` (any torch.optim.lr_scheduler, over the wrapped optimizer) stepped
     once per round of the job: the same on a fast and a slow device."""
-    return RoundScheduler(scheduler, session())
+    return RoundScheduler(scheduler, get_session())
 
 
 def report(loss: Optional[float] = None, samples: Optional[int] = None) -> None:
@@ -348,12 +347,12 @@ def report(loss: Optional[float] = None, samples: Optional[int] = None) -> None:
     do not come from prepare_data_loader."""
     if isinstance(loss, torch.Tensor):
         loss = loss.item()
-    session().report(loss, samples)
+    get_session().report(loss, samples)
 
 
 def should_stop() -> bool:
     """Whether the job has stopped (its stop criteria, or another worker's)."""
-    return session().stop_reason is not None
+    return get_session().stop_reason is not None
 
 
 def finish() -> None:

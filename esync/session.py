@@ -352,6 +352,9 @@ class Session:
         that this worker stops, so that all stop after that round."""
         if self.stop_reason is not None or self.model is None:
             return
+        if not (self._budget and self._times) and not self.algorithm.synchronous:
+            self._stopped(reason)  # nothing to push, and nobody waits for it
+            return
         if not self._budget:
             self._begin_round()
         self.algorithm.agree_stop(reason)  # said with this round's push, in a synchronous job

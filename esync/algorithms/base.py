@@ -53,6 +53,9 @@ class Algorithm:
 
     #: short name, as in the log and the printed lines
     name = "algorithm"
+    #: whether every worker waits for all in each round (a worker leaving early must
+    #: then end its round, so that the others learn it and stop)
+    synchronous = False
 
     @classmethod
     def from_options(cls, opts: "Options", job: Optional[Job]) -> "Algorithm":

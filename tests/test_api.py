@@ -1,0 +1,141 @@
+"""The public API (esync.api) under a user's own script (tests/api_script.py), started
+by esync-run as a real job: BatchNorm's statistics averaged with the weights, a
+learning-rate schedule that follows the job's rounds, parameters without a gradient,
+a step AMP's GradScaler skips, and every mode and backend."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.helpers import REPO
+
+SCRIPT = os.path.join(REPO, "tests", "api_script.py")
+
+
+def esync_run(tmp_path, flags, script_args=(), timeout=180):
+    """Run esync-run with `flags` on tests/api_script.py; its results by device."""
+    out = tmp_path / "seen"
+    out.mkdir(exist_ok=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.run", "--out", str(tmp_path / "runs"),
+         "--no-progress", "--num-threads", "1", *flags, SCRIPT, str(out), *script_args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {f[:-5]: json.load(open(out / f)) for f in sorted(os.listdir(out))}
+
+
+def _records(tmp_path, mode_folder, device):
+    folder = tmp_path / "runs" / "api_script" / mode_folder
+    (host,) = [h for h in folder.iterdir() if h.is_dir()]
+    path = host / device
+    count = len([f for f in os.listdir(path) if f.startswith("iter-")])
+    return [json.load(open(path / f"iter-{n}.json")) for n in range(1, count + 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [["-m", "sync"], ["-m", "esync"],
+                                   ["-m", "sync", "--backend", "allreduce"]],
+                         ids=["sync", "esync", "sync-allreduce"])
+def test_batchnorm_statistics_that_differ_per_worker_are_averaged(tmp_path, flags):
+    """Split by class, the two workers' inputs differ, and so do their BatchNorm
+    statistics; after the job's last round both hold the same (the average), while
+    each keeps its own count of batches."""
+    seen = esync_run(tmp_path, ["--workers", "2", "-s", "1", *flags], ["--model", "bn"])
+    w0, w1 = seen["w0"], seen["w1"]
+    for name in ("1.running_mean", "1.running_var"):
+        np.testing.assert_allclose(w0["buffers"][name], w1["buffers"][name], rtol=1e-6)
+    np.testing.assert_allclose(w0["weights"], w1["weights"], rtol=1e-6, atol=1e-7)
+    # BatchNorm's count is each worker's own (forward passes in training mode)
+    for w in (w0, w1):
+        assert w["buffers"]["1.num_batches_tracked"] == w["loop_iterations"]
+        # the optimizer's state_dict carries the round (taken before the farewell round)
+        assert 0 < w["rounds"] - 1 <= w["state"]["round"] <= w["rounds"]
+
+
+@pytest.mark.slow
+def test_a_learning_rate_schedule_follows_rounds_alike_on_a_fast_and_a_slow_device(tmp_path):
+    seen = esync_run(tmp_path, ["--workers", "2", "-m", "esync", "--slowdown", "1,4"],
+                     ["--scheduler", "--epochs", "12"])
+    fast, slow = seen["w0"], seen["w1-x4"]
+    # the fast device ran several local iterations in some rounds, the slow one 1 each
+    assert fast["iterations"] > fast["rounds"] + 3
+    assert slow["iterations"] <= slow["rounds"] + 1
+    # the learning rate each saw after its last step of round r (the job's last round,
+    # which a worker may leave half-way, aside): StepLR(1, 0.9) stepped once per round
+    common = sorted(set(fast["lrs"]) & set(slow["lrs"]), key=int)[:-1]
+    assert len(common) >= 5
+    for r in common:
+        assert fast["lrs"][r] == pytest.approx(1e-2 * 0.9 ** int(r), rel=1e-6)
+        assert slow["lrs"][r] == pytest.approx(fast["lrs"][r], rel=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["ps", "allreduce"])
+def test_parameters_without_a_gradient_are_still_synchronised(tmp_path, backend):
+    """Each worker's steps leave the other worker's head without a gradient: the set of
+    synchronised tensors is fixed, so the job neither hangs nor diverges, and both
+    workers end with the same weights, both heads trained."""
+    seen = esync_run(tmp_path, ["--workers", "2", "-m", "sync", "--backend", backend],
+                     ["--model", "branches", "--optimizer", "sgd"])
+    np.testing.assert_allclose(seen["w0"]["weights"], seen["w1"]["weights"], rtol=1e-6,
+                               atol=1e-7)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["esync", "sync"])
+def test_a_step_amp_skips_counts_and_joins_the_synchronisation(tmp_path, mode):
+    seen = esync_run(tmp_path, ["--workers", "2", "-m", mode], ["--amp-skip", "5"])
+    for device, w in seen.items():
+        assert w["skipped"] == 1
+        # every iteration of the loop, the skipped one included, is a local iteration
+        assert w["iterations"] == w["loop_iterations"]
+        records = _records(tmp_path, mode, device)
+        assert sum(len(r["time"]) for r in records) >= w["loop_iterations"]
+    np.testing.assert_allclose(seen["w0"]["weights"], seen["w1"]["weights"], rtol=1e-6,
+                               atol=1e-7)
+
+
+def test_a_script_alone_trains_and_logs_like_any_mode(tmp_path):
+    out = tmp_path / "seen"
+    out.mkdir()
+    proc = subprocess.run([sys.executable, SCRIPT, str(out), "--epochs", "2"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, ESYNC_ARGS='["--num-threads", "1"]'))
+    assert proc.returncode == 0, proc.stderr
+    (seen,) = [json.load(open(out / f)) for f in os.listdir(out)]
+    assert seen["iterations"] == seen["loop_iterations"] == 2 * 512 // 32
+    logged = sorted((tmp_path / "logs").glob("*/*/iter-*.json"))
+    assert len(logged) == seen["iterations"]  # -m local: a round is -e 1 iteration
+    losses = [json.load(open(f))["loss"] for f in logged]
+    assert all(isinstance(v, float) for v in losses)
+
+
+@pytest.mark.parametrize("variable, message", [
+    ('["-m", "sideways"]', "argument -m/--mode: invalid choice: 'sideways'"),
+    ('{"-m": 1}', "ESYNC_ARGS: expected a JSON list of strings"),
+    ('["-m", "sync"]', "-m/--mode sync runs in a cluster"),
+])
+def test_bad_settings_end_the_script_with_one_line(tmp_path, variable, message):
+    proc = subprocess.run([sys.executable, SCRIPT, str(tmp_path)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, ESYNC_ARGS=variable))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workers", "2"], "no training script"),
+    (["--workers", "2", "-m", "sync", "missing.py"], "missing.py: no such training script"),
+    (["--workers", "2", "-m", "sync", "--learning-rate", "x", SCRIPT], "-l/--learning-rate"),
+])
+def test_esync_run_refuses_bad_input_with_one_line(tmp_path, argv, message):
+    proc = subprocess.run([sys.executable, "-m", "launch.run", "--out", str(tmp_path), *argv],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("esync-run: error: ") and message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "api_script").exists()
