@@ -51,7 +51,6 @@ log = logging.getLogger(__name__)
 
 
 _session: Optional[Session] = None
-_data: Optional[DataSettings] = None
 _failed: Optional[BaseException] = None
 
 
@@ -63,13 +62,13 @@ def init(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Se
     naming the flag and exit status 2, as main.py does. Returns the session (`rank`,
     `num_workers`, `device`, `stop_reason`...); the job is left at the end of the
     process, or by `finish()`."""
-    global _session, _data
+    global _session
     if _session is not None:
         return _session
     from esync.console import say_error
     prog = prog or os.path.basename(sys.argv[0]) or "esync"
     try:
-        _session, _data = _join(_flags(argv), prog)
+        _session = _join(_flags(argv), prog)
     except UserError as e:
         say_error(prog, e)
         raise SystemExit(2) from None
@@ -116,7 +115,7 @@ def _join(flags: list, prog: str):
     if isinstance(env, ClusterEnv):
         settings = agreed_settings(opts, "worker", flags_given(flags, prog),
                                    env.num_workers, env.num_servers)
-    return join.join(plan, env, settings), DataSettings.from_options(opts)
+    return join.join(plan, env, settings)
 
 
 def _chain_excepthook() -> None:
@@ -154,7 +153,7 @@ def prepare_data_loader(loader: DataLoader) -> "JobLoader":
     `loader` shuffles), batches moved to the device. Each pass is one epoch of the
     partition, cut short when the job stops; a worker that continues a job (resume,
     rejoin) goes on at its exact next sample."""
-    return JobLoader(loader, get_session(), _data or DataSettings())
+    return JobLoader(loader, get_session(), get_session().data)
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:

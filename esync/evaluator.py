@@ -37,6 +37,7 @@ import torch
 import zmq
 
 from esync import registry
+from esync.data import METRIC_LINE, METRIC_RECORD
 from esync.errors import UserError
 from esync.options import Options
 from esync.publish import STORE_ADDRESS, STORE_FINISHED
@@ -71,22 +72,24 @@ class _Source:
 def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
                   ended: Callable[[], bool]) -> int:
     """Pull, evaluate and log every opts.eval_interval seconds until the job ends."""
-    from esync.data.datasets import load_dataset
     from esync.flat import FlatModel
     from esync.kvstore import KVStore
-    from esync.models import build_network
     from esync.recorder import Recorder
     from esync.session import StopCriteria
-    from esync.train import evaluate
+    from esync.task import load_task
 
     if opts.num_threads:
         torch.set_num_threads(opts.num_threads)
-    dataset = load_dataset(opts.dataset, opts.data_dir)
-    model = build_network(opts.network, dataset.num_classes, dataset.sample()).to(device)
+    task = load_task(opts.dataset, opts.data_dir, opts.loss, opts.metric)
+    task.check(opts.network)
+    torch.manual_seed(opts.seed)
+    model = task.build_model(opts.network).to(device)
     flat = FlatModel(model, device)
     kv = KVStore(source, servers, registry.EVALUATOR, flat.params.numel(),
                  flat.buffers.numel())
-    stop = StopCriteria(target_accuracy=opts.target_accuracy, target_hold=opts.target_hold)
+    stop = StopCriteria(target_accuracy=opts.target_accuracy, target_hold=opts.target_hold,
+                        target_loss=opts.target_loss)
+    name, label = METRIC_RECORD[opts.metric], METRIC_LINE[opts.metric]
     decided: Optional[str] = None  # the stop this evaluator asked for
     n, next_at = 0, time.monotonic()  # n: evaluations logged
     with Recorder(opts.log_dir, socket.gethostname(), registry.EVALUATOR,
@@ -108,16 +111,16 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
                 if at == 0.0 and n > 0:  # training has not started: the model is as before
                     next_at = max(next_at + opts.eval_interval, time.monotonic())
                     continue
-                accuracy = evaluate(model, dataset, device)
+                metric = task.evaluate(model, device)
                 t2 = time.monotonic()
                 n += 1
                 recorder.write_round(n, {0: {"pull": t1 - t0, "evaluate": t2 - t1}}, 0,
                                      math.nan, kv.bytes_sent - sent0,
-                                     kv.bytes_received - received0, accuracy, at=at,
-                                     round=kv.model_round)
-                log.info("[evaluator] %.2fs round %s test accuracy %.4f", at,
-                         kv.model_round, accuracy)
-                reason = stop.target_held(accuracy, at) if decided is None else None
+                                     kv.bytes_received - received0, at=at,
+                                     round=kv.model_round, **{name: metric})
+                log.info("[evaluator] %.2fs round %s %s %.4f", at, kv.model_round, label,
+                         metric)
+                reason = stop.target_held(metric, at) if decided is None else None
                 if reason:
                     decided = f"the evaluator {reason}"
                     log.info("[evaluator] %s at %.2fs: ending the job", reason, at)

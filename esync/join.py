@@ -19,6 +19,7 @@ import torch
 
 from esync import registry
 from esync.algorithms.base import Job
+from esync.data.order import DataSettings
 from esync.errors import UserError
 from esync.options import Options, check_aggregation, check_plugins
 from esync.recorder import Recorder
@@ -119,7 +120,7 @@ def join(plan: WorkerPlan, env: Union[ClusterEnv, DDPEnv, None],
     timed = opts.eval_interval if job is None and opts.eval_every == 0 else None
     rank, workers = (job.rank, job.num_workers) if job else (0, 1)
     return Session(algorithm, recorder, stop_criteria(opts), plan.device, opts.slowdown,
-                   timed, rank, workers, opts.seed, on_close=leave)
+                   timed, rank, workers, DataSettings.from_options(opts), on_close=leave)
 
 
 def _join_cluster(plan: WorkerPlan, env: ClusterEnv, settings: Dict[str, str]):

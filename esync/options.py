@@ -17,7 +17,7 @@ from typing import Annotated, Dict, Optional, Sequence, Set
 from argparse_dataclass import ArgumentParser
 
 import config
-from esync.data import DATASETS, SHUFFLES
+from esync.data import DATASETS, METRICS, SHUFFLES
 from esync.errors import UserError
 from esync.models import NETWORKS
 from esync.plugin import is_spec
@@ -76,6 +76,22 @@ def _network(text: str) -> str:
         return text
     raise argparse.ArgumentTypeError(f"expected one of {', '.join(sorted(NETWORKS))}, or "
                                      f"module:function, got {text!r}")
+
+
+def _dataset(text: str) -> str:
+    """--dataset: a built-in data set's name, or a plug-in's module:function."""
+    if text in DATASETS or is_spec(text):
+        return text
+    raise argparse.ArgumentTypeError(f"expected one of {', '.join(DATASETS)}, or "
+                                     f"module:function, got {text!r}")
+
+
+def _loss(text: str) -> str:
+    """--loss: cross_entropy, or a plug-in's module:function."""
+    if text == "cross_entropy" or is_spec(text):
+        return text
+    raise argparse.ArgumentTypeError(f"expected cross_entropy or module:function, got "
+                                     f"{text!r}")
 
 
 def _compress(text: str) -> str:
@@ -201,7 +217,17 @@ class Options:
     max_local_steps: int = _opt(["--max-local-steps"], config.MAX_LOCAL_STEPS,
                                 "esync: the most local iterations a device runs in a round",
                                 type=_positive_int)
-    dataset: str = _opt(["--dataset"], config.DATASET, "data set", choices=DATASETS)
+    dataset: str = _opt(["--dataset"], config.DATASET,
+                        f"data set: {', '.join(DATASETS)} (folder and cifar10 read "
+                        f"--data-dir), or module:function returning the training and "
+                        f"test torch Datasets", type=_dataset, metavar="NAME")
+    loss: str = _opt(["--loss"], config.LOSS,
+                     "the training loss, a function (output, target) -> scalar: "
+                     "cross_entropy, or module:function returning one", type=_loss)
+    metric: str = _opt(["--metric"], config.METRIC,
+                       "what evaluations measure on the test set: accuracy (top-1, "
+                       "higher is better) or loss (--loss's mean, lower is better)",
+                       choices=METRICS)
     epochs: Optional[float] = _opt(["--epochs"], config.EPOCHS,
                                    "stop after this many passes over the partition",
                                    type=_positive_float)
@@ -308,21 +334,29 @@ def agreed_settings(opts: Options, role: str, given: Set[str], num_workers: int,
 
 
 def check_plugins(opts: Options) -> None:
-    """What the user plugs in, before anything starts: a plug-in network (`-n
-    module:function`) is built and run on two of the data set's inputs (UserError, one
-    line naming -n, if it cannot be imported or built or gives no score per class), and
-    --tensorboard needs the tensorboard package. Built-in names need nothing; torch is
-    imported only for a plug-in."""
+    """What the user plugs in, before anything starts: a plug-in network, data set or
+    loss (`module:function`), or data on disk, is loaded and the network run on two
+    training samples and the loss computed (UserError, one line naming the flag, if
+    anything fails: esync.task); the targets go with the metric; --tensorboard needs
+    the tensorboard package. Built-in names need nothing; torch is imported only for a
+    plug-in."""
     if opts.tensorboard is not None:
         from esync.scalars import check_installed
 
         check_installed()
-    if is_spec(opts.network):
-        from esync.data.datasets import load_dataset
-        from esync.models import build_network
+    if opts.target_accuracy is not None and opts.metric != "accuracy":
+        raise UserError(f"--target-accuracy needs --metric accuracy, not {opts.metric} "
+                        f"(with --metric loss, give --target-loss)")
+    if opts.target_loss is not None and opts.metric != "loss":
+        raise UserError(f"--target-loss needs --metric loss, not {opts.metric}")
+    builtin = opts.dataset in ("digits", "fashion-mnist", "mnist")
+    if opts.balance_batches and not builtin:
+        raise UserError(f"--balance-batches needs a built-in in-memory data set (digits, "
+                        f"fashion-mnist, mnist), not --dataset {opts.dataset}")
+    if is_spec(opts.network) or not builtin or opts.loss != "cross_entropy":
+        from esync.task import load_task
 
-        dataset = load_dataset(opts.dataset, opts.data_dir)
-        build_network(opts.network, dataset.num_classes, dataset.sample())
+        load_task(opts.dataset, opts.data_dir, opts.loss, opts.metric).check(opts.network)
 
 
 def check_aggregation(opts: Options, num_servers: Optional[int] = None) -> None:

@@ -22,6 +22,8 @@ import torch
 from torch import nn
 
 from esync.algorithms.base import Algorithm, Phases
+from esync.data import METRIC_LINE, METRIC_RECORD
+from esync.data.order import DataSettings
 from esync.recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -157,12 +159,14 @@ class Session:
     def __init__(self, algorithm: Algorithm, recorder: Recorder, stop: StopCriteria,
                  device: torch.device, slowdown: float = 1.0,
                  eval_interval: Optional[float] = None, rank: int = 0,
-                 num_workers: int = 1, seed: int = 0,
+                 num_workers: int = 1, data: DataSettings = DataSettings(),
                  on_close: Callable[[Optional[BaseException]], None] = lambda error: None):
         self.algorithm, self.recorder, self.stop = algorithm, recorder, stop
-        self.device, self.rank, self.num_workers, self.seed = device, rank, num_workers, seed
+        self.device, self.rank, self.num_workers = device, rank, num_workers
+        self.data = data  # how prepared data loaders split and order the data
         self.eval_interval = eval_interval
         self.evaluation: Optional[Callable[[], float]] = None
+        self.metric_kind = "accuracy"  # what `evaluation` measures (--metric)
         self.epochs_done: Callable[[], float] = lambda: 0.0
         self.model: Optional[nn.Module] = None
         self.clock = Clock()
@@ -299,15 +303,16 @@ class Session:
         metric = self._evaluate()
         sent, received = self.algorithm.traffic()
         mean_loss = self._loss_sum / self._losses if self._losses else math.nan
+        evaluated = {} if metric is None else {METRIC_RECORD[self.metric_kind]: metric}
         self.recorder.write_round(self.round, self._times, self._round_samples, mean_loss,
                                   sent - self._traffic[0], received - self._traffic[1],
-                                  metric, epoch=round(self.epochs_done(), 6),
+                                  epoch=round(self.epochs_done(), 6), **evaluated,
                                   **self.algorithm.round_record())
         elapsed = self.clock()
         if metric is not None:
-            log.info("[%s] round %d iteration %d epoch %.2f loss %.4f test accuracy %.4f "
-                     "time %.1fs", self.algorithm.name, self.round, self.iterations,
-                     self.epochs_done(), mean_loss, metric, elapsed)
+            log.info("[%s] round %d iteration %d epoch %.2f loss %.4f %s %.4f time %.1fs",
+                     self.algorithm.name, self.round, self.iterations, self.epochs_done(),
+                     mean_loss, METRIC_LINE[self.metric_kind], metric, elapsed)
         if self._losses and not math.isfinite(mean_loss):
             self.diverged = True
             self._stopped("stopped: the training loss is not finite (learning rate too high?)")
@@ -336,9 +341,9 @@ class Session:
     def _stopped(self, reason: str) -> None:
         self.stop_reason = reason
         self._finish_algorithm()
-        log.info("[%s] %s after %d rounds, %d iterations, %.1fs; last test accuracy %s",
+        log.info("[%s] %s after %d rounds, %d iterations, %.1fs; last %s %s",
                  self.algorithm.name, reason, self.round, self.iterations, self.clock(),
-                 "n/a" if self.metric is None else f"{self.metric:.4f}")
+                 METRIC_LINE[self.metric_kind], "n/a" if self.metric is None else f"{self.metric:.4f}")
 
     def _finish_algorithm(self) -> None:
         if not getattr(self, "_finished", False):

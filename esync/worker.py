@@ -19,33 +19,27 @@ def _train(plan: WorkerPlan, env: Union[ClusterEnv, DDPEnv, None],
            settings: Optional[Dict[str, str]] = None) -> TrainResult:
     """Join the job, build the built-in loop's parts once, and train this process's
     partition (all the data alone)."""
-    from esync.data.batches import BatchStream
-    from esync.data.datasets import load_dataset
-    from esync.data.order import DataSettings, WorkerOrder
     from esync.errors import UserError
-    from esync.models import build_network
+    from esync.task import load_task
     from esync.train import train
 
     opts = plan.opts
     with join(plan, env, settings) as session:
-        dataset = load_dataset(opts.dataset, opts.data_dir)
-        try:
-            order = WorkerOrder(dataset.train_labels.numpy(), session.rank,
-                                session.num_workers, DataSettings.from_options(opts))
-        except ValueError as e:
-            raise UserError(f"--dataset {opts.dataset}: {e}") from None
-        stream = BatchStream(dataset, order.order, opts.batch_size, plan.device)
-        # a plug-in was built and checked on the data once already, by check()
-        model = build_network(opts.network, dataset.num_classes)
+        # loaded, and a plug-in checked on it, by check() already
+        task = load_task(opts.dataset, opts.data_dir, opts.loss, opts.metric)
+        if len(task.labels()) < session.num_workers:
+            raise UserError(f"--dataset {opts.dataset}: {len(task.labels())} samples "
+                            f"cannot be split into {session.num_workers} parts")
+        model = task.build_model(opts.network)
         algorithm = session.algorithm
-        log.info("[%s] training %s on %s (%d samples, rank %d of %d) on %s; logs in %s",
-                 algorithm.name, opts.network, opts.dataset, len(order), session.rank,
+        log.info("[%s] training %s on %s (rank %d of %d) on %s; logs in %s",
+                 algorithm.name, opts.network, opts.dataset, session.rank,
                  session.num_workers, plan.device, session.recorder.path)
         if not any(vars(session.stop).values()):
             log.info("[%s] no stop criterion given (--epochs, --max-rounds, --time-limit, "
                      "--target-accuracy, --target-loss): training until interrupted",
                      algorithm.name)
-        return train(session, model, stream, dataset, algorithm.learning_rate(opts),
+        return train(session, model, task, opts.batch_size, algorithm.learning_rate(opts),
                      opts.momentum, opts.weight_decay)
 
 

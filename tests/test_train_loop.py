@@ -13,13 +13,10 @@ import pytest
 import torch
 
 from esync.algorithms.base import Algorithm
-from esync.data.batches import BatchStream
-from esync.data.datasets import load_dataset
-from esync.data.partition import partition
-from esync.data.shuffle import EpochOrder
 from esync.models import build_network
 from esync.recorder import Recorder
 from esync.session import Session, StopCriteria
+from esync.task import load_task
 from esync.train import train
 
 CPU = torch.device("cpu")
@@ -89,15 +86,13 @@ class Scripted(Algorithm):
 
 @pytest.fixture(scope="module")
 def digits():
-    return load_dataset("digits", "unused")
+    return load_task("digits", "unused")
 
 
 def run_loop(tmp_path, digits, algorithm, stop, batch_size=64):
     torch.manual_seed(0)
-    indices = partition(digits.train_labels.numpy(), 1, 0, False, 0)
-    batches = BatchStream(digits, EpochOrder(indices, "none", seed=0), batch_size, CPU)
     with Session(algorithm, Recorder(str(tmp_path), "host", "dev"), stop, CPU) as session:
-        result = train(session, build_network("lenet"), batches, digits, lr=0.05)
+        result = train(session, build_network("lenet"), digits, batch_size, lr=0.05)
     return result, _records(tmp_path)
 
 

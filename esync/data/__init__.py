@@ -5,7 +5,16 @@ Importing this package is cheap (no torch): the command-line parser reads the na
 below. Import the classes and functions from their modules.
 """
 
-#: `--dataset` values: digits is embedded (scikit-learn), the others are IDX files
-DATASETS = ("digits", "fashion-mnist", "mnist")
+#: `--dataset` values: digits is embedded (scikit-learn), fashion-mnist and mnist are
+#: IDX files, folder an image folder (formats.image_folder) and cifar10 CIFAR-10's
+#: binary batches (formats.cifar10_binary), all in --data-dir; or a plug-in's
+#: module:function
+DATASETS = ("digits", "fashion-mnist", "mnist", "folder", "cifar10")
+#: `--metric` values: what an evaluation measures on the test set
+METRICS = ("accuracy", "loss")
+#: per --metric: the name of its value in the records (iter-<n>.json), and in log lines
+#: (the launchers' progress line reads `test accuracy`)
+METRIC_RECORD = {"accuracy": "accuracy", "loss": "val_loss"}
+METRIC_LINE = {"accuracy": "test accuracy", "loss": "val_loss"}
 #: `--shuffle` values: CorgiPile's two-level shuffle, one shuffle, the stored order
 SHUFFLES = ("corgipile", "once", "none")
