@@ -1,8 +1,10 @@
-"""The user's own network as a plug-in, `-n module:function` (esync/plugin.py,
-esync/models): checked in-process for each way it can be wrong, then trained by real
-processes, alone and as a job of the local launcher, from the folder holding the
-user's module."""
+"""The user's own network, data set and loss as plug-ins, `-n module:function`,
+`--dataset module:function`, `--loss module:function` (esync/plugin.py, esync/models,
+esync/task.py): checked in-process for each way they can be wrong, then trained by
+real processes, alone and as a job of the local launcher, from the folder holding the
+user's module, to a target accuracy or loss."""
 import io
+import json
 import os
 import socket
 import subprocess
@@ -159,3 +161,117 @@ def test_the_launcher_refuses_a_bad_plugin_before_starting_anything(nets):
     assert proc.stderr.strip().splitlines() == [
         "launch/local.py: error: -n/--network usernets:nope: usernets has no 'nope'"]
     assert not (nets / "runs").exists()
+
+
+# --- data sets, losses and metrics as plug-ins (esync/task.py) ---------------------------
+# A user's file of tabular data (rows of 8 numbers, 3 classes) and what goes with it
+DATA = r'''
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+def _rows(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=g)
+    y = (x[:, 0] > 0.5).long() + (x[:, 0] > -0.5).long()
+    return TensorDataset(x, y)
+
+def rows():
+    return _rows(600, 0), _rows(200, 1)
+
+def net():
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+
+def wide_net():
+    return nn.Sequential(nn.Linear(5, 3))
+
+def mse(out, target):
+    return ((out.softmax(-1) - nn.functional.one_hot(target, 3)) ** 2).mean()
+
+def bad_loss(out, target):
+    return out  # not a scalar
+
+def one_set():
+    return _rows(10, 0)
+
+def not_data():
+    return 1, 2
+
+def empty():
+    return TensorDataset(torch.zeros(0, 8)), _rows(10, 1)
+
+def unlabelled():
+    return TensorDataset(torch.zeros(10, 8)), TensorDataset(torch.zeros(10, 8))
+'''
+
+
+@pytest.fixture
+def data(nets):
+    (nets / "userdata.py").write_text(DATA)
+    sys.modules.pop("userdata", None)
+    return nets
+
+
+def _check(argv):
+    from esync.options import check_plugins, parse_options
+
+    check_plugins(parse_options(argv))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dataset", "userdata:one_set", "-n", "userdata:net"],
+     "--dataset userdata:one_set: returned a TensorDataset, not a pair (training set, "
+     "test set)"),
+    (["--dataset", "userdata:not_data", "-n", "userdata:net"],
+     "--dataset userdata:not_data: its training set is a int, not a torch Dataset"),
+    (["--dataset", "userdata:empty", "-n", "userdata:net"],
+     "--dataset userdata:empty: its training set is empty"),
+    (["--dataset", "userdata:unlabelled", "-n", "userdata:net"],
+     "--dataset userdata:unlabelled: a training sample is a tuple"),
+    (["--dataset", "userdata:nope", "-n", "userdata:net"],
+     "--dataset userdata:nope: userdata has no 'nope'"),
+    (["--dataset", "userdata:rows", "-n", "userdata:wide_net"],
+     "-n/--network userdata:wide_net: the network fails on two samples of --dataset "
+     "userdata:rows: RuntimeError: "),
+    (["--dataset", "userdata:rows", "-n", "userdata:net", "--loss", "userdata:bad_loss"],
+     "--loss: the loss of the network's output (shape [2, 3]) and the targets (shape [2]) "
+     "fails: "),
+    (["--dataset", "userdata:rows", "-n", "userdata:net", "--loss", "nosuch:loss"],
+     "--loss nosuch:loss: no module named 'nosuch'"),
+    (["--dataset", "userdata:rows", "-n", "userdata:net", "--target-loss", "0.1"],
+     "--target-loss needs --metric loss, not accuracy"),
+    (["--dataset", "userdata:rows", "-n", "userdata:net", "--metric", "loss",
+      "--target-accuracy", "0.9"], "--target-accuracy needs --metric accuracy, not loss"),
+])
+def test_a_bad_data_set_loss_or_target_is_one_line_naming_the_flag(data, argv, message):
+    from esync import task
+
+    task._LOADED.clear()
+    with pytest.raises(UserError) as caught:
+        _check(argv)
+    assert "\n" not in str(caught.value) and str(caught.value).startswith(message), \
+        str(caught.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, metric", [(["-m", "sync"], ["--target-accuracy", "0.9"]),
+                                          (["-m", "esync"], ["--metric", "loss",
+                                                             "--loss", "userdata:mse",
+                                                             "--target-loss", "0.05"])],
+                         ids=["sync-accuracy", "esync-loss"])
+def test_the_launcher_trains_a_plugin_network_on_plugin_data_to_its_target(data, mode, metric):
+    """Rows of numbers, not images: every process of the job (workers, evaluator) builds
+    the plug-ins, and the evaluator ends the job at the target of the chosen metric."""
+    out = io.StringIO()
+    code = local.run([*mode, "--workers", "2", "-n", "userdata:net", "--dataset",
+                      "userdata:rows", *metric, "--time-limit", "90", "--out", "runs",
+                      "--no-auth", "-l", "0.1", "-ll", "0.1"], progress=False, out=out)
+    folder = data / "runs" / "userdata:net" / mode[1] / socket.gethostname()
+    logs = {str(p.relative_to(folder)): p.read_text() for p in folder.rglob("*.log")}
+    assert code == 0, (out.getvalue(), logs)
+    assert_no_traceback(logs)
+    assert "the evaluator reached target" in logs["scheduler.log"] + "".join(logs.values())
+    key = "accuracy" if "--target-accuracy" in metric else "val_loss"
+    records = [json.load(open(p)) for p in (folder / "evaluator").glob("iter-*.json")]
+    values = [r[key] for r in records if key in r]
+    assert values and (max(values) >= 0.9 if key == "accuracy" else min(values) <= 0.05)
