@@ -6,7 +6,8 @@ of a job side by side (and the evaluator's accuracy) while the job runs.
 Each round record (esync.recorder) becomes these scalars at step = its round:
 
     train/loss, train/samples, train/seconds (total_time), esync/budget (ESync only),
-    traffic/bytes_sent, traffic/bytes_received, eval/accuracy (where evaluated)
+    traffic/bytes_sent, traffic/bytes_received, eval/accuracy or eval/val_loss (where
+    evaluated, per --metric)
 
 Written with torch.utils.tensorboard's SummaryWriter (the `tensorboard` package:
 `pip install -e '.[tensorboard]'`), flushed every few seconds so that a live viewer
@@ -29,7 +30,8 @@ FLUSH_S = 5
 #: TensorBoard tag -> the round record's field
 TAGS = {"train/loss": "loss", "train/samples": "num_samples", "train/seconds": "total_time",
         "esync/budget": "budget", "traffic/bytes_sent": "bytes_sent",
-        "traffic/bytes_received": "bytes_received", "eval/accuracy": "accuracy"}
+        "traffic/bytes_received": "bytes_received", "eval/accuracy": "accuracy",
+        "eval/val_loss": "val_loss"}
 
 
 def check_installed() -> None:

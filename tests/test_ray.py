@@ -240,13 +240,14 @@ class Launch:
     runs (Ray then kills its actors) and whatever of the job is left is killed."""
 
     def __init__(self, head: Head, args: Sequence[str], out: str,
-                 env: Optional[Dict[str, str]] = None):
+                 env: Optional[Dict[str, str]] = None, program: str = LAUNCH,
+                 script: Sequence[str] = ()):
         self.head = head
         self.out = out
         self.lines: List[str] = []
         self.proc = subprocess.Popen(
-            [sys.executable, LAUNCH, "--ray", head.address, *args, "--no-progress",
-             "--out", out], env=dict(head.env, **(env or {})), cwd=REPO, text=True,
+            [sys.executable, program, "--ray", head.address, *args, "--no-progress",
+             "--out", out, *script], env=dict(head.env, **(env or {})), cwd=REPO, text=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT)
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -342,6 +343,27 @@ def test_sync_on_ray_reaches_90_percent_and_summarizes(head, tmp_path):
     (devices,) = summary.values()
     assert {"w0", "w1", "evaluator"} == set(devices)
     assert max(a for a in devices["evaluator"]["accuracy_list"] if a is not None) >= 0.90
+    assert not head.job_pids()
+
+
+@pytest.mark.slow
+def test_esync_run_starts_a_users_script_as_the_workers_on_ray(head, tmp_path):
+    """esync-run --ray: tests/api_script.py (its own model, data, AdamW and loop) as two
+    SSGD workers, each an actor; both end with the same weights and BatchNorm
+    statistics."""
+    out, seen = str(tmp_path / "out"), tmp_path / "seen"
+    seen.mkdir()
+    with Launch(head, ["-m", "sync", "--workers", "2", "-s", "1",
+                       "--ray-servers-on", f"resource:{PS_RESOURCE}"], out,
+                program=os.path.join(REPO, "launch", "run.py"),
+                script=[os.path.join(REPO, "tests", "api_script.py"), str(seen)]) as job:
+        assert job.wait(timeout=150) == 0, job.output[-3000:]
+    assert "launch: placed on the Ray cluster: 4 process(es)" in job.output  # no evaluator
+    w0, w1 = (json.load(open(seen / f"{device}.json")) for device in ("w0", "w1"))
+    assert w0["rounds"] == w1["rounds"] > 10
+    assert w0["weights"] == pytest.approx(w1["weights"], rel=1e-6, abs=1e-7)
+    assert w0["buffers"]["1.running_mean"] == pytest.approx(w1["buffers"]["1.running_mean"])
+    assert glob.glob(os.path.join(out, "api_script", "sync-niid", "*", "w1", "iter-*.json"))
     assert not head.job_pids()
 
 
