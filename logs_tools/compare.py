@@ -40,18 +40,28 @@ usable summary of it):
   evaluator left out; throughput: the workers' samples / the job's duration (the largest
   last elapsed time among the workers); the median over the seeds.
 
+Runs whose evaluations measured a validation loss (``--metric loss``, lower is better)
+are compared with ``--target-loss L [L ...]`` in place of ``--targets``: a time to target
+is the first evaluation at or below it, the final value is the last val_loss, and the
+tables and figures say val_loss / "Validation loss" where they say accuracy (same file
+names; ``results.json`` has ``"metric": "val_loss"`` and ``final_val_loss``). A job
+measures one metric: targets of the other one than the runs measured (which
+``drawer.metric_of`` tells) are an error naming the flag.
+
 Missing or invalid summaries are left out with one ``compare.py: note: ...`` line each
 (an algorithm that no seed of a configuration ran is silently absent).
 
-Usage: ``python logs_tools/compare.py --out OUT -n NETWORK [--targets 0.90,0.95,0.97]
-[--configs plain,links]`` (``esync-compare``). Bad input (a target outside (0, 1], a
-missing OUT, nothing usable in OUT) is one ``compare.py: error: ...`` line and exit
-status 2.
+Usage: ``python logs_tools/compare.py --out OUT -n NETWORK [--targets 0.90,0.95,0.97 |
+--target-loss L [L ...]] [--configs plain,links]`` (``esync-compare``). Bad input (a
+target outside (0, 1], a loss target below 0, targets of the other metric than the runs
+measured, a missing OUT, nothing usable in OUT) is one ``compare.py: error: ...`` line
+and exit status 2.
 
-Library use (the experiment, tests): ``compare(out, network, targets, configs=None) ->
-markdown`` (raises CompareError), ``collect``, ``results``, ``time_to_target``,
-``markdown``, ``draw_figures``, ``parse_targets``. Standard library, matplotlib,
-esync.registry and the other log tools (drawer.py's metrics, summary.py's file names).
+Library use (the experiment, tests): ``compare(out, network, targets, configs=None,
+metric="accuracy") -> markdown`` (raises CompareError), ``collect``, ``results``,
+``time_to_target``, ``markdown``, ``draw_figures``, ``parse_targets``. Standard library,
+matplotlib, esync.registry and the other log tools (drawer.py's metrics, summary.py's
+file names).
 """
 
 import argparse
@@ -70,6 +80,8 @@ DEFAULT_TARGETS = (0.90, 0.95, 0.97)
 PROPOSED = "esync"
 OUTPUTS = ("results.md", "results.json")
 FIGURES = ("accuracy-{}.png", "time_to_target-{}.png", "traffic-{}.png")
+#: the flag that gives the targets of each metric
+TARGET_FLAG = {"accuracy": "--targets", "val_loss": "--target-loss"}
 
 _SEED = re.compile(r"seed([0-9]+)")
 
@@ -109,32 +121,41 @@ def target_label(target):
     return label if float(label) == target else f"{target:g}"
 
 
-def parse_targets(text):
-    """Sorted distinct targets of '0.90,0.95,0.97'; ValueError unless each is in (0, 1]."""
-    targets = []
-    for part in str(text).split(","):
-        part = part.strip()
-        try:
-            value = float(part)
-        except ValueError:
-            raise ValueError(f"target {part!r} is not a number") from None
-        if not 0 < value <= 1:  # also rejects nan
-            raise ValueError(f"target {part} is not in (0, 1]")
-        targets.append(value)
-    return sorted(set(targets))
+def _target_value(part, metric):
+    """One target of metric: an accuracy in (0, 1], or a val_loss, a number >= 0 (as
+    training's --target-loss); ValueError naming it otherwise."""
+    what = "target" if metric == "accuracy" else "target loss"
+    try:
+        value = float(part)
+    except ValueError:
+        raise ValueError(f"{what} {part!r} is not a number") from None
+    if metric == "accuracy" and not 0 < value <= 1:  # also rejects nan
+        raise ValueError(f"{what} {part} is not in (0, 1]")
+    if metric != "accuracy" and not 0 <= value < float("inf"):  # also rejects nan
+        raise ValueError(f"{what} {part} is not a finite number >= 0")
+    return value
 
 
-def _check_targets(targets):
+def parse_targets(text, metric="accuracy"):
+    """Distinct targets of '0.90,0.95,0.97', the easiest first: accuracies ascending,
+    each in (0, 1]; val_loss targets (metric 'val_loss') descending, each >= 0.
+    ValueError otherwise."""
+    targets = {_target_value(part.strip(), metric) for part in str(text).split(",")}
+    return sorted(targets, reverse=metric in drawer.LOWER_IS_BETTER)
+
+
+def _check_targets(targets, metric="accuracy"):
     if isinstance(targets, str):
-        return parse_targets(targets)
+        return parse_targets(targets, metric)
     targets = list(targets)
     if not targets:
-        raise ValueError("no target accuracy")
-    return parse_targets(",".join(repr(float(t)) for t in targets))
+        raise ValueError(f"no target {'accuracy' if metric == 'accuracy' else 'loss'}")
+    return parse_targets(",".join(repr(float(t)) for t in targets), metric)
 
 
 def middle_target(targets):
-    """The target the speedup is measured at: the middle one (the lower of two)."""
+    """The target the speedup is measured at: the middle one (the easier of two: the
+    lower accuracy, the higher loss)."""
     return targets[(len(targets) - 1) // 2]
 
 
@@ -207,12 +228,34 @@ def collect(out, network, configs=None, warn=None):
     return data
 
 
+def check_metric(data, metric):
+    """CompareError, one line naming the flag, if a run of collect's data measured
+    another metric than the targets': accuracy targets (--targets) for runs that
+    measured val_loss, or --target-loss for runs that measured accuracy. A summary
+    that never evaluated fits either."""
+    for config, entry in data.items():
+        for mode, summaries in entry["runs"].items():
+            for seed, summary in summaries.items():
+                measured = drawer.metric_of(summary, None)
+                if measured not in (None, metric):
+                    raise CompareError(
+                        f"{TARGET_FLAG[metric]} gives {metric} targets, but "
+                        f"{display(mode)} of {config}/{seed} measured {measured}; give "
+                        f"{TARGET_FLAG[measured]}")
+
+
 # ---------------------------------------------------------------- numbers
+
+def final_value(summary, metric=None):
+    """The last evaluation of the evaluating device (of metric, default the one summary
+    measured: accuracy or val_loss), or None if it never evaluated."""
+    _, values = drawer.metric_curve(summary, metric)
+    return values[-1] if values else None
+
 
 def final_accuracy(summary):
     """The last accuracy of the evaluating device, or None if it never evaluated."""
-    _, accs = drawer.accuracy_curve(summary)
-    return accs[-1] if accs else None
+    return final_value(summary, "accuracy")
 
 
 def bytes_per_sample(summary):
@@ -259,38 +302,42 @@ def time_stats(times):
             "max": max(reached) if reached and len(reached) == len(times) else None}
 
 
-def time_to_target(summaries, target):
-    """time_stats of {seed: summary}'s times to target, seeds in the dict's order."""
-    return time_stats([drawer.time_to_target(s, target) for s in summaries.values()])
+def time_to_target(summaries, target, metric=None):
+    """time_stats of {seed: summary}'s times to target, seeds in the dict's order (the
+    target an accuracy or a val_loss: metric, default each summary's own)."""
+    return time_stats([drawer.time_to_target(s, target, metric)
+                       for s in summaries.values()])
 
 
-def speedup(summaries, reference, target):
+def speedup(summaries, reference, target, metric=None):
     """ESync's speedup over a row: spread of t_row / t_reference per seed of summaries,
     None where the reference has no such seed or either did not reach target."""
     ratios = []
     for seed, summary in summaries.items():
-        t = drawer.time_to_target(summary, target)
+        t = drawer.time_to_target(summary, target, metric)
         ref = reference.get(seed)
-        t_ref = drawer.time_to_target(ref, target) if ref is not None else None
+        t_ref = drawer.time_to_target(ref, target, metric) if ref is not None else None
         ratios.append(t / t_ref if t is not None and t_ref else None)
     return spread(ratios)
 
 
-def algorithm_results(summaries, reference, targets):
-    """The results.json entry of one algorithm in one configuration."""
+def algorithm_results(summaries, reference, targets, metric="accuracy"):
+    """The results.json entry of one algorithm in one configuration (final_accuracy, or
+    final_val_loss for runs that measured val_loss)."""
     sp_target = middle_target(targets)
     per = list(summaries.values())
     return {
-        "time_to_target": {target_label(t): time_to_target(summaries, t) for t in targets},
+        "time_to_target": {target_label(t): time_to_target(summaries, t, metric)
+                            for t in targets},
         "speedup": dict(target=sp_target,
-                        **speedup(summaries, reference or {}, sp_target)),
-        "final_accuracy": spread([final_accuracy(s) for s in per]),
+                        **speedup(summaries, reference or {}, sp_target, metric)),
+        f"final_{metric}": spread([final_value(s, metric) for s in per]),
         "traffic_bytes_per_sample": spread([bytes_per_sample(s) for s in per]),
         "throughput_samples_per_s": spread([drawer.throughput(s) for s in per]),
     }
 
 
-def results(data, network, targets):
+def results(data, network, targets, metric="accuracy"):
     """The results.json document of collect's data:
 
     {"network": NETWORK, "targets": [0.9, ...], "speedup_target": 0.95,
@@ -305,10 +352,13 @@ def results(data, network, targets):
                               "traffic_bytes_per_sample": spread,
                               "throughput_samples_per_s": spread}}}}}
 
-    every per_seed list in the order of that algorithm's "seeds".
+    every per_seed list in the order of that algorithm's "seeds". For runs that
+    measured val_loss (metric), "metric": "val_loss" follows "network", the targets are
+    losses (the highest first) and "final_val_loss" replaces "final_accuracy".
     """
-    doc = {"network": network, "targets": list(targets),
-           "speedup_target": middle_target(targets), "configs": {}}
+    doc = {"network": network, **({} if metric == "accuracy" else {"metric": metric}),
+           "targets": list(targets), "speedup_target": middle_target(targets),
+           "configs": {}}
     for config, entry in data.items():
         algorithms = {}
         for mode, summaries in entry["runs"].items():
@@ -318,7 +368,7 @@ def results(data, network, targets):
                 "data": "non-IID" if mode[2] else "IID",
                 "speedup_of": display(ref),
                 "seeds": list(summaries),
-                **algorithm_results(summaries, entry["runs"].get(ref), targets),
+                **algorithm_results(summaries, entry["runs"].get(ref), targets, metric),
             }
         doc["configs"][config] = {"seeds": list(entry["seeds"]), "algorithms": algorithms}
     return doc
@@ -356,12 +406,25 @@ def number(v):
     return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
-def config_markdown(config, entry, targets):
+def doc_metric(doc):
+    """The metric of a results document (accuracy unless it says otherwise)."""
+    return doc.get("metric", "accuracy")
+
+
+def _targets_phrase(targets, metric):
+    """'Targets 0.90, 0.95' of the line under a table; loss targets say how they count."""
+    listed = ", ".join(target_label(t) for t in targets)
+    if metric == "accuracy":
+        return f"Targets {listed}"
+    return f"Targets ({metric} at or below) {listed}"
+
+
+def config_markdown(config, entry, targets, metric="accuracy"):
     """The table of one configuration (results' entry) and its line of seeds."""
     proposed = registry.ALGORITHMS[PROPOSED].display
     sp = target_label(middle_target(targets))
     head = ([f"Time to {target_label(t)} (s)" for t in targets]
-            + [f"{proposed} speedup at {sp}", "Final accuracy", "Traffic (B/sample)",
+            + [f"{proposed} speedup at {sp}", f"Final {metric}", "Traffic (B/sample)",
                "Throughput (samples/s)"])
     lines = [f"## {config}", "",
              "| Algorithm | " + " | ".join(head) + " |",
@@ -369,13 +432,13 @@ def config_markdown(config, entry, targets):
     for name, a in entry["algorithms"].items():
         cells = [time_cell(a["time_to_target"][target_label(t)]) for t in targets]
         cells += [spread_cell(a["speedup"], ".2f", "x"),
-                  spread_cell(a["final_accuracy"], ".4f"),
+                  spread_cell(a[f"final_{metric}"], ".4f"),
                   number(a["traffic_bytes_per_sample"]["median"]),
                   number(a["throughput_samples_per_s"]["median"])]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     seeds = ", ".join(f"{name} {len(a['seeds'])}" for name, a in entry["algorithms"].items())
-    lines += ["", f"Seeds per row (of {len(entry['seeds'])}): {seeds}. Targets "
-              f"{', '.join(target_label(t) for t in targets)}: median [min-max] s over "
+    lines += ["", f"Seeds per row (of {len(entry['seeds'])}): {seeds}. "
+              f"{_targets_phrase(targets, metric)}: median [min-max] s over "
               f"the seeds, n/r: not reached; {proposed}'s speedup t_row / t_{proposed} "
               f"at {sp}; traffic and throughput: medians.", ""]
     return "\n".join(lines)
@@ -385,7 +448,8 @@ def markdown(doc):
     """results.md of a results document."""
     targets = doc["targets"]
     parts = [f"# Results, {doc['network']}", ""]
-    parts += [config_markdown(c, e, targets) for c, e in doc["configs"].items()]
+    parts += [config_markdown(c, e, targets, doc_metric(doc))
+              for c, e in doc["configs"].items()]
     return "\n".join(parts)
 
 
@@ -409,11 +473,13 @@ def _legend_handles(modes):
     return [Patch(label=display(m), **bar_style(m)) for m in modes]
 
 
-def draw_accuracy(entry, targets, path, title, linear_time=False):
+def draw_accuracy(entry, targets, path, title, linear_time=False, metric="accuracy"):
+    """Every seed's curve of metric (test accuracy, or validation loss), the targets as
+    dotted lines."""
     plt = drawer.pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
-    curves = [(mode, drawer.accuracy_curve(s)) for mode, per in entry["runs"].items()
-              for s in per.values()]
+    curves = [(mode, drawer.metric_curve(s, metric))
+              for mode, per in entry["runs"].items() for s in per.values()]
     curves = [(mode, xs, ys) for mode, (xs, ys) in curves if xs]
     place = drawer.time_axis(ax, [t for _, xs, _ in curves for t in xs], linear_time,
                              "Time since training start (s)")
@@ -428,12 +494,12 @@ def draw_accuracy(entry, targets, path, title, linear_time=False):
         ax.text(1.0, t, f" {target_label(t)}", transform=ax.get_yaxis_transform(),
                 va="center", fontsize="x-small", color="gray")
     if curves:
-        ax.legend(loc="lower right", fontsize="small")
+        ax.legend(loc=drawer.legend_corner(metric), fontsize="small")
         ax.grid(True, alpha=0.3)
     else:
         drawer._no_data(ax)
     ax.set_title(title)
-    ax.set_ylabel("Test accuracy")
+    ax.set_ylabel(drawer.METRIC_LABEL[metric])
     return drawer._save(fig, path, False)
 
 
@@ -448,7 +514,7 @@ def _unreached_handle():
                  label="reached by fewer than half the seeds (n/r)")
 
 
-def draw_time_to_target(entry, doc_entry, targets, path, title):
+def draw_time_to_target(entry, doc_entry, targets, path, title, metric="accuracy"):
     plt = drawer.pyplot()
     modes = list(entry["runs"])
     fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(targets) * max(1, len(modes)) / 3), 5))
@@ -479,7 +545,7 @@ def draw_time_to_target(entry, doc_entry, targets, path, title):
             if s["reached"] < n:
                 ax.text(x, upper, f"{s['reached']}/{n}", ha="center", va="bottom",
                         fontsize="small")
-    ax.set_xticks(range(len(targets)), [f"accuracy {target_label(t)}" for t in targets])
+    ax.set_xticks(range(len(targets)), [f"{metric} {target_label(t)}" for t in targets])
     if log:
         ax.set_yscale("log")
         ax.set_ylim(bottom, top * 1.5)
@@ -520,16 +586,21 @@ def draw_traffic(entry, doc_entry, path, title):
 
 
 def draw_figures(out, network, data, doc, linear_time=False):
-    """Write the three figures of every configuration into OUT; return their paths."""
+    """Write the three figures of every configuration into OUT; return their paths.
+    The names are FIGURES' whatever the metric (accuracy-<config>.png shows the
+    validation loss of runs that measured it)."""
     paths = []
+    metric = doc_metric(doc)
     for config, entry in data.items():
         doc_entry = doc["configs"][config]
         name = lambda pattern: os.path.join(out, pattern.format(config))  # noqa: E731
         where = f"{network}, {config}, {len(entry['seeds'])} seed(s)"
         paths.append(draw_accuracy(entry, doc["targets"], name(FIGURES[0]),
-                                   f"Test accuracy ({where})", linear_time))
+                                   f"{drawer.METRIC_LABEL[metric]} ({where})",
+                                   linear_time, metric))
         paths.append(draw_time_to_target(entry, doc_entry, doc["targets"],
-                                         name(FIGURES[1]), f"Time to target ({where})"))
+                                         name(FIGURES[1]), f"Time to target ({where})",
+                                         metric))
         paths.append(draw_traffic(entry, doc_entry, name(FIGURES[2]),
                                   f"Traffic ({where})"))
     return paths
@@ -538,14 +609,18 @@ def draw_figures(out, network, data, doc, linear_time=False):
 # ---------------------------------------------------------------- main
 
 def compare(out, network, targets=DEFAULT_TARGETS, configs=None, warn=None,
-            linear_time=False):
+            linear_time=False, metric="accuracy"):
     """Read OUT/<config>/seed<k>/NETWORK/<mode>/<Name>.json, write results.md,
     results.json and the figures into OUT; return the Markdown. targets: numbers or
-    '0.90,0.95'; configs: names in the wanted order (default: every folder of OUT with a
-    seed<k>/NETWORK/ folder, sorted). CompareError if OUT is missing, a target is not in
-    (0, 1], or no configuration has a usable summary; OSError if OUT cannot be written."""
+    '0.90,0.95', accuracies, or val_loss values with metric="val_loss" (runs of
+    --metric loss); configs: names in the wanted order (default: every folder of OUT
+    with a seed<k>/NETWORK/ folder, sorted). CompareError if OUT is missing, a target is
+    not in (0, 1] (a loss target below 0), a run measured the other metric, or no
+    configuration has a usable summary; OSError if OUT cannot be written."""
+    if metric not in drawer.METRICS:
+        raise CompareError(f"metric {metric!r} is not one of {', '.join(drawer.METRICS)}")
     try:
-        targets = _check_targets(targets)
+        targets = _check_targets(targets, metric)
     except ValueError as e:
         raise CompareError(str(e)) from None
     if not os.path.isdir(out):
@@ -553,7 +628,8 @@ def compare(out, network, targets=DEFAULT_TARGETS, configs=None, warn=None,
     data = collect(out, network, configs, warn)
     if not data:
         raise CompareError(f"no <config>/seed<k>/{network}/ with a usable summary in {out}")
-    doc = results(data, network, targets)
+    check_metric(data, metric)
+    doc = results(data, network, targets, metric)
     text = markdown(doc)
     write_json(os.path.join(out, "results.json"), doc)
     with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
@@ -575,8 +651,13 @@ def parse_args(argv, prog=PROG):
     p.add_argument("--out", required=True,
                    help="the experiment's folder: OUT/<config>/seed<k>/NETWORK/<mode>/")
     p.add_argument("-n", "--network", required=True, help="network (model) folder name")
-    p.add_argument("--targets", default=",".join(target_label(t) for t in DEFAULT_TARGETS),
-                   help="target accuracies, comma-separated (default: %(default)s)")
+    default = ",".join(target_label(t) for t in DEFAULT_TARGETS)
+    p.add_argument("--targets",
+                   help=f"target accuracies, comma-separated (default: {default})")
+    p.add_argument("--target-loss", nargs="+", metavar="L",
+                   help="target validation losses, for runs that measured val_loss "
+                        "(--metric loss), in place of --targets: reached at or below "
+                        "(space- or comma-separated)")
     p.add_argument("--configs",
                    help="configurations, comma-separated, in table order (default: every "
                         "folder of OUT with seed<k>/NETWORK/, sorted)")
@@ -585,13 +666,26 @@ def parse_args(argv, prog=PROG):
     return p.parse_args(argv)
 
 
+def metric_and_targets(args):
+    """(metric, targets) of the command line: --target-loss's val_loss targets, or
+    --targets' accuracies (default DEFAULT_TARGETS); ValueError for both or a bad one."""
+    if args.target_loss is None:
+        if args.targets is None:
+            return "accuracy", list(DEFAULT_TARGETS)
+        return "accuracy", parse_targets(args.targets)
+    if args.targets is not None:
+        raise ValueError("give --targets (accuracy) or --target-loss (val_loss), "
+                         "not both")
+    return "val_loss", parse_targets(",".join(args.target_loss), "val_loss")
+
+
 def main(argv=None, prog=PROG) -> int:
     args = parse_args(argv, prog)
     try:
-        targets = parse_targets(args.targets)
+        metric, targets = metric_and_targets(args)
         configs = _folder_names(args.configs) if args.configs is not None else None
         text = compare(args.out, args.network, targets, configs,
-                       linear_time=args.linear_time)
+                       linear_time=args.linear_time, metric=metric)
     except (ValueError, CompareError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

@@ -16,22 +16,31 @@ record}}``, each record a set of per-round lists) and writes into OUTDIR (defaul
 * ``speedup.md`` and ``speedup.json``: time to the target accuracy, speedup over SSGD,
   final and best accuracy and final accuracy minus the standalone's best.
 
-A job's accuracy (curve, time to target, final and best) is its *evaluating device*'s:
-the evaluator (the device named ``registry.EVALUATOR``, which tests the global model
-every few hundred ms) when the summary has one with an accuracy, else the device with
-the most accuracies (worker 0 in runs without an evaluator). The evaluator trains on
-nothing: throughput, traffic, the job's duration and the computing ratios count the
-other devices (the workers) only.
+Runs whose evaluations measured a validation loss (``--metric loss``: the summaries'
+``val_loss_list``, lower is better) are drawn and tabled the same way with that metric:
+the two accuracy figures (same file names) show the validation loss ("Validation loss"
+axis, the standalone's lowest as the dashed line), and the table's time to target is the
+first evaluation at or below ``--target-loss``, its final, best (lowest) and final minus
+standalone best are val_loss (``final_val_loss``, ... in ``speedup.json``, with
+``"metric": "val_loss"``). ``metric_of`` says which metric a summary measured.
+
+A job's accuracy (curve, time to target, final and best; or its val_loss) is its
+*evaluating device*'s: the evaluator (the device named ``registry.EVALUATOR``, which
+tests the global model every few hundred ms) when the summary has one with an accuracy,
+else the device with the most accuracies (worker 0 in runs without an evaluator). The
+evaluator trains on nothing: throughput, traffic, the job's duration and the computing
+ratios count the other devices (the workers) only.
 
 Usage: ``python logs_tools/drawer.py -b BASE -n NETWORK [-o OUTDIR] [--target 0.8]
-[--linear-time] [--show]``. Missing or unreadable summaries are left out with a note on
-stderr; every output file is always written. The algorithms, their folders and their
-display names come from ``esync.registry`` (nothing else of esync, no torch); the file
-names from ``summary.py``.
+[--target-loss L] [--linear-time] [--show]``. Missing or unreadable summaries are left
+out with a note on stderr; every output file is always written. The algorithms, their
+folders and their display names come from ``esync.registry`` (nothing else of esync, no
+torch); the file names from ``summary.py``.
 
 Library use (the experiment, compare.py): ``draw(base, network, outdir=None, target=0.8,
-linear_time=False) -> table``, and the metrics below (``evaluating_device``,
-``accuracy_curve``, ``time_to_target``, ``throughput``, ``training_records``, ...).
+linear_time=False, target_loss=None) -> table``, and the metrics below (``metric_of``,
+``evaluating_device``, ``metric_curve``, ``time_to_target``, ``throughput``,
+``training_records``, ...).
 """
 
 import argparse
@@ -65,6 +74,17 @@ BASELINE = registry.ALGORITHMS[registry.BASELINE].display
 # the per-round lists the drawer reads; other keys of a record are ignored
 REQUIRED_LISTS = ("accuracy_list", "num_samples_list", "elapsed_time_list",
                   "compute_time_list", "bytes_list")
+# read where present (summaries written before `--metric loss` have no val_loss_list)
+OPTIONAL_LISTS = ("val_loss_list",)
+
+# What a job's evaluations measure (one metric a job): test accuracy, or with `--metric
+# loss` a validation loss; the summary list holding it, the axis label, and which way is
+# better.
+METRICS = ("accuracy", "val_loss")
+METRIC_LIST = {"accuracy": "accuracy_list", "val_loss": "val_loss_list"}
+METRIC_LABEL = {"accuracy": "Test accuracy", "val_loss": "Validation loss"}
+LOWER_IS_BETTER = frozenset({"val_loss"})
+DEFAULT_METRIC = "accuracy"  # of a summary that never evaluated, and of older ones
 
 OUTPUTS = ("accuracy_iid.png", "accuracy_noniid.png", "throughput.png", "traffic.png",
            "computing_ratio.png", "speedup.md", "speedup.json")
@@ -108,17 +128,21 @@ def validate(summary):
             where = f"{host}/{dev}"
             if not isinstance(rec, dict):
                 raise InvalidSummary(f"record of {where} is not an object")
-            lengths = set()
-            for key in REQUIRED_LISTS:
-                values = rec.get(key)
-                if not isinstance(values, list):
-                    raise InvalidSummary(f"{where}: {key} missing or not a list")
-                lengths.add(len(values))
-                for v in values:
-                    if not (_is_num(v) or (v is None and key != "elapsed_time_list")):
-                        raise InvalidSummary(f"{where}: bad value {v!r} in {key}")
+            keys = REQUIRED_LISTS + tuple(k for k in OPTIONAL_LISTS if k in rec)
+            lengths = {_checked_length(where, key, rec.get(key)) for key in keys}
             if len(lengths) > 1:
                 raise InvalidSummary(f"{where}: lists of different lengths")
+
+
+def _checked_length(where, key, values):
+    """len(values); InvalidSummary unless values is a list of numbers (or nulls, but in
+    elapsed_time_list)."""
+    if not isinstance(values, list):
+        raise InvalidSummary(f"{where}: {key} missing or not a list")
+    for v in values:
+        if not (_is_num(v) or (v is None and key != "elapsed_time_list")):
+            raise InvalidSummary(f"{where}: bad value {v!r} in {key}")
+    return len(values)
 
 
 def read_summary(path):
@@ -175,37 +199,97 @@ def training_records(summary):
     return [(h, d, r) for h, d, r in records(summary) if not is_evaluator(d)]
 
 
-def _most_accuracies(recs):
+def metric_values(rec, metric):
+    """A record's per-round values of metric ('accuracy' or 'val_loss'), null where the
+    round did not evaluate (all null in a summary older than val_loss_list)."""
+    values = rec.get(METRIC_LIST[metric])
+    return values if values is not None else [None] * len(rec["elapsed_time_list"])
+
+
+def _evaluations(rec, metric):
+    return sum(v is not None for v in metric_values(rec, metric))
+
+
+def metric_of(summary, default=DEFAULT_METRIC):
+    """What summary's evaluations measured: 'accuracy' or 'val_loss', from which list has
+    values (a job has one metric; accuracy first should a summary have both); default
+    where nothing evaluated (None tells such a summary apart)."""
+    for metric in METRICS:
+        if any(_evaluations(rec, metric) for _, _, rec in records(summary)):
+            return metric
+    return default
+
+
+def metrics_of(summaries):
+    """The set of metrics the summaries measured (those that never evaluated add none)."""
+    return {metric_of(s, None) for s in summaries} - {None}
+
+
+def common_metric(summaries):
+    """The metric of several summaries drawn on one axis or in one table: accuracy if any
+    measured accuracy, else val_loss if any measured it, else accuracy."""
+    found = metrics_of(summaries)
+    return next((m for m in METRICS if m in found), DEFAULT_METRIC)
+
+
+def reached(value, target, metric):
+    """Whether an evaluation is at target: accuracy at or above, val_loss at or below."""
+    return value <= target if metric in LOWER_IS_BETTER else value >= target
+
+
+def best_of(values, metric):
+    """The best of values (the highest accuracy, the lowest val_loss); None if empty."""
+    if not values:
+        return None
+    return min(values) if metric in LOWER_IS_BETTER else max(values)
+
+
+def _most_evaluations(recs, metric):
     best, best_n = None, 0
     for host, dev, rec in recs:
-        n = sum(a is not None for a in rec["accuracy_list"])
+        n = _evaluations(rec, metric)
         if n > best_n:
             best, best_n = (host, dev, rec), n
     return best
 
 
-def evaluating_device(summary):
-    """(host, device, record) whose accuracies are the job's, or None if none evaluated:
-    the evaluator when the summary has one with an accuracy, else the device with the
-    most non-null accuracies (first on a tie)."""
-    evaluator = _most_accuracies([r for r in records(summary) if is_evaluator(r[1])])
-    return evaluator or _most_accuracies(records(summary))
+def evaluating_device(summary, metric=None):
+    """(host, device, record) whose evaluations are the job's, or None if none evaluated:
+    the evaluator when the summary has one with a value of metric (default: metric_of
+    summary), else the device with the most non-null values (first on a tie)."""
+    metric = metric or metric_of(summary)
+    evaluator = _most_evaluations([r for r in records(summary) if is_evaluator(r[1])],
+                                  metric)
+    return evaluator or _most_evaluations(records(summary), metric)
 
 
-def accuracy_curve(summary):
-    """([elapsed s], [accuracy]) of the evaluating device's evaluated rounds."""
-    ev = evaluating_device(summary)
+def metric_curve(summary, metric=None):
+    """([elapsed s], [value]) of the evaluating device's evaluated rounds, the values
+    those of metric (default: the one summary measured, metric_of)."""
+    metric = metric or metric_of(summary)
+    ev = evaluating_device(summary, metric)
     if ev is None:
         return [], []
     rec = ev[2]
-    pts = [(t, a) for t, a in zip(rec["elapsed_time_list"], rec["accuracy_list"])
-           if a is not None]
-    return [t for t, _ in pts], [a for _, a in pts]
+    pts = [(t, v) for t, v in zip(rec["elapsed_time_list"], metric_values(rec, metric))
+           if v is not None]
+    return [t for t, _ in pts], [v for _, v in pts]
+
+
+def accuracy_curve(summary):
+    """([elapsed s], [accuracy]) of the evaluating device's evaluated rounds (empty for a
+    run that measured val_loss: metric_curve draws either)."""
+    return metric_curve(summary, "accuracy")
+
+
+def best_value(summary, metric=None):
+    """The best evaluation of summary's metric (or metric): highest accuracy, lowest
+    val_loss; None if it never evaluated."""
+    return best_of(metric_curve(summary, metric)[1], metric or metric_of(summary))
 
 
 def best_accuracy(summary):
-    _, accs = accuracy_curve(summary)
-    return max(accs) if accs else None
+    return best_value(summary, "accuracy")
 
 
 def duration(summary):
@@ -249,10 +333,13 @@ def computing_ratios(summary):
     return out
 
 
-def time_to_target(summary, target):
-    """First elapsed time at which the evaluating device's accuracy >= target, or None."""
-    for t, a in zip(*accuracy_curve(summary)):
-        if a >= target:
+def time_to_target(summary, target, metric=None):
+    """First elapsed time at which the evaluating device reached target, or None: its
+    accuracy >= target, or for a run that measured val_loss its val_loss <= target
+    (metric: default metric_of summary)."""
+    metric = metric or metric_of(summary)
+    for t, v in zip(*metric_curve(summary, metric)):
+        if reached(v, target, metric):
             return t
     return None
 
@@ -308,25 +395,37 @@ def _iid_labels(data):
     return [m[1] for m in RUNS if not m[2] and (m[1], False) in data]
 
 
-def draw_accuracy(data, niid, path, network="", show=False, linear_time=False):
+def legend_corner(metric):
+    """Where the legend hides no curve: the lower right for accuracy (the curves rise
+    to the top), the upper right for val_loss (they fall to the bottom)."""
+    return "upper right" if metric in LOWER_IS_BETTER else "lower right"
+
+
+def draw_accuracy(data, niid, path, network="", show=False, linear_time=False,
+                  metric=None):
+    """The figure of the evaluations (of metric, default common_metric of data: test
+    accuracy, or validation loss) of the distributed runs on IID or non-IID data, the
+    standalone's best as a dashed line."""
+    metric = metric or common_metric(data.values())
     plt = pyplot(show)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    curves = [(label, accuracy_curve(data[(label, niid)])) for _, label, m_niid in RUNS
-              if m_niid == niid and (label, niid) in data]
+    curves = [(label, metric_curve(data[(label, niid)], metric))
+              for _, label, m_niid in RUNS if m_niid == niid and (label, niid) in data]
     curves = [(label, xs, ys) for label, (xs, ys) in curves if xs]
     place = time_axis(ax, [t for _, xs, _ in curves for t in xs], linear_time)
     for label, xs, ys in curves:
         ax.plot(place(xs), ys, marker="o", markersize=3, label=label)
     drawn = bool(curves)
     local = data.get((STANDALONE, False))
-    best = best_accuracy(local) if local is not None else None
+    best = best_value(local, metric) if local is not None else None
     if best is not None:
         ax.axhline(best, linestyle="--", color="gray", label=f"{STANDALONE} ({best:.3f})")
     kind = "non-IID" if niid else "IID"
-    ax.set_title(f"Test accuracy, {kind} data" + (f" ({network})" if network else ""))
-    ax.set_ylabel("Test accuracy")
+    ax.set_title(f"{METRIC_LABEL[metric]}, {kind} data"
+                 + (f" ({network})" if network else ""))
+    ax.set_ylabel(METRIC_LABEL[metric])
     if drawn or best is not None:
-        ax.legend(loc="lower right")
+        ax.legend(loc=legend_corner(metric))
         ax.grid(True, alpha=0.3)
     if not drawn:  # no curve of this data kind: say so (the standalone line may remain)
         _no_data(ax)
@@ -410,21 +509,29 @@ def draw_computing_ratio(data, path, show=False):
 
 # ---------------------------------------------------------------- table
 
-def speedup_rows(data, target):
-    """One dict per present algorithm: IID rows, Standalone, then non-IID rows."""
+def _time_to(summary, target, metric):
+    """time_to_target, None without a target or a summary."""
+    if summary is None or target is None:
+        return None
+    return time_to_target(summary, target, metric)
+
+
+def speedup_rows(data, target, metric=DEFAULT_METRIC):
+    """One dict per present algorithm: IID rows, Standalone, then non-IID rows; the
+    evaluations are metric's (final_<metric>, best_<metric>: final_accuracy, ...), the
+    times None where target is None."""
     local = data.get((STANDALONE, False))
-    standalone_best = best_accuracy(local) if local is not None else None
+    standalone_best = best_value(local, metric) if local is not None else None
     rows = []
     for folder, label, niid in TABLE_ORDER:
         summary = data.get((label, niid))
         if summary is None:
             continue
-        ev = evaluating_device(summary)
-        _, accs = accuracy_curve(summary)
-        t = time_to_target(summary, target)
-        base = data.get((BASELINE, niid))
-        t_base = time_to_target(base, target) if base is not None else None
-        final = accs[-1] if accs else None
+        ev = evaluating_device(summary, metric)
+        _, values = metric_curve(summary, metric)
+        t = _time_to(summary, target, metric)
+        t_base = _time_to(data.get((BASELINE, niid)), target, metric)
+        final = values[-1] if values else None
         rows.append({
             "algorithm": _display(label, niid),
             "mode": folder,
@@ -432,8 +539,8 @@ def speedup_rows(data, target):
             "evaluating_device": f"{ev[0]}/{ev[1]}" if ev else None,
             "time_to_target_s": t,
             "speedup_vs_ssgd": t_base / t if t_base is not None and t else None,
-            "final_accuracy": final,
-            "best_accuracy": max(accs) if accs else None,
+            f"final_{metric}": final,
+            f"best_{metric}": best_of(values, metric),
             "final_minus_standalone": (final - standalone_best
                                        if final is not None and standalone_best is not None
                                        else None),
@@ -445,17 +552,20 @@ def _fmt(v, spec, none="n/a"):
     return none if v is None else format(v, spec)
 
 
-def speedup_markdown(rows, target):
-    lines = [f"| Algorithm | Time to {target:g} accuracy (s) | Speedup vs {BASELINE} "
-             "| Final accuracy | Best accuracy | Final - standalone best |",
+def speedup_markdown(rows, target, metric=DEFAULT_METRIC):
+    """The table of speedup_rows; without a target (None) its times read n/a."""
+    aim = f"{target:g} {metric}" if target is not None else f"{metric} target"
+    lines = [f"| Algorithm | Time to {aim} (s) | Speedup vs {BASELINE} "
+             f"| Final {metric} | Best {metric} | Final - standalone best |",
              "|---|---:|---:|---:|---:|---:|"]
+    unreached = "n/a" if target is None else "not reached"
     for r in rows:
         lines.append("| " + " | ".join([
             r["algorithm"],
-            _fmt(r["time_to_target_s"], ".2f", "not reached"),
+            _fmt(r["time_to_target_s"], ".2f", unreached),
             _fmt(r["speedup_vs_ssgd"], ".2f") + ("x" if r["speedup_vs_ssgd"] else ""),
-            _fmt(r["final_accuracy"], ".4f"),
-            _fmt(r["best_accuracy"], ".4f"),
+            _fmt(r[f"final_{metric}"], ".4f"),
+            _fmt(r[f"best_{metric}"], ".4f"),
             _fmt(r["final_minus_standalone"], "+.4f"),
         ]) + " |")
     if not rows:
@@ -463,17 +573,19 @@ def speedup_markdown(rows, target):
     return "\n".join(lines) + "\n"
 
 
-def write_speedup(data, target, network, outdir):
-    """Write speedup.md and speedup.json; return the Markdown table."""
-    rows, standalone_best = speedup_rows(data, target)
-    table = speedup_markdown(rows, target)
+def write_speedup(data, target, network, outdir, metric=DEFAULT_METRIC):
+    """Write speedup.md and speedup.json; return the Markdown table. The evaluations are
+    metric's; speedup.json names a metric other than accuracy ("metric": "val_loss")."""
+    rows, standalone_best = speedup_rows(data, target, metric)
+    table = speedup_markdown(rows, target, metric)
     with open(os.path.join(outdir, "speedup.md"), "w", encoding="utf-8") as f:
         f.write(f"# Speedup, {network}\n\n{table}")
     ratios, _ = computing_ratio_values(data)
     doc = {
         "network": network,
+        **({} if metric == DEFAULT_METRIC else {"metric": metric}),
         "target": target,
-        "standalone_best_accuracy": standalone_best,
+        f"standalone_best_{metric}": standalone_best,
         "rows": rows,
         "throughput_samples_per_s": dict(throughput_values(data)),
         "traffic_MB_per_s": dict(traffic_values(data)),
@@ -492,11 +604,34 @@ class DrawError(Exception):
     """Nothing can be drawn: the folder is missing or OUTDIR cannot be created."""
 
 
-def draw(base, network, outdir=None, target=0.8, show=False, linear_time=False):
+def table_metric(data, target, target_loss, folder):
+    """(metric, target) of the figures and the table: accuracy and target, or for runs
+    that measured val_loss, val_loss and target_loss (noted when None: no time to
+    target). DrawError for a target_loss given for runs that measured accuracy."""
+    found = metrics_of(data.values())
+    metric = common_metric(data.values())
+    if len(found) > 1:
+        note(f"the summaries under {folder} measured both accuracy and val_loss; "
+             f"drawing accuracy, the val_loss runs without a curve")
+    if metric == DEFAULT_METRIC:
+        if target_loss is not None and found:
+            raise DrawError(f"--target-loss: the summaries under {folder} measured "
+                            f"accuracy, not val_loss; give --target")
+        return metric, target
+    if target_loss is None:
+        note(f"the summaries under {folder} measured val_loss; no time to target "
+             f"without --target-loss")
+    return metric, target_loss
+
+
+def draw(base, network, outdir=None, target=0.8, show=False, linear_time=False,
+         target_loss=None):
     """Write the five figures, speedup.md and speedup.json of BASE/NETWORK into OUTDIR
     (default BASE/NETWORK); return the Markdown table. The accuracy figures have a log
-    time axis unless linear_time. DrawError if there is no BASE/NETWORK or OUTDIR cannot
-    be created; a missing summary is only noted."""
+    time axis unless linear_time. Runs that measured val_loss are drawn with it, timed to
+    target_loss. DrawError if there is no BASE/NETWORK or OUTDIR cannot be created, or
+    for a target_loss given for runs that measured accuracy; a missing summary is only
+    noted."""
     folder = os.path.join(base, network)
     if not os.path.isdir(folder):
         raise DrawError(f"no such folder: {folder}")
@@ -508,14 +643,15 @@ def draw(base, network, outdir=None, target=0.8, show=False, linear_time=False):
     data = load_all(base, network)
     if not data:
         note(f"no usable summary under {folder}; writing empty figures")
+    metric, target = table_metric(data, target, target_loss, folder)
     pyplot(show)
     out = lambda name: os.path.join(outdir, name)  # noqa: E731
-    draw_accuracy(data, False, out("accuracy_iid.png"), network, show, linear_time)
-    draw_accuracy(data, True, out("accuracy_noniid.png"), network, show, linear_time)
+    for niid, name in ((False, "accuracy_iid.png"), (True, "accuracy_noniid.png")):
+        draw_accuracy(data, niid, out(name), network, show, linear_time, metric)
     draw_throughput(data, out("throughput.png"), show)
     draw_traffic(data, out("traffic.png"), show)
     draw_computing_ratio(data, out("computing_ratio.png"), show)
-    return write_speedup(data, target, network, outdir)
+    return write_speedup(data, target, network, outdir, metric)
 
 
 def parse_args(argv, prog=PROG):
@@ -525,6 +661,9 @@ def parse_args(argv, prog=PROG):
     p.add_argument("-o", "--outdir", help="output folder (default BASE/NETWORK)")
     p.add_argument("--target", type=float, default=0.8,
                    help="target accuracy of the speedup table (default 0.8)")
+    p.add_argument("--target-loss", type=float, metavar="L",
+                   help="target validation loss of the speedup table, for runs that "
+                        "measured val_loss (--metric loss); reached at or below")
     p.add_argument("--linear-time", action="store_true",
                    help="linear time axis in the accuracy figures (default: log scale)")
     p.add_argument("--show", action="store_true", help="also open the figures in windows")
@@ -535,7 +674,7 @@ def main(argv=None, prog=PROG) -> int:
     args = parse_args(argv, prog)
     try:
         table = draw(args.base, args.network, args.outdir, args.target, args.show,
-                     args.linear_time)
+                     args.linear_time, args.target_loss)
     except DrawError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

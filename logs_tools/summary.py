@@ -7,6 +7,7 @@ format, see the project README; a run logs there with `-ld BASE/NETWORK/MODE`), 
 hosts and devices discovered from the folders, and writes `BASE/NETWORK/MODE/<Name>.json`:
 
     {host: {device: {"accuracy_list":      [...],  # accuracy, or null: round did not evaluate
+                     "val_loss_list":      [...],  # val_loss (`--metric loss`), or null
                      "num_samples_list":   [...],  # num_samples
                      "self_iters_list":    [...],  # local iterations (entries of `time`)
                      "elapsed_time_list":  [...],  # total_time
@@ -19,7 +20,10 @@ hosts and devices discovered from the folders, and writes `BASE/NETWORK/MODE/<Na
                      "rounds_list":        [...]}}}  # num_iters
 
 one entry per round, in round order (n sorted numerically). Hosts and devices are
-sorted by name.
+sorted by name. A job's evaluations measure one metric: test accuracy (higher is
+better), or with `--metric loss` a validation loss (`val_loss`, lower is better); the
+other list is then all null. Both lists are always there, so that a reader need not
+know the job's flags.
 
 <Name> comes from the MODE folder name (`name_of`), through esync.registry: each
 algorithm's log folder has its summary name (esync -> ESync, sync -> Sync, async ->
@@ -59,9 +63,9 @@ PROG = "summary.py"
 COMPUTE_PHASES = ("get_batch", "forward and backward", "local update", "slowdown")
 AGGREGATE_PHASES = ("global aggregate", "global update", "balance batches")
 
-FIELDS = ("accuracy_list", "num_samples_list", "self_iters_list", "elapsed_time_list",
-          "aggregate_time_list", "compute_time_list", "bytes_list", "loss_list",
-          "rounds_list")
+FIELDS = ("accuracy_list", "val_loss_list", "num_samples_list", "self_iters_list",
+          "elapsed_time_list", "aggregate_time_list", "compute_time_list", "bytes_list",
+          "loss_list", "rounds_list")
 
 _ITER_FILE = re.compile(r"iter-([0-9]+)\.json")
 
@@ -142,6 +146,15 @@ def _load(path: str) -> dict:
     return data
 
 
+def _evaluation(data: dict, key: str) -> Optional[float]:
+    """The round's evaluation under key ('accuracy', or 'val_loss' with `--metric loss`),
+    None where the round did not evaluate; BadFile if it is there but not a number."""
+    value = data.get(key)
+    if value is not None and not _is_number(value):
+        raise BadFile(f"{key!r} is not a number: {value!r}")
+    return value
+
+
 def _round_record(data: dict, n: int) -> dict:
     """The summary values of one round; BadFile if the file is wrongly shaped."""
     if "num_iters" not in data:
@@ -180,12 +193,12 @@ def _round_record(data: dict, n: int) -> dict:
     loss = data.get("loss")
     if loss is not None and not _is_number(loss):
         raise BadFile(f"'loss' is neither a number nor null: {loss!r}")
-    accuracy = data.get("accuracy")
-    if accuracy is not None and not _is_number(accuracy):
-        raise BadFile(f"'accuracy' is not a number: {accuracy!r}")
+    accuracy = _evaluation(data, "accuracy")
+    val_loss = _evaluation(data, "val_loss")
 
     return {
         "accuracy_list": accuracy,
+        "val_loss_list": val_loss,
         "num_samples_list": data["num_samples"],
         "self_iters_list": len(times),
         "elapsed_time_list": data["total_time"],

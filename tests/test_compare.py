@@ -364,3 +364,130 @@ def test_console_main_and_no_torch():
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "['esync', 'esync.registry']"
+
+
+# ---------------------------------------------------------------- runs of --metric loss
+
+def loss_job(times, losses, end, nbytes=1000):
+    """job() of a `--metric loss` run: the evaluator's val_loss_list in place of
+    accuracies (every list of summary.py's, val_loss_list included)."""
+    summary = job(times, None, end, nbytes)
+    for host in summary.values():
+        for device, rec in host.items():
+            rec["val_loss_list"] = (list(losses) if device == "evaluator"
+                                    else [None] * len(rec["rounds_list"]))
+    return summary
+
+
+def build_loss(out):
+    """plain, 3 seeds, val_loss targets 1.0 and 0.5 (reached at or below).
+    ESync: t(1.0) [2, 3, 1], t(0.5) [4, 6, n/r]; final [0.45, 0.5, 0.6]; 10 B/sample.
+    SSGD: t(1.0) [6, 6, n/r] (speedup [3, 2, -]), t(0.5) [12, n/r, n/r];
+    final [0.4, 0.7, 1.2]."""
+    esync = [([0, 2, 4], [2.0, 0.9, 0.45]), ([0, 3, 6], [2.0, 1.0, 0.5]),
+             ([0, 1, 5], [2.1, 0.95, 0.6])]
+    sync = [([0, 6, 12], [2.0, 1.0, 0.4]), ([0, 6, 9], [2.0, 0.8, 0.7]),
+            ([0, 2, 4], [2.0, 1.5, 1.2])]
+    for seed in range(3):
+        write(out, "plain", seed, "esync", "ESync", loss_job(*esync[seed], 4))
+        write(out, "plain", seed, "sync", "Sync", loss_job(*sync[seed], 12))
+
+
+@pytest.fixture(scope="module")
+def lossy(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lossy")
+    build_loss(out)
+    proc = run("--out", out, "-n", NET, "--target-loss", "0.5", "1.0")
+    assert proc.returncode == 0, proc.stderr
+    return {"out": out, "proc": proc, "doc": json.loads((out / "results.json").read_text()),
+            "md": (out / "results.md").read_text()}
+
+
+def test_loss_targets_and_times(lossy):
+    doc = lossy["doc"]
+    assert list(doc)[:2] == ["network", "metric"] and doc["metric"] == "val_loss"
+    assert doc["targets"] == [1.0, 0.5]  # the easiest first: the highest loss
+    assert doc["speedup_target"] == 1.0
+    plain = algos(lossy, "plain")
+    assert list(plain) == ["ESync", "SSGD"]
+    t = plain["ESync"]["time_to_target"]
+    assert list(t) == ["1.00", "0.50"]
+    check(t["1.00"], [2, 3, 1], 2, 1, 3)  # seed1's 1.0 counts: at or below
+    check(t["0.50"], [4, 6, None], 6, 4, None)
+    t = plain["SSGD"]["time_to_target"]
+    check(t["1.00"], [6, 6, None], 6, 6, None)
+    check(t["0.50"], [12, None, None], None, 12, None)
+    check(plain["SSGD"]["speedup"], [3, 2, None], 2.5, 2, 3)
+    check(plain["ESync"]["final_val_loss"], [0.45, 0.5, 0.6], 0.5, 0.45, 0.6)
+    check(plain["SSGD"]["final_val_loss"], [0.4, 0.7, 1.2], 0.7, 0.4, 1.2)
+    assert "final_accuracy" not in plain["ESync"]
+    check(plain["ESync"]["traffic_bytes_per_sample"], [10] * 3, 10, 10, 10)
+
+
+def test_loss_markdown_and_figures(lossy):
+    from matplotlib.image import imread
+    md = lossy["md"]
+    assert ("| Algorithm | Time to 1.00 (s) | Time to 0.50 (s) | ESync speedup at 1.00 "
+            "| Final val_loss | Traffic (B/sample) | Throughput (samples/s) |") in md
+    assert ("| ESync | 2.00 [1.00-3.00] | 6.00 [4.00-n/r] (2/3) | 1.00x [1.00-1.00] "
+            "| 0.5000 [0.4500-0.6000] | 10 | 100 |") in md
+    assert ("| SSGD | 6.00 [6.00-n/r] (2/3) | not reached (1/3) | 2.50x [2.00-3.00] (2/3) "
+            "| 0.7000 [0.4000-1.2000] |") in md
+    assert "Targets (val_loss at or below) 1.00, 0.50: median [min-max] s" in md
+    assert "accuracy" not in md
+    assert lossy["proc"].stdout == md and lossy["proc"].stderr == ""
+    for name in ("accuracy", "time_to_target", "traffic"):  # the same file names
+        path = lossy["out"] / f"{name}-plain.png"
+        assert path.stat().st_size > 0 and path.read_bytes()[:8] == PNG_MAGIC, path
+        assert imread(str(path)).shape[0] > 100, path
+
+
+def test_loss_targets_comma_separated_and_library(lossy, tmp_path):
+    from logs_tools import compare
+    out = tmp_path / "copy"
+    shutil.copytree(lossy["out"], out)
+    proc = run("--out", out, "-n", NET, "--target-loss", "1.0,0.5")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "results.json").read_text()) == lossy["doc"]
+    text = compare.compare(str(out), NET, [0.5], metric="val_loss")
+    assert "| ESync | 6.00 [4.00-n/r] (2/3) |" in text
+    with pytest.raises(compare.CompareError, match=r"--targets gives accuracy targets"):
+        compare.compare(str(out), NET)
+
+
+def test_loss_target_for_accuracy_runs_is_an_error(tmp_path):
+    write(tmp_path, "plain", 0, "esync", "ESync",
+          job([0, 1, 2, 3], [0.5, 0.9, 0.95, 0.97], 3, 300))
+    proc = run("--out", tmp_path, "-n", NET, "--target-loss", "0.5")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "compare.py: error: --target-loss gives val_loss targets, but ESync of "
+        "plain/seed0 measured accuracy; give --targets"]
+    assert proc.stdout == "" and not (tmp_path / "results.md").exists()
+
+
+def test_accuracy_targets_for_loss_runs_are_an_error(tmp_path):
+    build_loss(tmp_path)
+    for args in ([], ["--targets", "0.9"]):  # the default targets are accuracies too
+        proc = run("--out", tmp_path, "-n", NET, *args)
+        assert proc.returncode == 2
+        assert proc.stderr.strip().splitlines() == [
+            "compare.py: error: --targets gives accuracy targets, but ESync of "
+            "plain/seed0 measured val_loss; give --target-loss"]
+        assert proc.stdout == "" and not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target-loss", "0.5", "-1"], "compare.py: error: target loss -1 is not a finite "
+                                     "number >= 0"),
+    (["--target-loss", "abc"], "compare.py: error: target loss 'abc' is not a number"),
+    (["--target-loss", "inf"], "compare.py: error: target loss inf is not a finite "
+                               "number >= 0"),
+    (["--target-loss", "0.5", "--targets", "0.9"],
+     "compare.py: error: give --targets (accuracy) or --target-loss (val_loss), not both"),
+])
+def test_cli_bad_loss_targets(lossy, args, message):
+    proc = run("--out", lossy["out"], "-n", NET, *args)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [message]
+    assert proc.stdout == ""

@@ -405,3 +405,140 @@ def test_linear_time_flag(evaluated, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert_pngs(tmp_path)
     assert proc.stdout == evaluated["proc"].stdout  # the table does not change
+
+
+# ---------------------------------------------------------------- runs of --metric loss
+
+def loss_record(elapsed, val_loss=None, **kwargs):
+    """record() of a `--metric loss` run: val_loss_list in place of accuracies."""
+    rec = record(elapsed, **kwargs)
+    rec["val_loss_list"] = list(val_loss) if val_loss is not None else [None] * len(elapsed)
+    return rec
+
+
+def loss_job(elapsed, eval_at, val_loss):
+    """Two workers ending at elapsed[-1] and an evaluator measuring val_loss."""
+    return {"hostA": {"cpu0": loss_record(elapsed),
+                      EVALUATOR: loss_record(eval_at, val_loss, samples=0, compute=0.0,
+                                             nbytes=5_000_000)},
+            "hostB": {"gpu0": loss_record(elapsed)}}
+
+
+@pytest.fixture(scope="module")
+def lossy(tmp_path_factory):
+    """SSGD, ESync and Standalone measured by val_loss (lower is better); target 1.0."""
+    base = tmp_path_factory.mktemp("lossy")
+    # SSGD: 1.0 or below first at 30 s (0.9); ESync at 10 s (1.0 itself) -> 3x
+    write(base, "sync", "Sync", loss_job([10, 20, 30, 40], [0, 15, 30, 45],
+                                         [2.3, 1.4, 0.9, 0.8]))
+    write(base, "esync", "ESync", loss_job([5, 10, 15, 20], [0, 10, 20],
+                                           [2.3, 1.0, 0.7]))
+    # Standalone evaluates itself: lowest 0.6, final 0.65, at or below 1.0 at 20 s
+    write(base, "local", "Local", {"hostA": {"cpu0": loss_record(
+        [10, 20, 30], [1.2, 0.6, 0.65], samples=50, nbytes=0)}})
+    out = base / "out"
+    proc = run("-b", base, "-n", NET, "-o", out, "--target-loss", 1.0)
+    assert proc.returncode == 0, proc.stderr
+    return {"base": base, "out": out, "proc": proc,
+            "doc": json.loads((out / "speedup.json").read_text())}
+
+
+def test_metric_of_says_which_list_has_values():
+    from logs_tools import drawer
+    assert drawer.metric_of(loss_job([1], [0, 1], [2.0, 1.5])) == "val_loss"
+    accuracy = with_evaluator(workers([1]), [0], [0.5])
+    assert drawer.metric_of(accuracy) == "accuracy"  # a summary without val_loss_list
+    never = loss_job([1], [0], [None])
+    assert drawer.metric_of(never) == "accuracy" and drawer.metric_of(never, None) is None
+    assert drawer.common_metric([never, loss_job([1], [0], [2.0])]) == "val_loss"
+    assert drawer.common_metric([]) == "accuracy"
+
+
+def test_loss_run_times_and_values(lossy):
+    doc = lossy["doc"]
+    assert doc["metric"] == "val_loss" and doc["target"] == 1.0
+    assert doc["standalone_best_val_loss"] == pytest.approx(0.6)
+    assert "standalone_best_accuracy" not in doc
+    rows = rows_by_name(doc)
+    assert list(rows) == ["ESync", "SSGD", "Standalone"]
+    expect = {  # name: (time to 1.0 or below, speedup, final, best (lowest))
+        "ESync": (10, 3.0, 0.7, 0.7), "SSGD": (30, 1.0, 0.8, 0.8),
+        "Standalone": (20, 1.5, 0.65, 0.6)}
+    for name, (t, s, final, best) in expect.items():
+        assert rows[name]["time_to_target_s"] == t, name
+        assert rows[name]["speedup_vs_ssgd"] == pytest.approx(s), name
+        assert rows[name]["final_val_loss"] == pytest.approx(final), name
+        assert rows[name]["best_val_loss"] == pytest.approx(best), name
+        assert "final_accuracy" not in rows[name]
+    assert rows["SSGD"]["evaluating_device"] == "hostA/evaluator"
+    assert rows["SSGD"]["final_minus_standalone"] == pytest.approx(0.2)
+    # the workers' throughput, as for accuracy runs: 2 x 4 x 100 samples over 40 s
+    assert doc["throughput_samples_per_s"]["SSGD"] == pytest.approx(20.0)
+
+
+def test_loss_run_table_and_figures(lossy):
+    md = (lossy["out"] / "speedup.md").read_text()
+    assert ("| Algorithm | Time to 1 val_loss (s) | Speedup vs SSGD | Final val_loss "
+            "| Best val_loss | Final - standalone best |") in md
+    assert "| ESync | 10.00 | 3.00x | 0.7000 | 0.7000 | +0.1000 |" in md
+    assert md.endswith(lossy["proc"].stdout)
+    assert_pngs(lossy["out"])  # the same file names, accuracy_iid.png included
+    assert "Traceback" not in lossy["proc"].stderr
+
+
+def test_loss_figure_axis_says_validation_loss(monkeypatch, tmp_path, lossy):
+    from logs_tools import drawer
+    seen = []
+
+    def save(fig, path, show):
+        ax = fig.axes[0]
+        seen.append((ax.get_ylabel(), ax.get_title(), [list(line.get_ydata())
+                                                       for line in ax.lines]))
+        drawer.pyplot().close(fig)
+        return path
+
+    monkeypatch.setattr(drawer, "_save", save)
+    data = drawer.load_all(str(lossy["base"]), NET)
+    drawer.draw_accuracy(data, False, str(tmp_path / "a.png"), NET)
+    ((ylabel, title, lines),) = seen
+    assert ylabel == "Validation loss" and title == f"Validation loss, IID data ({NET})"
+    assert [2.3, 1.0, 0.7] in lines and [2.3, 1.4, 0.9, 0.8] in lines
+    assert [0.6, 0.6] in lines  # the standalone's lowest, dashed
+
+
+def test_loss_run_without_target_loss_is_noted(lossy, tmp_path):
+    proc = run("-b", lossy["base"], "-n", NET, "-o", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert ("drawer.py: note: the summaries under "
+            f"{os.path.join(str(lossy['base']), NET)} measured val_loss; no time to target "
+            "without --target-loss") in proc.stderr
+    assert "| Algorithm | Time to val_loss target (s) |" in proc.stdout
+    assert "| ESync | n/a | n/a | 0.7000 | 0.7000 | +0.1000 |" in proc.stdout
+    assert_pngs(tmp_path)
+
+
+def test_target_loss_for_accuracy_runs_is_an_error(evaluated, tmp_path):
+    proc = run("-b", evaluated["base"], "-n", NET, "-o", tmp_path / "o",
+               "--target-loss", 0.5)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1] == (
+        f"drawer.py: error: --target-loss: the summaries under "
+        f"{os.path.join(str(evaluated['base']), NET)} measured accuracy, not val_loss; "
+        "give --target")
+    assert all(line.startswith("drawer.py: note: no ") for line in lines[:-1])
+    assert proc.stdout == "" and not (tmp_path / "o" / "speedup.md").exists()
+
+
+@pytest.mark.parametrize("bad, reason", [
+    (["low", None], "bad value 'low' in val_loss_list"),
+    ([1.0], "lists of different lengths"),
+    ("none", "val_loss_list missing or not a list"),
+])
+def test_bad_val_loss_list_left_out(tmp_path, bad, reason):
+    s = loss_job([1, 2], [0, 1], [2.0, 1.0])
+    s["hostA"][EVALUATOR]["val_loss_list"] = bad
+    path = write(tmp_path, "sync", "Sync", s)
+    proc = run("-b", tmp_path, "-n", NET, "--target-loss", 1)
+    assert proc.returncode == 0, proc.stderr
+    assert f"drawer.py: note: cannot use {path} (" in proc.stderr and reason in proc.stderr

@@ -14,8 +14,8 @@ from logs_tools import summary
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join("logs_tools", "summary.py")
-FIELDS = ["accuracy_list", "num_samples_list", "self_iters_list", "elapsed_time_list",
-          "aggregate_time_list", "compute_time_list", "bytes_list", "loss_list",
+FIELDS = ["accuracy_list", "val_loss_list", "num_samples_list", "self_iters_list",
+          "elapsed_time_list", "aggregate_time_list", "compute_time_list", "bytes_list", "loss_list",
           "rounds_list"]
 
 
@@ -93,6 +93,7 @@ def tree(tmp_path):
 
 EXPECTED_GPU0 = {
     "accuracy_list": [0.125, None],
+    "val_loss_list": [None, None],  # an accuracy run: never a val_loss
     "num_samples_list": [128, 64],
     "self_iters_list": [2, 1],
     "elapsed_time_list": [5.5, 9.0],
@@ -104,14 +105,15 @@ EXPECTED_GPU0 = {
     "rounds_list": [1, 2],
 }
 EXPECTED_CPU = {
-    "accuracy_list": [None], "num_samples_list": [96], "self_iters_list": [3],
+    "accuracy_list": [None], "val_loss_list": [None], "num_samples_list": [96], "self_iters_list": [3],
     "elapsed_time_list": [12.0], "aggregate_time_list": [3.0], "compute_time_list": [10.5],
     "bytes_list": [15], "loss_list": [1.5], "rounds_list": [1],
 }
 
 
 def expected_worker(samples):
-    return {"accuracy_list": [None] * 3, "num_samples_list": [samples] * 3,
+    return {"accuracy_list": [None] * 3, "val_loss_list": [None] * 3,
+            "num_samples_list": [samples] * 3,
             "self_iters_list": [1] * 3, "elapsed_time_list": [2.0, 4.0, 6.0],
             "aggregate_time_list": [0.5] * 3, "compute_time_list": [1.5] * 3,
             "bytes_list": [30] * 3, "loss_list": [2.0, 1.0, 0.0], "rounds_list": [1, 2, 3]}
@@ -257,6 +259,9 @@ def _broken(kind, dev):
     if kind == "accuracy not number":
         write_round(dev, 2, accuracy=[0.5])
         return "accuracy"
+    if kind == "val_loss not number":
+        write_round(dev, 2, val_loss="0.3")
+        return "'val_loss' is not a number"
     if kind == "round mismatch":
         write_round(dev, 2, num_iters=7)
         return "num_iters"
@@ -281,7 +286,7 @@ def _broken(kind, dev):
 BROKEN = ["empty", "truncated", "garbage", "nan", "not object", "time not object",
           "phases not object", "phase not number", "total_time not number",
           "no total_time", "num_samples not count", "bytes not count", "loss not number",
-          "accuracy not number", "round mismatch", "directory", "fifo", "dangling link",
+          "accuracy not number", "val_loss not number", "round mismatch", "directory", "fifo", "dangling link",
           "missing"] + (["unreadable"] if os.path.isfile("/proc/self/mem") else [])
 
 
@@ -537,6 +542,7 @@ def test_evaluator_is_summarised_as_a_device_with_an_accuracy_every_round(tmp_pa
     assert list(evaluator) == FIELDS
     assert evaluator == {
         "accuracy_list": [a for _, _, a in evaluations],  # every round has one
+        "val_loss_list": [None] * 5,
         "num_samples_list": [0] * 5,                     # it trains on nothing
         "self_iters_list": [1] * 5,
         "elapsed_time_list": [at for at, _, _ in evaluations],  # may outlast the workers
@@ -585,5 +591,71 @@ def test_drawer_times_ddp_by_its_evaluator(tmp_path):
     assert doc["throughput_samples_per_s"]["DDP"] == pytest.approx(2 * 3 * 64 / 3.0)
     assert doc["traffic_MB_per_s"]["DDP"] == pytest.approx(2 * 3 * 30 / 3.0 / 1e6)
     assert sorted(doc["computing_ratio"]["DDP"]) == ["h/w0", "h/w1"]
+    for name in drawer.OUTPUTS:
+        assert (tmp_path / "lenet" / name).stat().st_size > 0
+
+
+# --- runs of `--metric loss`: val_loss in place of accuracy ------------------------------
+
+def write_loss_job(base, folder):
+    """BASE/lenet/FOLDER/h as a `--metric loss` job writes it: worker w0 (3 rounds, no
+    evaluation) and the evaluator, whose records carry `val_loss` where an accuracy run's
+    carry `accuracy`."""
+    host = base / "lenet" / folder / "h"
+    for n in (1, 2, 3):
+        write_round(str(host / "w0"), n, total_time=float(n))
+    for n, (at, val_loss) in enumerate([(0.0, 2.5), (1.5, 1.25), (3.0, 0.5)], 1):
+        write_round(str(host / "evaluator"), n, time={"0": {"pull": 0.01, "evaluate": 0.05}},
+                    num_samples=0, total_time=at, loss=None, bytes_sent=40,
+                    bytes_received=250_000, val_loss=val_loss, epoch=None)
+    return host
+
+
+def test_val_loss_list_beside_accuracy_list(tmp_path):
+    write_loss_job(tmp_path, "esync")
+    # a standalone process evaluates itself every other round (a val_loss of 0 is one)
+    local = str(tmp_path / "lenet" / "local" / "h" / "cpu")
+    for n, val_loss in enumerate([1.0, None, 0], 1):
+        write_round(local, n, val_loss=val_loss)
+    proc = run_cli("-b", str(tmp_path), "-n", "lenet", "-m", "esync")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    data = json.loads((tmp_path / "lenet" / "esync" / "ESync.json").read_text())
+    evaluator, worker = data["h"]["evaluator"], data["h"]["w0"]
+    assert list(evaluator) == FIELDS and list(worker) == FIELDS
+    assert evaluator["val_loss_list"] == [2.5, 1.25, 0.5]
+    assert evaluator["accuracy_list"] == [None] * 3  # a job has one metric
+    assert evaluator["elapsed_time_list"] == [0.0, 1.5, 3.0]
+    assert worker["val_loss_list"] == [None] * 3  # did not evaluate
+    assert worker["num_samples_list"] == [64] * 3  # the rest as for accuracy runs
+    rec = summary.summarize(str(tmp_path), "lenet", "local")["h"]["cpu"]
+    assert rec["val_loss_list"] == [1.0, None, 0]
+    assert rec["accuracy_list"] == [None] * 3
+
+
+def test_broken_val_loss_named_and_skipped(tmp_path):
+    dev = str(write_loss_job(tmp_path, "sync") / "evaluator")
+    bad = write_round(dev, 2, time={"0": {"evaluate": 0.05}}, total_time=1.5,
+                      val_loss=[1.25])
+    lines = []
+    data = summary.summarize(str(tmp_path), "lenet", "sync", warn=lines.append)
+    assert lines == [f"summary.py: skipped {bad}: 'val_loss' is not a number: [1.25]"]
+    assert data["h"]["evaluator"]["val_loss_list"] == [2.5, 0.5]
+    assert data["h"]["evaluator"]["rounds_list"] == [1, 3]
+
+
+def test_drawer_draws_a_loss_run_from_its_summary(tmp_path):
+    """Iteration files -> summary -> the drawer: the val_loss curve and table."""
+    from logs_tools import drawer
+
+    write_loss_job(tmp_path, "sync")
+    summary.write_summary(str(tmp_path), "lenet", "sync", warn=lambda line: None)
+    data = drawer.load_all(str(tmp_path), "lenet")
+    ssgd = data[("SSGD", False)]
+    assert drawer.metric_of(ssgd) == "val_loss"
+    assert drawer.metric_curve(ssgd) == ([0.0, 1.5, 3.0], [2.5, 1.25, 0.5])
+    assert drawer.time_to_target(ssgd, 1.25) == 1.5  # at or below
+    table = drawer.draw(str(tmp_path), "lenet", target_loss=1.0)
+    assert "| SSGD | 3.00 | 1.00x | 0.5000 | 0.5000 | n/a |" in table.splitlines()
     for name in drawer.OUTPUTS:
         assert (tmp_path / "lenet" / name).stat().st_size > 0
