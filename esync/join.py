@@ -119,8 +119,10 @@ def join(plan: WorkerPlan, env: Union[ClusterEnv, DDPEnv, None],
     # alone and with -e 0, evaluations go by the clock (there is no evaluator)
     timed = opts.eval_interval if job is None and opts.eval_every == 0 else None
     rank, workers = (job.rank, job.num_workers) if job else (0, 1)
-    return Session(algorithm, recorder, stop_criteria(opts), plan.device, opts.slowdown,
-                   timed, rank, workers, DataSettings.from_options(opts), on_close=leave)
+    session = Session(algorithm, recorder, stop_criteria(opts), plan.device, opts.slowdown,
+                      timed, rank, workers, DataSettings.from_options(opts), on_close=leave)
+    session.metric_kind = opts.metric
+    return session
 
 
 def _join_cluster(plan: WorkerPlan, env: ClusterEnv, settings: Dict[str, str]):

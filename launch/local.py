@@ -70,6 +70,7 @@ from tqdm import tqdm
 
 import config
 from esync import registry
+from esync.data import METRIC_LINE
 from esync.errors import UserError
 from esync.options import (ARGS_VARIABLE, Options, check_aggregation, check_plugins,
                            flags_given, parse_options)
@@ -81,7 +82,8 @@ from launch.supervisor import GRACE_S, Child, ChildFailed, Supervisor, interrupt
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROG = "launch/local.py"
-ACCURACY = re.compile(r"round (\d+) .*test accuracy ([0-9.]+)")
+#: an evaluation in a worker's or the evaluator's output (esync.data.METRIC_LINE's names)
+ACCURACY = re.compile(r"round (\d+) .*(?:test accuracy|val_loss) ([0-9.]+)")
 _ITER = re.compile(r"iter-(\d+)\.json$")
 #: main.py's settings that go to every role, the scheduler and the servers too (the
 #: workers and the evaluator get every passed-through flag): checkpoints, resuming, and
@@ -706,7 +708,7 @@ class Launcher:
         if p.stop_seconds:
             fraction = max(fraction or 0.0, elapsed / p.stop_seconds)
         return fraction, (f"round {rounds}, {elapsed:.0f} s, "
-                          f"test accuracy {self._accuracy or 'n/a'}")
+                          f"{METRIC_LINE[p.options.metric]} {self._accuracy or 'n/a'}")
 
     def status_line(self, status: Optional[tuple] = None) -> str:
         """The plain form of `status` (default: now): `[####....] esync: round 12, 31 s,

@@ -1,0 +1,73 @@
+"""The examples (examples/), run as their users would: each under esync-run in ESync,
+SSGD on the parameter servers, SSGD by all-reduce and ASGD, 2 workers, to its target
+(the evaluator's validation loss or accuracy, the script's own model and data given as
+plug-ins), then through summary.py and drawer.py; and the esync version of the plain
+PyTorch script differs from it by at most 10 lines."""
+import difflib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, assert_no_traceback
+
+EXAMPLES = os.path.join(REPO, "examples")
+MODES = {"esync": ["-m", "esync"], "sync": ["-m", "sync"],
+         "sync-allreduce": ["-m", "sync", "--backend", "allreduce"],
+         "async": ["-m", "async"]}
+LM = ["-n", "examples.charlm:build_model", "--dataset", "examples.charlm:build_data",
+      "--loss", "examples.charlm:loss_fn", "--metric", "loss", "--target-loss", "3.0"]
+
+
+def test_the_esync_example_differs_from_the_plain_script_by_at_most_10_lines():
+    plain = open(os.path.join(EXAMPLES, "charlm_plain.py")).read().splitlines()
+    converted = open(os.path.join(EXAMPLES, "charlm_esync.py")).read().splitlines()
+    added = [line for line in difflib.unified_diff(plain, converted, lineterm="", n=0)
+             if line.startswith("+") and not line.startswith("+++")]
+    assert 0 < len(added) <= 10, "\n".join(added)
+
+
+def esync_run(tmp_path, flags, script, *args, timeout=240):
+    """esync-run from the repository root (the plug-ins are examples.*); the output."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.run", "--workers", "2", "--no-progress",
+         "--out", str(tmp_path), "--time-limit", "150", *flags,
+         os.path.join(EXAMPLES, script), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _summarise_and_draw(tmp_path, name, folder):
+    for tool, argv in (("summary.py", ["-b", str(tmp_path), "-n", name, "-m", folder]),
+                       ("drawer.py", ["-b", str(tmp_path), "-n", name, "-o",
+                                      str(tmp_path / "figures")])):
+        proc = subprocess.run([sys.executable, os.path.join(REPO, "logs_tools", tool),
+                               *argv], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "figures" / "accuracy_iid.png").stat().st_size > 0
+
+
+def _evaluations(tmp_path, name, folder, key):
+    (host,) = [h for h in (tmp_path / name / folder).iterdir() if h.is_dir()]
+    logs = {str(p.relative_to(host)): p.read_text() for p in host.rglob("*.log")}
+    assert_no_traceback(logs)
+    records = [json.load(open(p)) for p in (host / "evaluator").glob("iter-*.json")]
+    return [r[key] for r in records if key in r], logs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(MODES))
+def test_the_language_model_reaches_its_validation_loss_in_every_mode(tmp_path, mode):
+    esync_run(tmp_path, [*MODES[mode], *LM], "charlm_esync.py", "--seconds", "300")
+    folder = "sync" if mode == "sync-allreduce" else mode
+    losses, logs = _evaluations(tmp_path, "charlm_esync", folder, "val_loss")
+    assert losses and min(losses) <= 3.0
+    assert "reached target loss 3.0" in logs["evaluator.log"]
+    _summarise_and_draw(tmp_path, "charlm_esync", folder)
+    summary = json.load(open(next((tmp_path / "charlm_esync" / folder).glob("*.json"))))
+    (devices,) = summary.values()
+    assert {"w0", "w1", "evaluator"} <= set(devices)
+    assert min(v for v in devices["evaluator"]["val_loss_list"] if v is not None) <= 3.0
