@@ -139,3 +139,23 @@ def test_esync_run_refuses_bad_input_with_one_line(tmp_path, argv, message):
     assert proc.stderr.startswith("esync-run: error: ") and message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "api_script").exists()
+
+
+@pytest.mark.slow
+def test_a_script_resumes_from_the_job_s_checkpoint_at_its_next_sample(tmp_path):
+    """A user's script killed... here: stopped at round 12, checkpointed every 5 rounds,
+    then started again with --resume 1: every worker goes on from round 11 (after the
+    checkpoint of round 10) at the data position its log had reached."""
+    common = ["--workers", "2", "-m", "sync", "--checkpoint-dir", str(tmp_path / "ck"),
+              "--checkpoint-every", "5"]
+    esync_run(tmp_path, [*common, "--max-rounds", "12"], ["--epochs", "20"])
+    before = _records(tmp_path, "sync", "w0")
+    esync_run(tmp_path, [*common, "--max-rounds", "20", "--resume", "1"], ["--epochs", "20"])
+    after = _records(tmp_path, "sync", "w0")
+    assert len(after) > 12
+    assert after[:10] == before[:10]  # kept; round 11 onwards trained again
+    assert after[10]["epoch"] == pytest.approx(before[10]["epoch"])
+    folder = tmp_path / "runs" / "api_script" / "sync"
+    (host,) = [h for h in folder.iterdir() if h.is_dir()]
+    for device in ("w0", "w1"):
+        assert "continuing the job from round 11" in (host / device / "worker.log").read_text()
