@@ -16,6 +16,7 @@ Importing this module is cheap (no torch): the parser checks a plug-in's form wi
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import re
 import sys
@@ -69,11 +70,19 @@ def load(spec: str, flag: str) -> Callable[..., Any]:
     return found
 
 
-def call(spec: str, flag: str, *args: Any) -> Any:
+def takes(spec: str, flag: str, parameter: str) -> bool:
+    """Whether the function `spec` names has a parameter called `parameter`."""
+    try:
+        return parameter in inspect.signature(load(spec, flag)).parameters
+    except (TypeError, ValueError):  # no signature to read (a builtin)
+        return False
+
+
+def call(spec: str, flag: str, *args: Any, **kwargs: Any) -> Any:
     """Load `spec` and call it; an exception it raises is one line naming `flag`."""
     function = load(spec, flag)
     try:
-        return function(*args)
+        return function(*args, **kwargs)
     except UserError:
         raise
     except Exception as e:

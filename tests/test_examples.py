@@ -21,12 +21,29 @@ LM = ["-n", "examples.charlm:build_model", "--dataset", "examples.charlm:build_d
       "--loss", "examples.charlm:loss_fn", "--metric", "loss", "--target-loss", "3.0"]
 
 
-def test_the_esync_example_differs_from_the_plain_script_by_at_most_10_lines():
+def added_lines(name):
+    """The lines examples/<name>_esync.py adds to (or changes in) <name>_plain.py."""
+    plain = open(os.path.join(EXAMPLES, f"{name}_plain.py")).read().splitlines()
+    converted = open(os.path.join(EXAMPLES, f"{name}_esync.py")).read().splitlines()
+    return [line for line in difflib.unified_diff(plain, converted, lineterm="", n=0)
+            if line.startswith("+") and not line.startswith("+++")]
+
+
+@pytest.mark.parametrize("name", ["charlm", "resnet"])
+def test_the_esync_example_differs_from_the_plain_script_by_at_most_10_lines(name):
+    added = added_lines(name)
+    assert 0 < len(added) <= 10, "\n".join(added)
+
+
+def test_the_documented_diff_is_the_examples_diff():
+    """README shows the diff of the language model's scripts: it is the real one."""
+    readme = open(os.path.join(REPO, "README.md")).read()
+    shown = readme.split("<!-- example diff -->\n```diff\n", 1)[1].split("```", 1)[0]
     plain = open(os.path.join(EXAMPLES, "charlm_plain.py")).read().splitlines()
     converted = open(os.path.join(EXAMPLES, "charlm_esync.py")).read().splitlines()
-    added = [line for line in difflib.unified_diff(plain, converted, lineterm="", n=0)
-             if line.startswith("+") and not line.startswith("+++")]
-    assert 0 < len(added) <= 10, "\n".join(added)
+    real = difflib.unified_diff(plain, converted, "examples/charlm_plain.py",
+                                "examples/charlm_esync.py", lineterm="", n=0)
+    assert shown.splitlines() == [line for line in real if not line.startswith("@@")]
 
 
 def esync_run(tmp_path, flags, script, *args, timeout=240):
@@ -71,3 +88,27 @@ def test_the_language_model_reaches_its_validation_loss_in_every_mode(tmp_path, 
     (devices,) = summary.values()
     assert {"w0", "w1", "evaluator"} <= set(devices)
     assert min(v for v in devices["evaluator"]["val_loss_list"] if v is not None) <= 3.0
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    """The ResNet example's image folder (4 classes of shapes, 3x32x32), written once."""
+    sys.path.insert(0, REPO)
+    from examples.resnet_bn import write_image_folder
+
+    root = tmp_path_factory.mktemp("shapes")
+    write_image_folder(str(root))
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(MODES))
+def test_the_resnet_with_batchnorm_reaches_90_percent_in_every_mode(tmp_path, shapes, mode):
+    esync_run(tmp_path, [*MODES[mode], "-n", "examples.resnet_bn:build_model", "--dataset",
+                         "folder", "-dd", str(shapes), "--target-accuracy", "0.9"],
+              "resnet_esync.py", "--data", str(shapes), "--seconds", "300")
+    folder = "sync" if mode == "sync-allreduce" else mode
+    accuracies, logs = _evaluations(tmp_path, "resnet_esync", folder, "accuracy")
+    assert accuracies and max(accuracies) >= 0.9
+    assert "reached target accuracy 0.9" in logs["evaluator.log"]
+    _summarise_and_draw(tmp_path, "resnet_esync", folder)

@@ -36,15 +36,17 @@ NETWORKS: Dict[str, str] = {
 def build_network(name: str, num_classes: int = 10,
                   sample: Optional["torch.Tensor"] = None) -> "nn.Module":
     """A freshly initialised network: `name` is one of NETWORKS (built for
-    `num_classes`), or a plug-in's `module:function`, called without arguments, which
-    must return a torch.nn.Module. A plug-in is checked on `sample` (a few of the data
-    set's inputs), when given, with check_output. UserError, one line, otherwise."""
+    `num_classes`), or a plug-in's `module:function`, which must return a
+    torch.nn.Module: called without arguments, or with `num_classes=` (the data set's)
+    if it has a parameter of that name. A plug-in is checked on `sample` (a few of the
+    data set's inputs), when given, with check_output. UserError, one line, otherwise."""
     if name in NETWORKS:
         module, _, builder = NETWORKS[name].partition(":")
         return getattr(importlib.import_module(module), builder)(num_classes)
     from torch import nn
 
-    model = plugin.call(name, FLAG)
+    model = plugin.call(name, FLAG, **(
+        {"num_classes": num_classes} if plugin.takes(name, FLAG, "num_classes") else {}))
     if not isinstance(model, nn.Module):
         raise UserError(f"{FLAG} {name}: returned a {type(model).__name__}, not a "
                         f"torch.nn.Module")
