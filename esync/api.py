@@ -36,7 +36,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -179,17 +179,30 @@ def _samples(batch: Any) -> Optional[int]:
     return None
 
 
-class _Rest(torch.utils.data.Sampler):
-    """The rest of the current epoch of a worker's order (its sampler)."""
+class _Batches(torch.utils.data.Sampler):
+    """The rest of the current epoch of a worker's order, in batches of the loader's
+    size, or of the size the algorithm asks for (speed-balanced DDP's vary: with
+    DataLoader workers prefetching, a new size applies a few batches late)."""
 
-    def __init__(self, order: WorkerOrder):
-        self.order = order
+    def __init__(self, order: WorkerOrder, batch_size: int, drop_last: bool,
+                 session: Session):
+        self.order, self.batch_size, self.drop_last = order, batch_size, drop_last
+        self.session = session
 
-    def __iter__(self) -> Iterator[int]:
-        return self.order.epoch_rest()
+    def __iter__(self) -> Iterator[List[int]]:
+        rest = list(self.order.epoch_rest())
+        start = 0
+        while start < len(rest):
+            size = self.session.algorithm.batch_size() or self.batch_size
+            batch = rest[start:start + size]
+            if len(batch) < size and self.drop_last:
+                return
+            yield batch
+            start += size
 
     def __len__(self) -> int:
-        return len(self.order)
+        whole, part = divmod(len(self.order), self.batch_size)
+        return whole + (1 if part and not self.drop_last else 0)
 
 
 class JobLoader:
@@ -208,11 +221,15 @@ class JobLoader:
         self.order.skip_to(session.resume_epoch)
         self.session = session
         session.epochs_done = lambda: self.order.epochs_done
+        if loader.batch_size is None:
+            raise UserError("prepare_data_loader: the loader has no batch_size (a "
+                            "batch_sampler of its own): give it a batch_size")
         self.loader = DataLoader(
-            dataset, batch_size=loader.batch_size, sampler=_Rest(self.order),
+            dataset, batch_sampler=_Batches(self.order, loader.batch_size, loader.drop_last,
+                                            session),
             num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-            pin_memory=loader.pin_memory, drop_last=loader.drop_last,
-            timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+            pin_memory=loader.pin_memory, timeout=loader.timeout,
+            worker_init_fn=loader.worker_init_fn,
             prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
             persistent_workers=False)
 

@@ -350,9 +350,6 @@ def check_plugins(opts: Options) -> None:
     if opts.target_loss is not None and opts.metric != "loss":
         raise UserError(f"--target-loss needs --metric loss, not {opts.metric}")
     builtin = opts.dataset in ("digits", "fashion-mnist", "mnist")
-    if opts.balance_batches and not builtin:
-        raise UserError(f"--balance-batches needs a built-in in-memory data set (digits, "
-                        f"fashion-mnist, mnist), not --dataset {opts.dataset}")
     if is_spec(opts.network) or not builtin or opts.loss != "cross_entropy":
         from esync.task import load_task
 

@@ -570,3 +570,16 @@ def test_slurm_script_stops_the_job_when_a_worker_fails(slurm):
     assert "esync: 127.0.0.2 worker 0 exited with status 1; stopping the others" \
         in err.splitlines()
     slurm.assert_nothing_left()
+
+
+def test_plugins_go_to_every_process_as_given(tmp_path):
+    """-n, --dataset and --loss plug-ins (module:function) pass through to every main.py
+    command, untouched: the module must be importable where each command runs."""
+    hostfile = _write(tmp_path / "h", "root@10.0.0.1 roles=scheduler,server,worker\n")
+    plugins = ["-n", "mynets:build", "--dataset", "mydata:build", "--loss", "mydata:loss"]
+    result = hosts_py(hostfile, "--no-auth", "--", "-m", "sync", *plugins)
+    assert result.returncode == 0, result.stderr
+    words = [shlex.split(line) for line in result.stdout.splitlines()[1::2]]
+    worker = words[-1]
+    start = worker.index("-n")
+    assert worker[start:start + len(plugins)] == plugins
