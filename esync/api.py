@@ -261,9 +261,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     is used up, runs the round's synchronisation and fetches the next budget. Everything
     else (`zero_grad`, `param_groups`, learning-rate schedulers, AMP's GradScaler) works
     as on `optimizer`; a step GradScaler skips (inf or NaN gradients) still counts and
-    still joins the synchronisation. `state_dict()` adds the job's round
-    (`"esync": {"round": r}`); the job's own checkpoints (--checkpoint-dir) hold the
-    weights."""
+    still joins the synchronisation. `state_dict()` adds where the job is (`"esync":
+    {"round", "iterations", "budget", "epochs"}`: the round in progress or last ended,
+    local iterations so far, the round's budget (0 between rounds), epochs of the
+    partition); the job's own checkpoints (--checkpoint-dir) hold the weights, and a
+    resumed job's round comes from them."""
 
     #: GradScaler hands this optimizer its scale and inf flags and lets `step` skip
     _step_supports_amp_scaling = True
@@ -311,7 +313,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def state_dict(self) -> Dict[str, Any]:
         state = self.optimizer.state_dict()
-        state["esync"] = {"round": self.session.round, "iterations": self.session.iterations}
+        state["esync"] = self.session.position()
         return state
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:

@@ -367,6 +367,12 @@ class Session:
         if self.stop_reason is None:  # the others learn it after this round's push
             self._stopped(reason)
 
+    def position(self) -> Dict[str, Any]:
+        """Where this worker is in the job: its round, local iterations, the round's
+        budget (0 between rounds) and epochs of its partition."""
+        return {"round": self.round, "iterations": self.iterations, "budget": self._budget,
+                "epochs": round(self.epochs_done(), 6)}
+
     def result(self) -> TrainResult:
         return TrainResult(self.round, self.iterations, self.epochs_done(), self.clock(),
                            self.metric, self.stop_reason or "", self.diverged)

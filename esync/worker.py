@@ -27,13 +27,14 @@ def _train(plan: WorkerPlan, env: Union[ClusterEnv, DDPEnv, None],
     with join(plan, env, settings) as session:
         # loaded, and a plug-in checked on it, by check() already
         task = load_task(opts.dataset, opts.data_dir, opts.loss, opts.metric)
-        if len(task.labels()) < session.num_workers:
+        samples = len(task.labels()) // session.num_workers  # a partition's (partition.py)
+        if not samples:
             raise UserError(f"--dataset {opts.dataset}: {len(task.labels())} samples "
                             f"cannot be split into {session.num_workers} parts")
         model = task.build_model(opts.network)
         algorithm = session.algorithm
-        log.info("[%s] training %s on %s (rank %d of %d) on %s; logs in %s",
-                 algorithm.name, opts.network, opts.dataset, session.rank,
+        log.info("[%s] training %s on %s (%d samples, rank %d of %d) on %s; logs in %s",
+                 algorithm.name, opts.network, opts.dataset, samples, session.rank,
                  session.num_workers, plan.device, session.recorder.path)
         if not any(vars(session.stop).values()):
             log.info("[%s] no stop criterion given (--epochs, --max-rounds, --time-limit, "
