@@ -1,6 +1,7 @@
 """Installs the `esync` package, the launchers (`launch`) and the log tools (`logs_tools`),
 the top-level `config` and `main` modules, and the commands `esync` (main.py),
-`esync-launch` (launch/local.py; `--ray` needs the `ray` extra), `esync-hosts`
+`esync-launch` (launch/local.py; `--ray` needs the `ray` extra), `esync-run`
+(launch/run.py: a training script of your own as the workers), `esync-hosts`
 (launch/hosts.py), `esync-experiment`
 (launch/experiment.py), `esync-summary` (logs_tools/summary.py) and `esync-draw`
 (logs_tools/drawer.py).
@@ -28,6 +29,8 @@ setup(
         "scikit-learn>=1.1",
         "tqdm>=4.60",
         "safetensors>=0.4",  # checkpoints: tensors that load without unpickling
+        "pillow>=9",  # --dataset folder (esync.data.formats): torchvision's registry
+        #               wheel is a CUDA build that does not import beside CPU torch
     ],
     # pytest-xdist: `python -m pytest -q -n 2` runs the tests on two processes;
     # hypothesis: property-based tests of the wire format
