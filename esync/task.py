@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 from esync import plugin
 from esync.data.datasets import Dataset as Arrays, load_dataset
 from esync.errors import UserError
-from esync.models import build_network
+from esync.models import build_network, run_on
 
 EVAL_BATCH = 512
 DATASET_FLAG, LOSS_FLAG = "--dataset", "--loss"
@@ -78,13 +78,7 @@ class Task:
         if self.arrays is not None and self.loss is F.cross_entropy:
             return  # checked by build_network: one score per class
         inputs, targets = self.sample()
-        model.eval()
-        try:
-            with torch.no_grad():
-                out = model(inputs)
-        except Exception as e:
-            raise UserError(f"-n/--network {network}: the network fails on two samples of "
-                            f"--dataset {self.dataset}: {plugin.describe(e)}") from None
+        out = run_on(model, network, inputs, f"two samples of --dataset {self.dataset}")
         try:
             value = self.loss(out, targets)
             value = float(value)

@@ -55,6 +55,24 @@ def build_network(name: str, num_classes: int = 10,
     return model
 
 
+def run_on(model: "nn.Module", name: str, inputs, what: str):
+    """The model's output for `inputs` (`what` they are, for the error), in evaluation
+    mode and without gradients, the model left as it was; UserError, one line naming
+    -n, if it fails."""
+    import torch
+
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return model(inputs)
+    except Exception as e:
+        raise UserError(f"{FLAG} {name}: the network fails on {what}: "
+                        f"{plugin.describe(e)}") from None
+    finally:
+        model.train(training)
+
+
 def check_output(model: "nn.Module", name: str, images: "torch.Tensor",
                  num_classes: int) -> None:
     """UserError (one line naming -n) unless the network maps `images`, a few of the
@@ -63,16 +81,7 @@ def check_output(model: "nn.Module", name: str, images: "torch.Tensor",
     check, no gradient, BatchNorm's statistics untouched)."""
     import torch
 
-    training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = model(images)
-    except Exception as e:
-        raise UserError(f"{FLAG} {name}: the network fails on the data set's samples "
-                        f"(shape {list(images.shape)}): {plugin.describe(e)}") from None
-    finally:
-        model.train(training)
+    out = run_on(model, name, images, f"the data set's samples (shape {list(images.shape)})")
     wanted = [len(images), num_classes]
     if not isinstance(out, torch.Tensor) or list(out.shape) != wanted:
         got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
