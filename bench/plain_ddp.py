@@ -55,7 +55,7 @@ def run(rank: int, world: int, port: int, slowdown: float, seconds: float,
     from esync.data.partition import partition
     from esync.data.shuffle import EpochOrder
     from esync.models import build_network
-    from esync.session import Slowdown
+    from esync.clock import Slowdown
 
     torch.set_num_threads(1)
     torch.manual_seed(SEED)

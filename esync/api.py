@@ -35,15 +35,14 @@ import json
 import logging
 import os
 import sys
-import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import DataLoader
 
-from esync.data.order import DataSettings, WorkerOrder
 from esync.errors import UserError
+from esync.loader import JobLoader
 from esync.options import ARGS_VARIABLE
 from esync.session import Session
 
@@ -147,112 +146,13 @@ def prepare_model(model: nn.Module) -> nn.Module:
     return get_session().adopt(model)
 
 
-def prepare_data_loader(loader: DataLoader) -> "JobLoader":
+def prepare_data_loader(loader: DataLoader) -> JobLoader:
     """`loader`'s data set, batch size, workers and collate function over this worker's
     partition of the data set (split as `-s` says; shuffled in `--shuffle`'s order if
     `loader` shuffles), batches moved to the device. Each pass is one epoch of the
     partition, cut short when the job stops; a worker that continues a job (resume,
     rejoin) goes on at its exact next sample."""
     return JobLoader(loader, get_session(), get_session().data)
-
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _to_device(v, device) for k, v in batch.items()}
-    return batch
-
-
-def _samples(batch: Any) -> Optional[int]:
-    """The number of samples of a batch: the first tensor's first dimension."""
-    if isinstance(batch, torch.Tensor):
-        return len(batch) if batch.dim() else None
-    items = batch.values() if isinstance(batch, dict) else \
-        batch if isinstance(batch, (list, tuple)) else ()
-    for item in items:
-        found = _samples(item)
-        if found is not None:
-            return found
-    return None
-
-
-class _Batches(torch.utils.data.Sampler):
-    """The rest of the current epoch of a worker's order, in batches of the loader's
-    size, or of the size the algorithm asks for (speed-balanced DDP's vary: with
-    DataLoader workers prefetching, a new size applies a few batches late)."""
-
-    def __init__(self, order: WorkerOrder, batch_size: int, drop_last: bool,
-                 session: Session):
-        self.order, self.batch_size, self.drop_last = order, batch_size, drop_last
-        self.session = session
-
-    def __iter__(self) -> Iterator[List[int]]:
-        rest = list(self.order.epoch_rest())
-        start = 0
-        while start < len(rest):
-            size = self.session.algorithm.batch_size() or self.batch_size
-            batch = rest[start:start + size]
-            if len(batch) < size and self.drop_last:
-                return
-            yield batch
-            start += size
-
-    def __len__(self) -> int:
-        whole, part = divmod(len(self.order), self.batch_size)
-        return whole + (1 if part and not self.drop_last else 0)
-
-
-class JobLoader:
-    """A data loader over this worker's partition (prepare_data_loader)."""
-
-    def __init__(self, loader: DataLoader, session: Session, settings: DataSettings):
-        dataset = loader.dataset
-        labels = getattr(dataset, "targets", None)
-        if labels is None or len(labels) != len(dataset):
-            labels = [0] * len(dataset)
-        try:
-            self.order = WorkerOrder(labels, session.rank, session.num_workers, settings,
-                                     shuffle=isinstance(loader.sampler, RandomSampler))
-        except ValueError as e:
-            raise UserError(f"prepare_data_loader: {e}") from None
-        self.order.skip_to(session.resume_epoch)
-        self.session = session
-        session.epochs_done = lambda: self.order.epochs_done
-        if loader.batch_size is None:
-            raise UserError("prepare_data_loader: the loader has no batch_size (a "
-                            "batch_sampler of its own): give it a batch_size")
-        self.loader = DataLoader(
-            dataset, batch_sampler=_Batches(self.order, loader.batch_size, loader.drop_last,
-                                            session),
-            num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-            pin_memory=loader.pin_memory, timeout=loader.timeout,
-            worker_init_fn=loader.worker_init_fn,
-            prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
-            persistent_workers=False)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self) -> Iterator[Any]:
-        if self.session.stop_reason is not None:
-            return
-        batches = iter(self.loader)
-        while True:
-            started = time.perf_counter()
-            try:
-                batch = next(batches)
-            except StopIteration:
-                self.order.next_epoch()
-                return
-            count = _samples(batch)
-            self.order.samples_drawn += count or 0
-            self.session.batch_fetched(time.perf_counter() - started, count)
-            yield _to_device(batch, self.session.device)
-            if self.session.stop_reason is not None:
-                return
 
 
 class DistributedOptimizer(torch.optim.Optimizer):

@@ -75,7 +75,7 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
     from esync.flat import FlatModel
     from esync.kvstore import KVStore
     from esync.recorder import Recorder
-    from esync.session import StopCriteria
+    from esync.stop import StopCriteria
     from esync.task import load_task
 
     if opts.num_threads:

@@ -23,7 +23,8 @@ from esync.data.order import DataSettings
 from esync.errors import UserError
 from esync.options import Options, check_aggregation, check_plugins
 from esync.recorder import Recorder
-from esync.session import Session, StopCriteria
+from esync.session import Session
+from esync.stop import StopCriteria
 from esync.transport.cluster import REQUIRED, ClusterEnv, DDPEnv, advertised_address
 
 log = logging.getLogger(__name__)

@@ -12,74 +12,21 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import time
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
 
 import torch
 from torch import nn
 
 from esync.algorithms.base import Algorithm, Phases
+from esync.clock import Clock, Slowdown
 from esync.data import METRIC_LINE, METRIC_RECORD
 from esync.data.order import DataSettings
 from esync.recorder import Recorder
+from esync.stop import StopCriteria
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class StopCriteria:
-    """Whichever limit is reached first ends the run; None means no such limit. A target
-    counts once it has held `target_hold` seconds (every evaluation in between reaching
-    it): `target_accuracy` is reached at or above it, `target_loss` at or below it."""
-
-    epochs: Optional[float] = None
-    max_rounds: Optional[int] = None
-    time_limit: Optional[float] = None
-    target_accuracy: Optional[float] = None
-    target_hold: float = 0.0
-    target_loss: Optional[float] = None
-    _held_since: Optional[float] = field(default=None, repr=False)
-
-    def epochs_reached(self, epochs_done: float) -> bool:
-        return self.epochs is not None and epochs_done >= self.epochs - 1e-9
-
-    def _reached(self, metric: float) -> Optional[str]:
-        if self.target_accuracy is not None and metric >= self.target_accuracy:
-            return f"reached target accuracy {self.target_accuracy}"
-        if self.target_loss is not None and metric <= self.target_loss:
-            return f"reached target loss {self.target_loss}"
-        return None
-
-    def target_held(self, metric: Optional[float], elapsed: float) -> Optional[str]:
-        """After an evaluation (metric None: none this time): the reason to stop, if the
-        target has now held long enough."""
-        if metric is None or (self.target_accuracy is None and self.target_loss is None):
-            return None
-        reached = self._reached(metric)
-        if reached is None:
-            self._held_since = None
-            return None
-        if self._held_since is None:
-            self._held_since = elapsed
-        if elapsed - self._held_since < self.target_hold:
-            return None
-        return reached + (f" (held {self.target_hold:g} s)" if self.target_hold else "")
-
-    def reason(self, rounds: int, epochs_done: float, elapsed: float,
-               metric: Optional[float]) -> Optional[str]:
-        reached = self.target_held(metric, elapsed)
-        if reached:
-            return reached
-        if self.epochs_reached(epochs_done):
-            return f"finished {self.epochs:g} epoch{'' if self.epochs == 1 else 's'}"
-        if self.max_rounds is not None and rounds >= self.max_rounds:
-            return f"finished {self.max_rounds} rounds"
-        if self.time_limit is not None and elapsed >= self.time_limit:
-            return f"reached the time limit of {self.time_limit:g} s"
-        return None
 
 
 @dataclass
@@ -91,54 +38,6 @@ class TrainResult:
     accuracy: Optional[float]  # the last in-process evaluation's metric
     stop_reason: str
     diverged: bool = False
-
-
-class Slowdown:
-    """Makes this process act as a device `factor` times slower: after a local iteration
-    of t seconds it waits (factor - 1) * m, where m is the median of its last WINDOW
-    iterations' t (this one included). Using m rather than t keeps the device's speed
-    steady: on a machine shared by several simulated devices, t swings with the others'
-    load, and waiting (factor - 1) * t would multiply each swing by `factor`, a noise no
-    real slower device has; the median also ignores the slow first iteration. The
-    window holds iterations of one batch size: a new size (speed-balanced DDP) starts it
-    afresh, as a real device's time follows its batch at once."""
-
-    WINDOW = 15
-
-    def __init__(self, factor: float):
-        self.factor = factor
-        self.recent: Deque[float] = deque(maxlen=self.WINDOW)
-        self.samples: Optional[int] = None  # the batch size of those in `recent`
-
-    def wait(self, seconds: float, samples: Optional[int] = None) -> Optional[float]:
-        """Wait after an iteration of `seconds` on `samples` samples; returns the wait
-        (None with factor 1)."""
-        if self.factor <= 1.0:
-            return None
-        if samples != self.samples:
-            self.recent.clear()
-            self.samples = samples
-        self.recent.append(seconds)
-        waited = (self.factor - 1.0) * statistics.median(self.recent)
-        time.sleep(waited)
-        return waited
-
-
-class Clock:
-    """Seconds of training: wall-clock time since `restart`, less the pauses (the
-    in-process evaluations of a run timed by --eval-interval)."""
-
-    def __init__(self) -> None:
-        self.restart()
-
-    def restart(self, elapsed: float = 0.0) -> None:
-        self.start, self.paused = time.perf_counter() - elapsed, 0.0
-
-    def __call__(self) -> float:
-        return time.perf_counter() - self.start - self.paused
-
-    def pause(self, seconds: float) -> None:
-        self.paused += seconds
 
 
 def _sync(device: torch.device) -> None:

@@ -98,7 +98,7 @@ class Task:
             order = WorkerOrder(self.labels(), session.rank, session.num_workers,
                                 session.data)
             return _stream(session, BatchStream(self.arrays, order.order, batch_size, device))
-        from esync.api import JobLoader
+        from esync.loader import JobLoader
 
         return _passes(JobLoader(DataLoader(self.train_set, batch_size=batch_size,
                                             shuffle=True), session, session.data))

@@ -15,7 +15,8 @@ import torch
 from esync.algorithms.base import Algorithm
 from esync.models import build_network
 from esync.recorder import Recorder
-from esync.session import Session, StopCriteria
+from esync.session import Session
+from esync.stop import StopCriteria
 from esync.task import load_task
 from esync.train import train
 
