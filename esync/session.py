@@ -89,6 +89,10 @@ class Session:
             raise RuntimeError("esync.prepare_model was called already: one model a job")
         model.to(self.device).train()
         self.model = model
+        # torch's first optimizer imports torch._dynamo (a second or more): built after
+        # prepare_model, the user's would do it on the job's clock, so one is built here,
+        # before the workers start their clocks together
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
         self.algorithm.setup(model, self.device)
         self.recorder.restart_clock()
         self.clock.restart()
