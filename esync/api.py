@@ -65,6 +65,7 @@ def init(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Se
     if _session is not None:
         return _session
     from esync.console import say_error
+
     prog = prog or os.path.basename(sys.argv[0]) or "esync"
     try:
         _session = _join(_flags(argv), prog)
@@ -104,16 +105,17 @@ def _join(flags: list, prog: str):
             raise UserError(f"DMLC_ROLE={role}: a training script is a worker; the "
                             f"scheduler, servers and evaluator are started as `esync` "
                             f"processes (esync-run does)")
+    cluster = env if isinstance(env, ClusterEnv) else None
     try:
-        plan = join.check(opts, env if isinstance(env, ClusterEnv) else None)
+        plan = join.check(opts, cluster)
     except UserError as e:
-        report_failed_start(env, e)
+        report_failed_start(cluster, e)  # its scheduler ends the job, not waits for it
         raise
     configure_logging(verbose=getattr(env, "verbose", False))
     settings = None
-    if isinstance(env, ClusterEnv):
+    if cluster is not None:
         settings = agreed_settings(opts, "worker", flags_given(flags, prog),
-                                   env.num_workers, env.num_servers)
+                                   cluster.num_workers, cluster.num_servers)
     return join.join(plan, env, settings)
 
 

@@ -275,3 +275,20 @@ def test_the_launcher_trains_a_plugin_network_on_plugin_data_to_its_target(data,
     records = [json.load(open(p)) for p in (folder / "evaluator").glob("iter-*.json")]
     values = [r[key] for r in records if key in r]
     assert values and (max(values) >= 0.9 if key == "accuracy" else min(values) <= 0.05)
+
+
+@pytest.mark.slow
+def test_the_experiment_compares_modes_on_a_plugin_network_and_data_set(data):
+    """esync-experiment with -n and --dataset plug-ins (from the folder holding them):
+    its jobs, summaries and tables, as on the built-in names."""
+    result = subprocess.run(
+        [sys.executable, os.path.join(REPO, "launch", "experiment.py"), "--modes",
+         "esync,sync", "--seeds", "1", "--configs", "plain", "--workers", "2",
+         "--slowdown", "1,2", "--time-limit", "8", "--targets", "0.6,0.8", "--hold", "0.2",
+         "-n", "userdata:net", "--dataset", "userdata:rows", "--out", "runs", "-l", "0.1",
+         "-ll", "0.1"], cwd=str(data), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    doc = json.loads((data / "runs" / "results.json").read_text())
+    rows = doc["configs"]["plain"]["algorithms"]
+    assert {"ESync", "SSGD"} <= set(rows)
+    assert (data / "runs" / "plain" / "seed0" / "userdata:net" / "esync" / "ESync.json").exists()
