@@ -292,3 +292,16 @@ def test_the_experiment_compares_modes_on_a_plugin_network_and_data_set(data):
     rows = doc["configs"]["plain"]["algorithms"]
     assert {"ESync", "SSGD"} <= set(rows)
     assert (data / "runs" / "plain" / "seed0" / "userdata:net" / "esync" / "ESync.json").exists()
+
+
+def test_the_launcher_refuses_a_data_set_of_the_wrong_shape_before_starting_anything(data):
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "launch", "local.py"), "-m",
+                           "sync", "--workers", "2", "-n", "userdata:wide_net", "--dataset",
+                           "userdata:rows", "--out", "runs", "--no-auth"],
+                          capture_output=True, text=True, cwd=str(data), timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "launch/local.py: error: -n/--network userdata:wide_net: the network fails on two "
+        "samples of --dataset userdata:rows: RuntimeError: "), proc.stderr
+    assert not (data / "runs").exists()
