@@ -44,15 +44,14 @@ class FlatModel:
     def __init__(self, model: nn.Module, device: torch.device):
         self.device = device
         params = trainable(model)
-        self.params, self._param_spans = _flatten_into([p.data for p in params], device)
-        for p, (start, n) in zip(params, self._param_spans):
+        self.params, spans = _flatten_into([p.data for p in params], device)
+        for p, (start, n) in zip(params, spans):
             p.data = self.params[start:start + n].view_as(p)
-        self._params_list = params
         owners = floating_buffers(model)
         self.buffers, spans = _flatten_into([b for _, _, b in owners], device)
         for (module, name, b), (start, n) in zip(owners, spans):
             module._buffers[name] = self.buffers[start:start + n].view_as(b)
-        self.grads = torch.zeros_like(self.params)
+        self.grads = torch.zeros_like(self.params)  # what a round pushes (its step)
         on_cpu = device.type == "cpu"
         self._host = {name: (t if on_cpu else torch.empty(t.numel(), dtype=torch.float32,
                                                             pin_memory=True))
@@ -62,15 +61,6 @@ class FlatModel:
     def host(self, name: str) -> np.ndarray:
         """numpy view of the CPU copy of `params`, `buffers` or `grads`."""
         return self._host[name].numpy()
-
-    def gather_grads(self) -> torch.Tensor:
-        """This iteration's gradients into `grads` (zeros where a grad is None)."""
-        for p, (start, n) in zip(self._params_list, self._param_spans):
-            if p.grad is None:
-                self.grads[start:start + n].zero_()
-            else:
-                self.grads[start:start + n].copy_(p.grad.reshape(-1))
-        return self.grads
 
     def host_state(self) -> Tuple[np.ndarray, np.ndarray]:
         """Current weights and buffers as host vectors."""

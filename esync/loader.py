@@ -11,7 +11,7 @@ from typing import Any, Iterator, List, Optional
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
-from esync.data.order import DataSettings, WorkerOrder
+from esync.data.order import DataSettings, WorkerOrder, labels_of
 from esync.errors import UserError
 from esync.session import Session
 
@@ -70,11 +70,8 @@ class JobLoader:
 
     def __init__(self, loader: DataLoader, session: Session, settings: DataSettings):
         dataset = loader.dataset
-        labels = getattr(dataset, "targets", None)
-        if labels is None or len(labels) != len(dataset):
-            labels = [0] * len(dataset)
         try:
-            self.order = WorkerOrder(labels, session.rank, session.num_workers, settings,
+            self.order = WorkerOrder(labels_of(dataset), session.rank, session.num_workers, settings,
                                      shuffle=isinstance(loader.sampler, RandomSampler))
         except ValueError as e:
             raise UserError(f"prepare_data_loader: {e}") from None

@@ -17,7 +17,7 @@ from typing import Annotated, Dict, Optional, Sequence, Set
 from argparse_dataclass import ArgumentParser
 
 import config
-from esync.data import DATASETS, METRICS, SHUFFLES
+from esync.data import DATASETS, IN_MEMORY, METRICS, SHUFFLES
 from esync.errors import UserError
 from esync.models import NETWORKS
 from esync.plugin import is_spec
@@ -349,8 +349,7 @@ def check_plugins(opts: Options) -> None:
                         f"(with --metric loss, give --target-loss)")
     if opts.target_loss is not None and opts.metric != "loss":
         raise UserError(f"--target-loss needs --metric loss, not {opts.metric}")
-    builtin = opts.dataset in ("digits", "fashion-mnist", "mnist")
-    if is_spec(opts.network) or not builtin or opts.loss != "cross_entropy":
+    if is_spec(opts.network) or opts.dataset not in IN_MEMORY or opts.loss != "cross_entropy":
         from esync.task import load_task
 
         load_task(opts.dataset, opts.data_dir, opts.loss, opts.metric).check(opts.network)

@@ -79,6 +79,7 @@ class Session:
         self.resume_epoch: Optional[float] = None  # data position to go on from
         self._budget = 0          # local iterations of the round in progress; 0: none
         self._last_eval = 0.0
+        self._finished = False  # the algorithm's finish() ran
         self._closed = False
 
     # --- setting up ----------------------------------------------------------------------
@@ -249,7 +250,7 @@ class Session:
                  METRIC_LINE[self.metric_kind], "n/a" if self.metric is None else f"{self.metric:.4f}")
 
     def _finish_algorithm(self) -> None:
-        if not getattr(self, "_finished", False):
+        if not self._finished:
             self._finished = True
             self.algorithm.finish()
 

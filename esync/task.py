@@ -15,6 +15,7 @@ is refused with one line naming the flag.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
@@ -24,6 +25,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from esync import plugin
+from esync.data import ON_DISK
+from esync.data.order import labels_of
 from esync.data.datasets import Dataset as Arrays, load_dataset
 from esync.errors import UserError
 from esync.models import build_network, run_on
@@ -57,9 +60,7 @@ class Task:
         """One label per training sample, for the partitions (-s 1 splits by class)."""
         if self.arrays is not None:
             return self.arrays.train_labels.numpy()
-        targets = getattr(self.train_set, "targets", None)
-        return list(targets) if targets is not None and len(targets) == len(self.train_set) \
-            else [0] * len(self.train_set)
+        return labels_of(self.train_set)
 
     def sample(self, n: int = 2) -> Tuple[Any, Any]:
         """The first `n` training samples as one batch (inputs, targets)."""
@@ -137,8 +138,6 @@ def _shape(x: Any) -> str:
 def _stream(session, stream) -> Iterator:
     """The in-memory stream as a prepared loader: batches of the size the algorithm asks
     (speed-balanced DDP's vary), until the job stops."""
-    import time
-
     session.epochs_done = lambda: stream.epochs_done
     if session.resume_epoch:
         stream.skip_to(int(round(session.resume_epoch * stream.partition_size)))
@@ -172,7 +171,7 @@ def _load(dataset: str, data_dir: str, loss: str, metric: str) -> Task:
     loss_fn = F.cross_entropy if loss == "cross_entropy" else plugin.load(loss, LOSS_FLAG)
     if plugin.is_spec(dataset):
         pair = plugin.call(dataset, DATASET_FLAG)
-    elif dataset in ("folder", "cifar10"):
+    elif dataset in ON_DISK:
         from esync.data import formats
 
         pair = formats.image_folder(data_dir) if dataset == "folder" else \

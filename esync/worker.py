@@ -19,6 +19,7 @@ def _train(plan: WorkerPlan, env: Union[ClusterEnv, DDPEnv, None],
            settings: Optional[Dict[str, str]] = None) -> TrainResult:
     """Join the job, build the built-in loop's parts once, and train this process's
     partition (all the data alone)."""
+    from esync.data.partition import partition_size
     from esync.errors import UserError
     from esync.task import load_task
     from esync.train import train
@@ -27,10 +28,10 @@ def _train(plan: WorkerPlan, env: Union[ClusterEnv, DDPEnv, None],
     with join(plan, env, settings) as session:
         # loaded, and a plug-in checked on it, by check() already
         task = load_task(opts.dataset, opts.data_dir, opts.loss, opts.metric)
-        samples = len(task.labels()) // session.num_workers  # a partition's (partition.py)
-        if not samples:
-            raise UserError(f"--dataset {opts.dataset}: {len(task.labels())} samples "
-                            f"cannot be split into {session.num_workers} parts")
+        try:
+            samples = partition_size(len(task.labels()), session.num_workers)
+        except ValueError as e:
+            raise UserError(f"--dataset {opts.dataset}: {e}") from None
         model = task.build_model(opts.network)
         algorithm = session.algorithm
         log.info("[%s] training %s on %s (%d samples, rank %d of %d) on %s; logs in %s",

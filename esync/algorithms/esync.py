@@ -111,7 +111,7 @@ class ESync(PushPull):
         pending = self._next or self._request(round_, None)
         self.budget, self._next = self._budget(pending), None
         self.request_seconds = pending.seconds
-        self.round_start_weights.copy_(self.flat.params)
+        super().begin_round(round_)  # the weights the round's delta is taken from
         self._steps, self._computing_since = 0, time.perf_counter()
         # the time this round waited for its budget (usually none: it came meanwhile)
         return self.budget, {"state server": self._computing_since - start}

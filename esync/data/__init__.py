@@ -9,7 +9,9 @@ below. Import the classes and functions from their modules.
 #: IDX files, folder an image folder (formats.image_folder) and cifar10 CIFAR-10's
 #: binary batches (formats.cifar10_binary), all in --data-dir; or a plug-in's
 #: module:function
-DATASETS = ("digits", "fashion-mnist", "mnist", "folder", "cifar10")
+IN_MEMORY = ("digits", "fashion-mnist", "mnist")  # arrays (datasets.py)
+ON_DISK = ("folder", "cifar10")                   # torch Datasets (formats.py)
+DATASETS = IN_MEMORY + ON_DISK
 #: `--metric` values: what an evaluation measures on the test set
 METRICS = ("accuracy", "loss")
 #: per --metric: the name of its value in the records (iter-<n>.json), and in log lines

@@ -13,6 +13,16 @@ from esync.data.partition import partition
 from esync.data.shuffle import EpochOrder
 
 
+def labels_of(dataset) -> Sequence[int]:
+    """One label per sample of a torch Dataset, for the partitions (-s 1 splits by
+    class): its `targets` (torchvision's and formats.py's data sets have them), else
+    all alike."""
+    targets = getattr(dataset, "targets", None)
+    if targets is not None and len(targets) == len(dataset):
+        return list(targets)
+    return [0] * len(dataset)
+
+
 @dataclass(frozen=True)
 class DataSettings:
     """The flags that decide a worker's samples (--shuffle, --block-size,

@@ -4,6 +4,14 @@ from __future__ import annotations
 import numpy as np
 
 
+def partition_size(n: int, num_parts: int) -> int:
+    """Samples in each of `num_parts` partitions of `n` samples (ValueError if none)."""
+    size = n // num_parts
+    if size == 0:
+        raise ValueError(f"{n} samples cannot be split into {num_parts} parts")
+    return size
+
+
 def partition(labels: np.ndarray, num_parts: int, rank: int, by_class: bool,
               seed: int) -> np.ndarray:
     """Indices of the samples of partition `rank` out of `num_parts`, in stored order.
@@ -18,9 +26,7 @@ def partition(labels: np.ndarray, num_parts: int, rank: int, by_class: bool,
     if not 0 <= rank < num_parts:
         raise ValueError(f"rank {rank} outside 0..{num_parts - 1}")
     n = len(labels)
-    size = n // num_parts
-    if size == 0:
-        raise ValueError(f"{n} samples cannot be split into {num_parts} parts")
+    size = partition_size(n, num_parts)
     if by_class:
         order = np.argsort(np.asarray(labels), kind="stable")
         part = order[rank * size:(rank + 1) * size]
