@@ -174,7 +174,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: Optional[nn.Module] = None,
                  *, job: Optional[Session] = None):
-        # no Optimizer.__init__: the wrapped optimizer owns the parameters and the state
+        # `model` is accepted for the form DistributedOptimizer(optimizer, model) other
+        # libraries use: the model is the session's, from prepare_model.
+        # No Optimizer.__init__: the wrapped optimizer owns the parameters and the state
         self.optimizer = optimizer
         self.session = job or get_session()
         self.defaults = optimizer.defaults

@@ -81,9 +81,7 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
     if opts.num_threads:
         torch.set_num_threads(opts.num_threads)
     task = load_task(opts.dataset, opts.data_dir, opts.loss, opts.metric)
-    task.check(opts.network)
-    torch.manual_seed(opts.seed)
-    model = task.build_model(opts.network).to(device)
+    model = task.check(opts.network).to(device)  # its weights are pulled
     flat = FlatModel(model, device)
     kv = KVStore(source, servers, registry.EVALUATOR, flat.params.numel(),
                  flat.buffers.numel())

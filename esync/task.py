@@ -71,13 +71,13 @@ class Task:
     def build_model(self, network: str) -> nn.Module:
         return build_network(network, self.num_classes)
 
-    def check(self, network: str) -> None:
-        """UserError (one line naming -n or --loss) unless the network runs on two
-        training samples and the loss of its output is a number."""
+    def check(self, network: str) -> nn.Module:
+        """The network, built; UserError (one line naming -n or --loss) unless it runs
+        on two training samples and the loss of its output is a number."""
         model = build_network(network, self.num_classes, *(
             [self.arrays.sample()] if self.arrays is not None else []))
         if self.arrays is not None and self.loss is F.cross_entropy:
-            return  # checked by build_network: one score per class
+            return model  # checked by build_network: one score per class
         inputs, targets = self.sample()
         out = run_on(model, network, inputs, f"two samples of --dataset {self.dataset}")
         try:
@@ -89,6 +89,7 @@ class Task:
                             f"{plugin.describe(e)}") from None
         if not math.isfinite(value):
             raise UserError(f"{LOSS_FLAG}: the loss of two samples is {value}, not a number")
+        return model
 
     def batches(self, session, batch_size: int, device: torch.device) -> Iterator:
         """The loop's batches, until the job stops (esync.train)."""
