@@ -51,6 +51,10 @@ ALLREDUCE_TIMEOUT = 300.0      # seconds a worker waits in one all-reduce before
 SHUFFLE = "corgipile"          # --shuffle: corgipile | once | none
 BLOCK_SIZE = 32                # --block-size: contiguous samples per CorgiPile block
 BUFFER_RATIO = 0.1             # --buffer-ratio: share of the partition held in the buffer
+BUFFER_MAX_MB = 256            # the most a CorgiPile buffer of shards holds, whatever the ratio
+DATA_SPLIT = None              # --data-split: static | leased; None: leased for shards in a
+#                                job with a scheduler (and no -s 1), static otherwise
+LOG_SAMPLES = False            # --log-samples: each round's record lists its sample ids
 SEED = 0                       # --seed: model init, partitions and shuffles
 
 # --- evaluation, logs and stop criteria ----------------------------------------------

@@ -29,6 +29,7 @@ setup(
         "scikit-learn>=1.1",
         "tqdm>=4.60",
         "safetensors>=0.4",  # checkpoints: tensors that load without unpickling
+        "torchdata>=0.9",  # StatefulDataLoader: prepared loaders over shards resume exactly
         "pillow>=9",  # --dataset folder (esync.data.formats): torchvision's registry
         #               wheel is a CUDA build that does not import beside CPU torch
     ],
@@ -37,7 +38,8 @@ setup(
     # ray: `esync-launch --ray` (launch/onray.py; nothing else imports ray), with Ray's
     # state API and `ray list actors` (the [default] extra)
     extras_require={"dev": ["pytest>=7", "pytest-django>=4.5", "pytest-xdist>=3",
-                            "hypothesis>=6.80", "tensorboard>=2.14"],
+                            "hypothesis>=6.80", "tensorboard>=2.14",
+                            "webdataset>=0.2"],  # shards read by WebDataset (interop test)
                     "ray": ["ray[default]>=2.49"],
                     "tensorboard": ["tensorboard>=2.14"]},
     entry_points={"console_scripts": [

@@ -35,7 +35,7 @@ import json
 import logging
 import os
 import sys
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -148,12 +148,17 @@ def prepare_model(model: nn.Module) -> nn.Module:
     return get_session().adopt(model)
 
 
-def prepare_data_loader(loader: DataLoader) -> JobLoader:
+def prepare_data_loader(loader: DataLoader) -> Iterable[Any]:
     """`loader`'s data set, batch size, workers and collate function over this worker's
     partition of the data set (split as `-s` says; shuffled in `--shuffle`'s order if
     `loader` shuffles), batches moved to the device. Each pass is one epoch of the
     partition, cut short when the job stops; a worker that continues a job (resume,
-    rejoin) goes on at its exact next sample."""
+    rejoin) goes on at its exact next sample.
+
+    A `esync.data.decode.ShardDataset` (shards written by esync-pack) is read block by
+    block with CorgiPile's shuffle, its samples decoded in `loader`'s worker processes,
+    from this worker's own blocks or from blocks the scheduler leases to whichever
+    worker asks (`--data-split`); a pass is then one epoch of leases."""
     return JobLoader(loader, get_session(), get_session().data)
 
 

@@ -123,6 +123,7 @@ def join(plan: WorkerPlan, env: Union[ClusterEnv, DDPEnv, None],
     session = Session(algorithm, recorder, stop_criteria(opts), plan.device, opts.slowdown,
                       timed, rank, workers, DataSettings.from_options(opts), on_close=leave)
     session.metric_kind = opts.metric
+    session.node = job.node if job is not None else None
     return session
 
 

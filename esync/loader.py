@@ -2,7 +2,13 @@
 the same data set, batch size, workers and collate function, sampled in the worker's
 order (its partition, in --shuffle's order, resumable at its exact next sample), in
 batches of the size the algorithm asks for, moved to the device, and timed for the
-round's log record."""
+round's log record.
+
+Shards (a ShardDataset) are read block by block instead (esync.data.blocks): this
+worker's own blocks, or blocks the scheduler leases to it (`--data-split`), through
+torchdata's StatefulDataLoader, whose state as of the last batch handed out goes into
+each round's record, so that a worker continuing a job goes on at its exact next
+sample."""
 from __future__ import annotations
 
 import time
@@ -65,8 +71,19 @@ class _Batches(torch.utils.data.Sampler):
         return whole + (1 if part and not self.drop_last else 0)
 
 
-class JobLoader:
+def JobLoader(loader: DataLoader, session: Session, settings: DataSettings):
     """A data loader over this worker's partition (prepare_data_loader)."""
+    from esync.data.decode import ShardDataset
+
+    if isinstance(loader.dataset, ShardDataset):
+        from esync.shardloader import ShardLoader
+
+        return ShardLoader(loader, session, settings)
+    return SampleLoader(loader, session, settings)
+
+
+class SampleLoader:
+    """A data loader over this worker's partition of a map-style data set."""
 
     def __init__(self, loader: DataLoader, session: Session, settings: DataSettings):
         dataset = loader.dataset

@@ -17,7 +17,7 @@ from typing import Annotated, Dict, Optional, Sequence, Set
 from argparse_dataclass import ArgumentParser
 
 import config
-from esync.data import DATASETS, IN_MEMORY, METRICS, SHUFFLES
+from esync.data import DATA_SPLITS, DATASETS, IN_MEMORY, METRICS, SHARDS_PREFIX, SHUFFLES
 from esync.errors import UserError
 from esync.models import NETWORKS
 from esync.plugin import is_spec
@@ -79,11 +79,12 @@ def _network(text: str) -> str:
 
 
 def _dataset(text: str) -> str:
-    """--dataset: a built-in data set's name, or a plug-in's module:function."""
-    if text in DATASETS or is_spec(text):
+    """--dataset: a built-in data set's name, shards:DIR, or a plug-in's module:function."""
+    if text in DATASETS or is_spec(text) or (text.startswith(SHARDS_PREFIX)
+                                             and len(text) > len(SHARDS_PREFIX)):
         return text
-    raise argparse.ArgumentTypeError(f"expected one of {', '.join(DATASETS)}, or "
-                                     f"module:function, got {text!r}")
+    raise argparse.ArgumentTypeError(f"expected one of {', '.join(DATASETS)}, "
+                                     f"{SHARDS_PREFIX}DIR or module:function, got {text!r}")
 
 
 def _loss(text: str) -> str:
@@ -219,8 +220,9 @@ class Options:
                                 type=_positive_int)
     dataset: str = _opt(["--dataset"], config.DATASET,
                         f"data set: {', '.join(DATASETS)} (folder and cifar10 read "
-                        f"--data-dir), or module:function returning the training and "
-                        f"test torch Datasets", type=_dataset, metavar="NAME")
+                        f"--data-dir), {SHARDS_PREFIX}DIR (shards written by esync-pack), "
+                        f"or module:function returning the training and test torch "
+                        f"Datasets", type=_dataset, metavar="NAME")
     loss: str = _opt(["--loss"], config.LOSS,
                      "the training loss, a function (output, target) -> scalar: "
                      "cross_entropy, or module:function returning one", type=_loss)
@@ -250,6 +252,15 @@ class Options:
     buffer_ratio: float = _opt(["--buffer-ratio"], config.BUFFER_RATIO,
                                "share of the partition in CorgiPile's shuffle buffer",
                                type=_fraction)
+    data_split: Optional[str] = _opt(
+        ["--data-split"], config.DATA_SPLIT, "static: each worker trains its own equal "
+        "share of the data; leased: the scheduler leases blocks of shards to whichever "
+        "worker asks, so every sample is trained once an epoch whatever the speeds "
+        "(default: leased for shards in a job with a scheduler and no -s 1)",
+        choices=DATA_SPLITS)
+    log_samples: Switch = _opt(["--log-samples"], config.LOG_SAMPLES,
+                               "1: each round's record lists the ids of its samples "
+                               "(shards)", type=_switch)
     seed: int = _opt(["--seed"], config.SEED, "seed of model init, partitions and shuffles",
                      type=_non_negative_int)
     device_name: str = _opt(["--device-name"], "",
@@ -349,6 +360,12 @@ def check_plugins(opts: Options) -> None:
                         f"(with --metric loss, give --target-loss)")
     if opts.target_loss is not None and opts.metric != "loss":
         raise UserError(f"--target-loss needs --metric loss, not {opts.metric}")
+    if opts.data_split == "leased" and not opts.dataset.startswith(SHARDS_PREFIX):
+        raise UserError(f"--data-split leased leases blocks of shards: give --dataset "
+                        f"{SHARDS_PREFIX}DIR (written by esync-pack), not {opts.dataset}")
+    if opts.data_split == "leased" and opts.split_by_class:
+        raise UserError("--data-split leased moves data between workers; -s 1 keeps each "
+                        "worker's classes on it: use --data-split static with -s 1")
     if is_spec(opts.network) or opts.dataset not in IN_MEMORY or opts.loss != "cross_entropy":
         from esync.task import load_task
 

@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 from torch import nn
@@ -77,6 +77,12 @@ class Session:
         self.stop_reason: Optional[str] = None
         self.diverged = False
         self.resume_epoch: Optional[float] = None  # data position to go on from
+        #: the prepared loader's state in this worker's last record, to go on from
+        self.resume_data: Optional[Dict[str, Any]] = None
+        #: called at each round's end, before its record is written: fields to add
+        self.round_fields: List[Callable[[], Dict[str, Any]]] = []
+        #: the ps-lite cluster's node (None alone or under DDP): block leases ask it
+        self.node = None
         self._budget = 0          # local iterations of the round in progress; 0: none
         self._last_eval = 0.0
         self._finished = False  # the algorithm's finish() ran
@@ -113,6 +119,8 @@ class Session:
         epoch = last.get("epoch") if last else None
         if isinstance(epoch, (int, float)) and epoch >= 0:
             self.resume_epoch = float(epoch)
+        if last and isinstance(last.get("data"), dict):
+            self.resume_data = last["data"]
         self.recorder.restart_clock(elapsed)
         self.clock.restart(elapsed)
         self.round = first - 1
@@ -208,6 +216,8 @@ class Session:
         sent, received = self.algorithm.traffic()
         mean_loss = self._loss_sum / self._losses if self._losses else math.nan
         evaluated = {} if metric is None else {METRIC_RECORD[self.metric_kind]: metric}
+        for fields in self.round_fields:
+            evaluated.update(fields())
         self.recorder.write_round(self.round, self._times, self._round_samples, mean_loss,
                                   sent - self._traffic[0], received - self._traffic[1],
                                   epoch=round(self.epochs_done(), 6), **evaluated,

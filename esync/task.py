@@ -25,7 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from esync import plugin
-from esync.data import ON_DISK
+from esync.data import ON_DISK, SHARDS_PREFIX
 from esync.data.order import labels_of
 from esync.data.datasets import Dataset as Arrays, load_dataset
 from esync.errors import UserError
@@ -170,7 +170,12 @@ def load_task(dataset: str, data_dir: str, loss: str = "cross_entropy",
 
 def _load(dataset: str, data_dir: str, loss: str, metric: str) -> Task:
     loss_fn = F.cross_entropy if loss == "cross_entropy" else plugin.load(loss, LOSS_FLAG)
-    if plugin.is_spec(dataset):
+    if dataset.startswith(SHARDS_PREFIX):
+        from esync.data.decode import ShardDataset
+
+        folder = dataset[len(SHARDS_PREFIX):]
+        pair = ShardDataset(folder, "train"), ShardDataset(folder, "test")
+    elif plugin.is_spec(dataset):
         pair = plugin.call(dataset, DATASET_FLAG)
     elif dataset in ON_DISK:
         from esync.data import formats

@@ -18,5 +18,10 @@ METRICS = ("accuracy", "loss")
 #: (the launchers' progress line reads `test accuracy`)
 METRIC_RECORD = {"accuracy": "accuracy", "loss": "val_loss"}
 METRIC_LINE = {"accuracy": "test accuracy", "loss": "val_loss"}
+#: `--dataset shards:DIR`: shards in the WebDataset layout with their index (shards.py)
+SHARDS_PREFIX = "shards:"
+#: `--data-split` values: each device its own equal share of the data (the original's),
+#: or blocks leased by the scheduler to whichever device asks (leases.py; shards only)
+DATA_SPLITS = ("static", "leased")
 #: `--shuffle` values: CorgiPile's two-level shuffle, one shuffle, the stored order
 SHUFFLES = ("corgipile", "once", "none")

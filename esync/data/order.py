@@ -26,18 +26,21 @@ def labels_of(dataset) -> Sequence[int]:
 @dataclass(frozen=True)
 class DataSettings:
     """The flags that decide a worker's samples (--shuffle, --block-size,
-    --buffer-ratio, -s, --seed)."""
+    --buffer-ratio, -s, --seed, --data-split, --log-samples)."""
 
     shuffle: str = "corgipile"
     block_size: int = 32
     buffer_ratio: float = 0.1
     split_by_class: bool = False
     seed: int = 0
+    split: Optional[str] = None  # None: leased where it can be (see config.DATA_SPLIT)
+    log_samples: bool = False
 
     @classmethod
     def from_options(cls, opts) -> "DataSettings":
         return cls(opts.shuffle, opts.block_size, opts.buffer_ratio,
-                   bool(opts.split_by_class), opts.seed)
+                   bool(opts.split_by_class), opts.seed, opts.data_split,
+                   bool(opts.log_samples))
 
 
 class WorkerOrder:

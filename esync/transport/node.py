@@ -40,7 +40,7 @@ RECONNECT_S = 2.0
 #: seconds between a waiting node's lines saying what it waits for
 PROGRESS_S = 5.0
 NOTICES = ("ack", "abort", "shutdown", "left", "servers")
-REPLIES = ("assign", "barrier_done", "ack", "error", "member", "rendezvous", "abort")
+REPLIES = ("assign", "barrier_done", "ack", "error", "member", "rendezvous", "abort", "lease")
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +219,11 @@ class Node:
         meet it (`store`: torch's TCPStore, host:port; `evaluator`: its model publisher);
         the others (workers, evaluators) get that once it is there."""
         return self._request({"type": "rendezvous", **published}).header
+
+    def lease(self, header: Dict[str, Any]) -> Dict[str, Any]:
+        """A worker asks for its next block lease, or to resume one (`--data-split
+        leased`; esync.transport.leasing says the fields)."""
+        return self._request({"type": "lease", **header}).header
 
     def barrier(self, group: str = "workers") -> None:
         self._request({"type": "barrier", "group": group})

@@ -63,6 +63,7 @@ from esync.registry import EVALUATOR
 from esync.transport.auth import Guard, job_key
 from esync.transport.cluster import ClusterEnv, resolve
 from esync.transport.handshake import Handshakes
+from esync.transport.leasing import LeaseDesk
 from esync.transport.message import (FRAME_SLACK, MAX_HEADER_BYTES, MessageError, decode,
                                      encode, integer_field, text_field)
 from esync.transport.node import PROGRESS_S, clock, node_id
@@ -70,7 +71,7 @@ from esync.transport.quiet import Quiet
 
 POLL_MS = 100
 REQUESTS = ("register", "heartbeat", "barrier", "finished", "abort", "bye", "who",
-            "rendezvous", "stalled")
+            "rendezvous", "stalled", "lease", "leases")
 ROLES = ("server", "worker", EVALUATOR)
 QUEUED = 16
 JOB_FILE = "job.json"
@@ -196,9 +197,11 @@ class Scheduler:
     linger: float = ABORT_LINGER
     quiet: Quiet = field(default_factory=Quiet)  # strangers that do not read: logged
     #                                                at most this often
+    leases: Optional[LeaseDesk] = None  # blocks of shards leased to the workers
 
     def __post_init__(self) -> None:
         self.agreed = {name: (value, "the scheduler") for name, value in self.settings.items()}
+        self.leases = LeaseDesk(self.env.num_workers)
 
     def run(self) -> int:
         """Serve the job until it ends: 0 when every worker finished, 1 when aborted."""
@@ -306,6 +309,9 @@ class Scheduler:
                 left = [m for m in self.members.values()
                         if m.role in ("server", EVALUATOR) and not m.finished and m.alive]
                 if not left:
+                    if self.leases.granted():
+                        log.info("[scheduler] blocks leased per worker rank: %s",
+                                 json.dumps(self.leases.granted(), sort_keys=True))
                     log.info("[scheduler] all %d nodes are done", len(self.members))
                     return 0
                 if now - self.closing_since > self.env.heartbeat_timeout:
@@ -385,6 +391,14 @@ class Scheduler:
             return None
         if msg.type == "stalled":
             return self._stalled_at_server(member, msg.header)
+        if msg.type in ("lease", "leases"):
+            if member.role != "worker":
+                raise MessageError("only workers lease blocks")
+            if msg.type == "lease":
+                self._send(identity, self.leases.request(member.rank, msg.header))
+            else:
+                self.leases.report(member.rank, msg.header)
+            return None
         reason = text_field(msg.header, "reason", 2000, required=False) or "failed"
         if msg.header.get("user_error") is True:  # bad input: a restart fails the same way
             return self._abort(reason, exclude=uid)
@@ -666,6 +680,7 @@ class Scheduler:
                                    exclude=member.uid)
             log.warning("[scheduler] %s; the job goes on with %d worker(s) (start it again "
                         "to rejoin)", reason, len(living))
+            self.leases.lost(member.rank)
             self._tell_servers_left(member)
             self._release_barriers()
             self._take_queued("worker")

@@ -1,0 +1,162 @@
+"""A prepared data loader over shards (esync.api.prepare_data_loader of a ShardDataset).
+
+Blocks are read in this process (esync.data.blocks) and decoded in the user's
+DataLoader worker processes, through torchdata's StatefulDataLoader. Each round's
+record gets the loader's state as of the last batch handed out (`data`), the bytes and
+seconds its block reads took (`read_bytes`, `read_seconds`) and, with --log-samples,
+its samples' ids per epoch (`sample_ids`: {epoch: [id, ...]}); the scheduler hears which leases the round finished
+and where it left the lease in progress (`--data-split leased`), so that a dead
+worker's unfinished leases are trained once, from where its last round left them.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import config
+from esync.data.blocks import BlockSampler
+from esync.data.leases import Lease, StaticLeases, blocks_per_lease, runs_of
+from esync.data.order import DataSettings
+from esync.data.partition import partition
+from esync.errors import UserError
+from esync.loader import _samples, _to_device
+from esync.session import Session
+
+
+class RemoteLeases:
+    """Leases from the job's scheduler (its LeaseBook), asked for by this worker's node."""
+
+    def __init__(self, node, layout: Dict[str, Any]):
+        self.node, self.layout = node, layout
+
+    def _ask(self, **extra) -> Optional[Lease]:
+        answer = self.node.lease({"layout": self.layout, **extra})
+        return Lease.from_dict(answer["lease"]) if answer.get("lease") else None
+
+    def next(self) -> Lease:
+        return self._ask()
+
+    def resume(self, lease: Lease) -> Optional[Lease]:
+        return self._ask(resume=lease.to_dict())
+
+    def report(self, done: List[str], at: Optional[Tuple[str, int]]) -> None:
+        self.node.tell({"type": "leases", "done": done, "at": list(at) if at else None})
+
+
+def data_split(settings: DataSettings, session: Session) -> str:
+    """--data-split, or its default: leased where a scheduler can lease (see config)."""
+    if settings.split is not None:
+        if settings.split == "leased" and session.node is None:
+            raise UserError("--data-split leased needs the job's scheduler to lease blocks; "
+                            "this worker has none (alone, or -m ddp): use --data-split static")
+        return settings.split
+    return "leased" if session.node is not None and not settings.split_by_class else "static"
+
+
+class ShardLoader:
+    """Batches of this worker's blocks or leases (see the module)."""
+
+    def __init__(self, loader: DataLoader, session: Session, settings: DataSettings):
+        if loader.batch_size is None:
+            raise UserError("prepare_data_loader: the loader has no batch_size (a "
+                            "batch_sampler of its own): give it a batch_size")
+        shards = loader.dataset.shards
+        self.session, self.settings = session, settings
+        blocks = shards.blocks(settings.block_size)
+        self.share = len(shards) // session.num_workers
+        if self.share == 0 or len(blocks) < session.num_workers:
+            raise UserError(f"prepare_data_loader: {len(shards)} samples in {len(blocks)} "
+                            f"blocks of {shards.folder} cannot be shared by "
+                            f"{session.num_workers} workers: use a smaller --block-size")
+        mean_block = shards.read_bytes_total / len(blocks)
+        per_lease = blocks_per_lease(self.share, len(blocks) // session.num_workers,
+                                     settings.buffer_ratio, settings.block_size,
+                                     int(config.BUFFER_MAX_MB * 2**20 // max(1, mean_block)))
+        self.split = data_split(settings, session)
+        if self.split == "leased":
+            self.source = RemoteLeases(session.node, {
+                "starts": shards.starts.tolist(), "block_size": settings.block_size,
+                "per_lease": per_lease, "seed": settings.seed})
+        else:
+            self.source = StaticLeases(self._own_blocks(shards, blocks), per_lease,
+                                       [settings.seed, session.rank])
+        self.sampler = BlockSampler(
+            shards, self.source, lambda: session.algorithm.batch_size() or loader.batch_size,
+            loader.drop_last, self.share)
+        self.loader = StatefulDataLoader(
+            loader.dataset, batch_sampler=self.sampler, num_workers=loader.num_workers,
+            collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+            timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+            prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
+            snapshot_every_n_steps=1)
+        self.trained = 0       # samples handed to the training loop
+        self.place = 0.0       # where in the job's data (epochs) the last of them lay
+        self._done: List[str] = []
+        self._at: Optional[Tuple[str, int]] = None
+        self._ids: Dict[str, List[int]] = {}  # per epoch: samples handed out (--log-samples)
+        self._read = (0, 0.0)  # the block reads' bytes and seconds at the last record
+        saved = (session.resume_data or {}).get("loader")
+        if isinstance(saved, dict):
+            self.loader.load_state_dict(saved)
+            self.trained = int(self.sampler.drawn)
+            self.place = self.sampler.lease.place if self.sampler.lease else 0.0
+        # epochs: of this worker's own blocks (static), of the job's data (leased)
+        session.epochs_done = lambda: self.place
+        session.round_fields.append(self._round_fields)
+
+    def _own_blocks(self, shards, blocks: np.ndarray) -> np.ndarray:
+        """This worker's equal share of the blocks (-s 1: of the samples, by class)."""
+        s, settings = self.session, self.settings
+        if settings.split_by_class:
+            labels = shards.labels
+            if labels is None:
+                raise UserError(f"-s 1 splits by class, but the shards in {shards.folder} "
+                                f"have no labels")
+            ids = partition(labels, s.num_workers, s.rank, True, settings.seed)
+            return runs_of(ids, shards.starts.tolist(), settings.block_size)
+        size = len(blocks) // s.num_workers
+        dealt = np.random.default_rng(settings.seed).permutation(len(blocks))
+        return blocks[np.sort(dealt[s.rank * size:(s.rank + 1) * size])]
+
+    def _round_fields(self) -> Dict[str, Any]:
+        self.source.report(self._done, self._at)
+        self._done = []
+        read = (self.sampler.read_bytes, self.sampler.read_seconds)
+        fields = {"data": {"loader": self.loader.state_dict(), "split": self.split},
+                  "read_bytes": read[0] - self._read[0],
+                  "read_seconds": round(read[1] - self._read[1], 6)}
+        self._read = read
+        if self.settings.log_samples:
+            fields["sample_ids"], self._ids = self._ids, {}
+        return fields
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.session.stop_reason is not None:
+            return
+        batches = iter(self.loader)
+        while True:
+            started = time.perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            emitted = self.sampler.emitted.popleft()
+            self._done += emitted.done
+            self._at = emitted.at or self._at
+            if self.settings.log_samples:
+                for sample, epoch in zip(emitted.ids, emitted.epochs):
+                    self._ids.setdefault(str(epoch), []).append(sample)
+            self.trained += len(emitted.ids)
+            self.place = emitted.place
+            self.session.batch_fetched(time.perf_counter() - started,
+                                       _samples(batch) or len(emitted.ids))
+            yield _to_device(batch, self.session.device)
+            if self.session.stop_reason is not None:
+                return
