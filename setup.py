@@ -2,7 +2,7 @@
 the top-level `config` and `main` modules, and the commands `esync` (main.py),
 `esync-launch` (launch/local.py; `--ray` needs the `ray` extra), `esync-run`
 (launch/run.py: a training script of your own as the workers), `esync-hosts`
-(launch/hosts.py), `esync-experiment`
+(launch/hosts.py), `esync-pack` (esync/data/pack.py: data sets as shards), `esync-experiment`
 (launch/experiment.py), `esync-summary` (logs_tools/summary.py) and `esync-draw`
 (logs_tools/drawer.py).
 
@@ -51,5 +51,6 @@ setup(
         "esync-summary = logs_tools.summary:console_main",
         "esync-draw = logs_tools.drawer:console_main",
         "esync-compare = logs_tools.compare:console_main",
+        "esync-pack = esync.data.pack:console_main",
     ]},
 )

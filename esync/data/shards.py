@@ -28,7 +28,7 @@ from esync.errors import UserError
 INDEX = "index.json"
 FORMAT, VERSION = "esync-shards", 1
 SPLITS = ("train", "test")
-IMAGE_PARTS = ("png", "jpg", "jpeg", "ppm", "pgm", "bmp", "webp")
+IMAGE_PARTS = ("png", "jpg", "jpeg", "ppm", "pgm", "bmp", "webp", "tif", "tiff")
 #: a sample read from a shard: its key and {extension: bytes}
 Raw = Tuple[str, Dict[str, bytes]]
 
@@ -116,9 +116,11 @@ class ShardSet:
         self.input, self.target = index["input"], index["target"]
         self.classes = index["classes"]
         entries = index["splits"].get(split)
-        if not entries:
+        if entries is None:
             raise UserError(f"{index_path}: no {split!r} split (it has "
                             f"{', '.join(index['splits']) or 'none'})")
+        if not isinstance(entries, list) or not entries:
+            raise UserError(f"{index_path}: the {split!r} split lists no shards")
         self.files = [_shard_file(folder, e, index_path, self.classes) for e in entries]
         counts = [len(f.offsets) - 1 for f in self.files]
         #: first sample of each shard, and the number of samples after the last
@@ -194,6 +196,7 @@ def parse_members(data: bytes, path: str, at: int = 0) -> List[Raw]:
                     continue
                 base = member.name.rsplit("/", 1)[-1]
                 key, dot, ext = base.partition(".")
+                ext = ext.lower()  # as WebDataset reads parts
                 key = member.name[:len(member.name) - len(base)] + key
                 if not dot:
                     continue  # no extension: no part of a sample (WebDataset skips it too)
@@ -258,8 +261,8 @@ def _shard_file(folder: str, entry, index_path: str, classes) -> ShardFile:
     if labels is not None and classes is not None and len(labels) and \
             (labels.min() < 0 or labels.max() >= len(classes)):
         bad = int(np.flatnonzero((labels < 0) | (labels >= len(classes)))[0])
-        raise UserError(f"{path}: sample {bad} has label {labels[bad]}, outside the "
-                        f"{len(classes)} classes (0..{len(classes) - 1})")
+        raise UserError(f"{index_path}: shard {name}'s sample {bad} has label {labels[bad]}, "
+                        f"outside the {len(classes)} classes (0..{len(classes) - 1})")
     try:
         size = os.path.getsize(path)
     except OSError:

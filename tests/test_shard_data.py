@@ -1,0 +1,255 @@
+"""Shards on disk, CorgiPile over storage and block leases: the logic in process, the
+prepared loader's exact continuation, and real 4-worker jobs (leases against static
+shares at --slowdown 1,1,4,4)."""
+import collections
+import glob
+import io
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from esync.data.blocks import BlockSampler
+from esync.data.decode import ShardDataset
+from esync.data.leases import Lease, LeaseBook, StaticLeases, blocks_of, epoch_leases, runs_of
+from esync.data.shards import ShardSet, ShardWriter, write_index
+from esync.errors import UserError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write_shards(folder, n_train=300, n_test=60, shard_bytes=64 << 10, sorted_by_class=True):
+    """Small 8x8 grayscale PNG shards of 10 classes (class-sorted, as an image folder
+    packs), labels = sample number % 10 before sorting."""
+    os.makedirs(folder, exist_ok=True)
+    rng = np.random.default_rng(0)
+    splits = {}
+    for split, n in (("train", n_train), ("test", n_test)):
+        labels = np.arange(n) % 10
+        if sorted_by_class:
+            labels = np.sort(labels)
+        writer = ShardWriter(str(folder), split, shard_bytes)
+        for label in labels:
+            pixels = (rng.random((8, 8)) * 64 + label * 19).astype(np.uint8)
+            out = io.BytesIO()
+            Image.fromarray(pixels).save(out, "PNG")
+            writer.write({"png": out.getvalue()}, int(label))
+        splits[split] = writer.close()
+    write_index(str(folder), splits, "png", "cls", [str(i) for i in range(10)])
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_shards(tmp_path_factory.mktemp("shards"))
+
+
+@pytest.fixture(scope="module")
+def job_shards(tmp_path_factory):
+    """Enough samples for a job of tens of rounds, where ESync's budgets follow speeds."""
+    return write_shards(tmp_path_factory.mktemp("job_shards"), n_train=1000)
+
+
+# --- leases, in process -----------------------------------------------------------------
+def test_epoch_leases_cover_every_sample_once_with_a_finer_tail():
+    blocks = blocks_of([0, 100, 250], 16)
+    leases = epoch_leases(blocks, 3, [7], epoch=2, tail=4)
+    ids = np.concatenate([lease.order() for lease in leases])
+    assert sorted(ids.tolist()) == list(range(250))
+    assert [len(lease.ranges) for lease in leases[-6:]] == [1] * 6  # one block each
+    assert max(lease.size for lease in leases[-2:]) <= 8              # the last halved
+    assert all(first + count <= 100 or first >= 100 for lease in leases
+               for first, count in lease.ranges)                      # no range crosses a shard
+
+
+def test_lease_book_deals_every_block_once_an_epoch_to_uneven_askers():
+    book = LeaseBook(blocks_of([0, 500], 10), per_lease=2, seed=[1], num_workers=3)
+    seen = collections.defaultdict(list)
+    rng = np.random.default_rng(0)
+    while book.epoch < 3:
+        rank = int(rng.choice(3, p=[0.7, 0.2, 0.1]))  # device 0 asks seven times as often
+        lease = book.grant(rank)
+        seen[lease.epoch] += lease.order()[lease.skip:].tolist()
+        book.report(rank, [lease.id], None)
+    for epoch in range(3):
+        assert sorted(seen[epoch]) == list(range(500))
+    assert book.granted[0] > 3 * book.granted[2]
+
+
+def test_a_dead_devices_leases_wait_for_it_then_go_to_others_from_its_last_round():
+    book = LeaseBook(blocks_of([0, 40], 10), per_lease=1, seed=[0], num_workers=2)
+    mine = book.grant(1)
+    book.report(1, [], (mine.id, 4))  # its last finished round left 4 samples done
+    book.lost(1)
+    others = []
+    while book.queue:  # the epoch's other leases
+        others.append(book.grant(0))
+    assert mine.id not in {lease.id for lease in others}
+    rest = book.grant(0)  # nothing else in epoch 0: the dead device's lease, from sample 4
+    assert (rest.id, rest.skip, rest.epoch) == (mine.id, 4, 0)
+    trained = mine.order()[:4].tolist() + rest.order()[4:].tolist() + \
+        [i for lease in others for i in lease.order().tolist()]
+    assert sorted(trained) == list(range(40))
+    assert book.grant(0).epoch == 1
+
+
+def test_a_restarted_device_gets_its_reserved_lease_back_at_its_saved_position():
+    book = LeaseBook(blocks_of([0, 40], 10), per_lease=1, seed=[0], num_workers=2)
+    mine, later = book.grant(1), book.grant(1)  # one in progress, one prefetched
+    book.lost(1)
+    saved = Lease(**{**mine.__dict__, "skip": 6})
+    back = book.resume(1, saved, 6)
+    assert (back.id, back.skip) == (mine.id, 6)
+    # the prefetched one, never started, goes back to the queue for anyone
+    assert book.grant(0).id == later.id
+    assert book.resume(0, later, 0) is None  # nothing reserved for device 0
+
+
+def test_a_lease_from_the_wire_is_checked_field_by_field():
+    good = epoch_leases(blocks_of([0, 64], 16), 2, [3], 0)[0].to_dict()
+    assert Lease.from_dict(good).to_dict() == good
+    for bad in ({**good, "ranges": [[0, 0]]}, {**good, "ranges": "0-16"},
+                {**good, "seed": []}, {**good, "skip": 10 ** 6}, {**good, "id": 5},
+                {**good, "epoch": -1}, {**good, "id": "x"}, [1, 2]):
+        with pytest.raises(ValueError):
+            Lease.from_dict(bad)
+
+
+def test_runs_of_ids_never_cross_a_shard():
+    ids = np.array([3, 4, 5, 6, 9, 10, 11, 12, 13])
+    assert runs_of(ids, [0, 5, 20], 3).tolist() == [[3, 2], [5, 2], [9, 3], [12, 2]]
+
+
+# --- shards, in process -----------------------------------------------------------------
+def test_blocks_are_read_back_as_their_samples(shards):
+    data = ShardSet(shards)
+    assert len(data.files) > 1
+    for first, count in data.blocks(32):
+        samples = data.read(int(first), int(count))
+        assert [int(key) for key, _ in samples] == list(range(first, first + count))
+        assert [int(parts["cls"]) for _, parts in samples] == \
+            data.labels[first:first + count].tolist()
+    image, label = ShardDataset(shards)[299]
+    assert image.shape == (1, 8, 8) and label == 9
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_sampler_continues_at_its_exact_next_sample(shards, workers):
+    """A StatefulDataLoader's state, taken with batches prefetched, restores the
+    BlockSampler at the sample after the last one handed out."""
+    def loader():
+        data = ShardDataset(shards)
+        blocks = data.shards.blocks(16)
+        sampler = BlockSampler(data.shards, StaticLeases(blocks, 2, [0, 0]), lambda: 8)
+        return StatefulDataLoader(data, batch_sampler=sampler, num_workers=workers,
+                                  snapshot_every_n_steps=1), sampler
+
+    whole, sampler = loader()
+    expected, epochs = [], []
+    for batch in whole:
+        emitted = sampler.emitted.popleft()
+        expected += emitted.ids
+        epochs += emitted.epochs
+    # one pass: every sample once, and its last batch filled from the next epoch
+    assert sorted(i for i, e in zip(expected, epochs) if e == 0) == list(range(300))
+    assert len(expected) == 304 and epochs[-4:] == [1] * 4
+
+    first, sampler = loader()
+    got, it = [], iter(first)
+    for _ in range(13):  # past the first lease of 32 samples
+        next(it)
+        got += sampler.emitted.popleft().ids
+    state = json.loads(json.dumps(first.state_dict()))  # as a round's record keeps it
+    del it
+    second, sampler = loader()
+    second.load_state_dict(state)
+    for batch in second:
+        got += sampler.emitted.popleft().ids
+    assert got == expected
+
+
+def test_bad_shards_are_one_line_errors_naming_the_file(tmp_path):
+    folder = write_shards(tmp_path / "s", n_train=40, n_test=10, shard_bytes=8 << 10)
+    index = json.load(open(os.path.join(folder, "index.json")))
+    index["splits"]["train"][0]["labels"][3] = 12
+    json.dump(index, open(os.path.join(folder, "index.json"), "w"))
+    with pytest.raises(UserError, match=r"index.json: shard train-000000.tar's sample 3 has label 12"):
+        ShardSet(folder)
+    os.remove(os.path.join(folder, "index.json"))
+    with pytest.raises(UserError, match=r"index.json: no index .* esync-pack --index"):
+        ShardSet(folder)
+
+
+# --- real jobs --------------------------------------------------------------------------
+def run_job(shards, out, split, epochs=3):
+    command = [sys.executable, os.path.join(ROOT, "launch", "local.py"), "-m", "esync",
+               "--workers", "4", "--slowdown", "1,1,4,4", "--out", str(out), "--no-progress",
+               "--no-evaluator", "--dataset", f"shards:{shards}", "-n", "lenet",
+               "--block-size", "16", "--epochs", str(epochs), "--log-samples", "1",
+               "--num-threads", "1", "--data-split", split]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    folder = glob.glob(os.path.join(str(out), "lenet", "esync", "*"))[0]
+    per_device = {}
+    for device in sorted(glob.glob(os.path.join(folder, "w*"))):
+        records = [json.load(open(p)) for p in glob.glob(os.path.join(device, "iter-*.json"))]
+        ids = collections.defaultdict(list)
+        busy = 0.0
+        for record in records:
+            for epoch, samples in record["sample_ids"].items():
+                ids[int(epoch)] += samples
+            busy += sum(t for phases in record["time"].values() for name, t in phases.items()
+                        if name != "global aggregate")
+        per_device[os.path.basename(device)] = (ids, busy)
+    return per_device
+
+
+@pytest.fixture(scope="module")
+def leased_and_static(job_shards, tmp_path_factory):
+    out = tmp_path_factory.mktemp("jobs")
+    return (run_job(job_shards, out / "leased", "leased"),
+            run_job(job_shards, out / "static", "static"))
+
+
+def test_leases_train_every_sample_once_an_epoch_and_follow_the_devices_speeds(
+        leased_and_static):
+    leased, _ = leased_and_static
+    visits = collections.defaultdict(collections.Counter)
+    for ids, _ in leased.values():
+        for epoch, samples in ids.items():
+            visits[epoch].update(samples)
+    assert all(count == 1 for counter in visits.values() for count in counter.values())
+    complete = [e for e in sorted(visits) if e + 1 in visits and e + 2 in visits]
+    assert complete, sorted(visits)
+    for epoch in complete:  # epochs the job went well past: every sample, once
+        assert sorted(visits[epoch]) == list(range(1000))
+    samples = {d: sum(len(s) for s in ids.values()) for d, (ids, _) in leased.items()}
+    speed = {d: samples[d] / busy for d, (_, busy) in leased.items()}
+    for device in leased:
+        share = samples[device] / sum(samples.values())
+        expected = speed[device] / sum(speed.values())
+        assert abs(share - expected) <= 0.2 * expected, (device, share, expected)
+    assert min(samples["w0"], samples["w1"]) > max(samples["w2-x4"], samples["w3-x4"])
+
+
+def test_static_shares_leave_the_slow_devices_data_visited_less_by_their_speed(
+        leased_and_static):
+    """The contrast: each device trains its own equal share, so a sample's visits
+    follow its device's speed (bench/shards.py shows it at a realistic cost per step)."""
+    _, static = leased_and_static
+    visits, speed = {}, {}
+    for device, (ids, busy) in static.items():
+        trained = sum(len(s) for s in ids.values())
+        visits[device] = trained / len({i for s in ids.values() for i in s})
+        speed[device] = trained / busy
+    for fast in ("w0", "w1"):
+        for slow in ("w2-x4", "w3-x4"):
+            assert visits[fast] > 1.5 * visits[slow], visits
+            ratio = (visits[fast] / visits[slow]) / (speed[fast] / speed[slow])
+            assert 0.75 < ratio < 1.33, (visits, speed)
