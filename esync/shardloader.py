@@ -3,7 +3,7 @@
 Blocks are read in this process (esync.data.blocks) and decoded in the user's
 DataLoader worker processes, through torchdata's StatefulDataLoader. Each round's
 record gets the loader's state as of the last batch handed out (`data`), the bytes and
-seconds its block reads took (`read_bytes`, `read_seconds`) and, with --log-samples,
+seconds its block reads took (`read_bytes`, `read_seconds`; `skipped_samples` of corrupt blocks) and, with --log-samples,
 its samples' ids per epoch (`sample_ids`: {epoch: [id, ...]}); the scheduler hears which leases the round finished
 and where it left the lease in progress (`--data-split leased`), so that a dead
 worker's unfinished leases are trained once, from where its last round left them.
@@ -98,7 +98,7 @@ class ShardLoader:
         self._done: List[str] = []
         self._at: Optional[Tuple[str, int]] = None
         self._ids: Dict[str, List[int]] = {}  # per epoch: samples handed out (--log-samples)
-        self._read = (0, 0.0)  # the block reads' bytes and seconds at the last record
+        self._read = (0, 0.0, 0)  # block reads' bytes, seconds, skipped samples so far
         saved = (session.resume_data or {}).get("loader")
         if isinstance(saved, dict):
             self.loader.load_state_dict(saved)
@@ -125,10 +125,12 @@ class ShardLoader:
     def _round_fields(self) -> Dict[str, Any]:
         self.source.report(self._done, self._at)
         self._done = []
-        read = (self.sampler.read_bytes, self.sampler.read_seconds)
+        read = (self.sampler.read_bytes, self.sampler.read_seconds, self.sampler.skipped)
         fields = {"data": {"loader": self.loader.state_dict(), "split": self.split},
                   "read_bytes": read[0] - self._read[0],
                   "read_seconds": round(read[1] - self._read[1], 6)}
+        if read[2] - self._read[2]:
+            fields["skipped_samples"] = read[2] - self._read[2]
         self._read = read
         if self.settings.log_samples:
             fields["sample_ids"], self._ids = self._ids, {}

@@ -186,6 +186,22 @@ def test_bad_shards_are_one_line_errors_naming_the_file(tmp_path):
         ShardSet(folder)
 
 
+def test_a_shard_corrupted_mid_run_is_skipped_with_a_warning_and_counted(tmp_path, caplog):
+    folder = write_shards(tmp_path / "s", n_train=100, n_test=10, shard_bytes=16 << 10)
+    data = ShardSet(folder)
+    broken = data.files[1]
+    with open(broken.path, "r+b") as f:  # same size, garbage where the headers were
+        f.write(b"\xff" * int(broken.offsets[-1]))
+    sampler = BlockSampler(data, StaticLeases(data.blocks(10), 2, [0, 0]), lambda: 10)
+    for _ in sampler:
+        pass
+    ids = [i for e in sampler.emitted for i, epoch in zip(e.ids, e.epochs) if epoch == 0]
+    lost = int(data.starts[2] - data.starts[1])
+    assert sampler.skipped >= lost and sorted(ids) == sorted(
+        set(range(100)) - set(range(int(data.starts[1]), int(data.starts[2]))))
+    assert f"{broken.path} is corrupt" in caplog.text
+
+
 # --- real jobs --------------------------------------------------------------------------
 def run_job(shards, out, split, epochs=3):
     command = [sys.executable, os.path.join(ROOT, "launch", "local.py"), "-m", "esync",

@@ -12,11 +12,13 @@ A pass over the loader is one epoch of leases: it ends when the next lease belon
 the next epoch (with the batch that reaches into it: every batch is full). The sampler's state (`state_dict`: the lease in progress and the
 position in its order) is what torchdata's StatefulDataLoader saves, as of the last
 batch it handed out, so a restarted or resumed worker continues at its exact next
-sample. `handed` holds, per batch emitted and not yet handed to the training loop, its
-sample ids and the leases it finished (the loader reports them at each round's end).
+sample. A block that cannot be read mid-run (a corrupt shard) is skipped with a warning
+naming the shard and counted (`skipped`). `emitted` holds, per batch emitted and not
+yet handed to the training loop, its sample ids and the leases it finished (the loader reports them at each round's end).
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -26,6 +28,9 @@ import numpy as np
 
 from esync.data.leases import Lease
 from esync.data.shards import ShardSet
+from esync.errors import UserError
+
+log = logging.getLogger(__name__)
 
 Item = Tuple[int, Dict[str, bytes]]
 
@@ -65,6 +70,7 @@ class BlockSampler:
         self.drawn = 0                    # samples emitted, all passes
         self.emitted: Deque[Emitted] = deque()
         self.read_bytes, self.read_seconds = 0, 0.0
+        self.skipped = 0  # samples of blocks that could not be read (corrupt shards)
         self._order = np.zeros(0, np.int64)
         self._buffer: Dict[int, Dict[str, bytes]] = {}
         self._done: List[str] = []
@@ -101,8 +107,9 @@ class BlockSampler:
                     break
             ids = self._order[self.pos:self.pos + size - len(batch)]
             self.pos += len(ids)
-            batch += [(int(i), self._buffer.pop(int(i))) for i in ids]
-            self._epochs += [self.lease.epoch] * len(ids)
+            taken = [(int(i), self._buffer.pop(int(i))) for i in ids if int(i) in self._buffer]
+            batch += taken  # a block that could not be read is not there
+            self._epochs += [self.lease.epoch] * len(taken)
         return batch
 
     def _next_lease(self, filling: bool) -> bool:
@@ -128,8 +135,13 @@ class BlockSampler:
         started = time.perf_counter()
         self._buffer = {}
         for first, count in lease.ranges:
-            for sample_id, (_, parts) in zip(range(first, first + count),
-                                             self.shards.read(first, count)):
+            try:
+                samples = self.shards.read(first, count)
+            except UserError as e:  # the run goes on without the block, counted
+                log.warning("skipped samples %d..%d: %s", first, first + count - 1, e)
+                self.skipped += count
+                continue
+            for sample_id, (_, parts) in zip(range(first, first + count), samples):
                 self._buffer[sample_id] = parts
             self.read_bytes += self.shards.read_bytes(first, count)
         self.read_seconds += time.perf_counter() - started
