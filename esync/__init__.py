@@ -14,9 +14,11 @@ the launchers and log tools.
 
 __version__ = "0.1.0"
 
-#: the public API, all in esync.api
+#: the public API, all in esync.api (ShardDataset: shards written by esync-pack, whose
+#: prepared loader reads them block by block)
 __all__ = ["init", "prepare_model", "prepare_data_loader", "prepare_scheduler",
-           "DistributedOptimizer", "report", "should_stop", "finish", "get_session"]
+           "DistributedOptimizer", "report", "should_stop", "finish", "get_session",
+           "ShardDataset"]
 
 
 def __getattr__(name: str):

@@ -269,3 +269,22 @@ def test_static_shares_leave_the_slow_devices_data_visited_less_by_their_speed(
             assert visits[fast] > 1.5 * visits[slow], visits
             ratio = (visits[fast] / visits[slow]) / (speed[fast] / speed[slow])
             assert 0.75 < ratio < 1.33, (visits, speed)
+
+
+def test_a_users_script_trains_shards_decoded_in_dataloader_workers(shards, tmp_path):
+    """esync-run, the API and esync.ShardDataset: two workers lease the blocks; each
+    round's record says what it read, and no sample is trained twice in an epoch."""
+    command = [sys.executable, os.path.join(ROOT, "launch", "run.py"), "-m", "esync",
+               "--workers", "2", "--out", str(tmp_path), "--no-progress", "--max-rounds", "12",
+               "--log-samples", "1", "--num-threads", "1",
+               os.path.join(ROOT, "tests", "shard_script.py"), shards]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    records = [json.load(open(p)) for p in
+               glob.glob(os.path.join(str(tmp_path), "shard_script", "esync", "*", "w*", "iter-*.json"))]
+    assert len(records) >= 24
+    visits = collections.Counter((epoch, i) for r in records
+                                 for epoch, ids in r["sample_ids"].items() for i in ids)
+    assert visits and max(visits.values()) == 1
+    assert {r["data"]["split"] for r in records} == {"leased"}
+    assert sum(r["read_bytes"] for r in records) > 0
