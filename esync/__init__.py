@@ -14,7 +14,7 @@ the launchers and log tools.
 
 __version__ = "0.1.0"
 
-#: the public API, all in esync.api (ShardDataset: shards written by esync-pack, whose
+#: the public API, in esync.api (ShardDataset, in esync.data.decode: shards written by esync-pack, whose
 #: prepared loader reads them block by block)
 __all__ = ["init", "prepare_model", "prepare_data_loader", "prepare_scheduler",
            "DistributedOptimizer", "report", "should_stop", "finish", "get_session",
@@ -22,6 +22,10 @@ __all__ = ["init", "prepare_model", "prepare_data_loader", "prepare_scheduler",
 
 
 def __getattr__(name: str):
+    if name == "ShardDataset":
+        from esync.data.decode import ShardDataset
+
+        return ShardDataset
     if name in __all__:
         from esync import api
 

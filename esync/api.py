@@ -42,7 +42,6 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from esync.errors import UserError
-from esync.data.decode import ShardDataset  # noqa: F401  (esync.ShardDataset)
 from esync.loader import JobLoader
 from esync.options import ARGS_VARIABLE
 from esync.session import Session

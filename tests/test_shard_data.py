@@ -11,7 +11,6 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 from torchdata.stateful_dataloader import StatefulDataLoader
 
