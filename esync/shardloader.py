@@ -11,7 +11,7 @@ worker's unfinished leases are trained once, from where its last round left them
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 from torch.utils.data import DataLoader
@@ -30,11 +30,11 @@ from esync.session import Session
 class RemoteLeases:
     """Leases from the job's scheduler (its LeaseBook), asked for by this worker's node."""
 
-    def __init__(self, node, layout: Dict[str, Any]):
-        self.node, self.layout = node, layout
+    def __init__(self, node, layout: Dict[str, Any], round_of: Callable[[], int]):
+        self.node, self.layout, self.round_of = node, layout, round_of
 
     def _ask(self, **extra) -> Optional[Lease]:
-        answer = self.node.lease({"layout": self.layout, **extra})
+        answer = self.node.lease({"layout": self.layout, "round": self.round_of(), **extra})
         return Lease.from_dict(answer["lease"]) if answer.get("lease") else None
 
     def next(self) -> Lease:
@@ -44,7 +44,8 @@ class RemoteLeases:
         return self._ask(resume=lease.to_dict())
 
     def report(self, done: List[str], at: Optional[Tuple[str, int]]) -> None:
-        self.node.tell({"type": "leases", "done": done, "at": list(at) if at else None})
+        self.node.tell({"type": "leases", "done": done, "at": list(at) if at else None,
+                        "round": self.round_of()})
 
 
 def data_split(settings: DataSettings, session: Session) -> str:
@@ -80,7 +81,7 @@ class ShardLoader:
         if self.split == "leased":
             self.source = RemoteLeases(session.node, {
                 "starts": shards.starts.tolist(), "block_size": settings.block_size,
-                "per_lease": per_lease, "seed": settings.seed})
+                "per_lease": per_lease, "seed": settings.seed}, lambda: session.round)
         else:
             self.source = StaticLeases(self._own_blocks(shards, blocks), per_lease,
                                        [settings.seed, session.rank])

@@ -110,6 +110,38 @@ def test_a_restarted_device_gets_its_reserved_lease_back_at_its_saved_position()
     assert book.resume(0, later, 0) is None  # nothing reserved for device 0
 
 
+def test_a_resumed_job_gets_the_book_as_it_was_at_its_checkpoint_round():
+    """Rounds 1-3 trained some samples; round 4 more, but the job is resumed from the
+    checkpoint of round 3: what round 4 trained is trained again, nothing else."""
+    blocks = blocks_of([0, 200], 10)
+    book = LeaseBook(blocks, per_lease=2, seed=[5], num_workers=2)
+    trained_by_3 = []
+    for round_ in (1, 2, 3, 4):
+        for rank in (0, 1):
+            lease = book.grant(rank)
+            half = lease.size // 2
+            book.report(rank, [], (lease.id, half), round_)
+            if round_ <= 3:
+                trained_by_3 += lease.order()[:half].tolist()
+            book.report(rank, [lease.id], None, round_ + 1 if round_ == 3 else round_)
+            if round_ < 3:
+                trained_by_3 += lease.order()[half:].tolist()
+    state = json.loads(json.dumps(book.state()))
+    again = LeaseBook.restored(blocks, 2, [5], 2, state, round_=3)
+    # the two leases half done at round 3 wait for their devices, at their place
+    assert sorted(len(h) for h in again.reserved.values()) == [1, 1]
+    rest = []
+    for rank, (held,) in sorted(again.reserved.items()):
+        back = again.resume(rank, held.lease, held.trained)
+        assert back.skip == held.trained
+        rest += back.order()[back.skip:].tolist()
+    while again.epoch == 0:
+        lease = again.grant(0)
+        if lease.epoch == 0:
+            rest += lease.order()[lease.skip:].tolist()
+    assert sorted(trained_by_3 + rest) == list(range(200))
+
+
 def test_a_lease_from_the_wire_is_checked_field_by_field():
     good = epoch_leases(blocks_of([0, 64], 16), 2, [3], 0)[0].to_dict()
     assert Lease.from_dict(good).to_dict() == good

@@ -170,9 +170,17 @@ class _Held:
     trained: int  # samples of its order trained in finished rounds (from lease.skip)
 
 
+#: reports kept per lease in the book's history (the newest), and fully trained epochs
+#: kept behind the newest one, so that a resumed job finds its checkpoint round in it
+KEEP_REPORTS, KEEP_EPOCHS = 16, 2
+
+
 @dataclass
 class LeaseBook:
-    """The job's leases, kept by the scheduler (--data-split leased)."""
+    """The job's leases, kept by the scheduler (--data-split leased). `history` says,
+    per lease dealt, its epoch, holder, the round that finished it and where the rounds
+    left it, so that a job resumed from a checkpoint of round R gets the book as of R
+    (`restored`)."""
 
     blocks: np.ndarray
     per_lease: int
@@ -184,36 +192,54 @@ class LeaseBook:
     #: a dead device's unfinished leases, kept for it while its epoch has other blocks
     reserved: Dict[int, List[_Held]] = field(default_factory=dict)
     granted: Dict[int, int] = field(default_factory=dict)  # blocks dealt, per rank
+    history: Dict[str, dict] = field(default_factory=dict)
+
+    def _epoch_leases(self, epoch: int) -> List[Lease]:
+        return epoch_leases(self.blocks, self.per_lease, self.seed, epoch,
+                            tail=2 * self.num_workers)
 
     def grant(self, rank: int) -> Lease:
         """The next lease for device `rank`."""
         while not self.queue:
-            waiting = [h for hs in self.reserved.values() for h in hs
-                       if h.lease.epoch <= self.epoch]
+            waiting = [h for hs in self.reserved.values() for h in hs]
             if waiting:  # the epoch has nothing else: the dead devices' leases go out
-                self.reserved = {r: [h for h in hs if h.lease.epoch > self.epoch]
-                                 for r, hs in self.reserved.items()}
+                self.reserved = {}
                 self.queue = [_rest(h) for h in waiting]
                 break
             self.epoch += 1
-            self.queue = epoch_leases(self.blocks, self.per_lease, self.seed, self.epoch,
-                                      tail=2 * self.num_workers)
-        lease = self.queue.pop(0)
-        self.held[lease.id] = _Held(lease, rank, lease.skip)
+            self.queue = self._epoch_leases(self.epoch)
+        return self._hold(self.queue.pop(0), rank, None)
+
+    def _hold(self, lease: Lease, rank: int, trained: Optional[int]) -> Lease:
+        self.held[lease.id] = _Held(lease, rank, lease.skip if trained is None else trained)
         self.granted[rank] = self.granted.get(rank, 0) + len(lease.ranges)
+        entry = self.history.setdefault(lease.id, {"epoch": lease.epoch, "done": None, "at": []})
+        entry["rank"] = rank
         return lease
 
-    def report(self, rank: int, done: Sequence[str], at: Optional[Tuple[str, int]]) -> None:
-        """Device `rank` finished a round: leases `done` are trained, and lease `at[0]`
-        up to sample `at[1]` of its order. (Reports of leases it no longer holds, as a
-        late report of a device declared dead, are ignored.)"""
+    def report(self, rank: int, done: Sequence[str], at: Optional[Tuple[str, int]],
+               round_: int = 0) -> None:
+        """Device `rank` finished round `round_`: leases `done` are trained, and lease
+        `at[0]` up to sample `at[1]` of its order. (Reports of leases it no longer
+        holds, as a late report of a device declared dead, are ignored.)"""
         for lease_id in done:
             if lease_id in self.held and self.held[lease_id].rank == rank:
                 del self.held[lease_id]
+                self.history[lease_id]["done"] = round_
         if at is not None:
             held = self.held.get(at[0])
             if held is not None and held.rank == rank and 0 <= at[1] <= held.lease.size:
                 held.trained = max(held.trained, at[1])
+                reports = self.history[at[0]]["at"]
+                reports.append([round_, held.trained])
+                del reports[:-KEEP_REPORTS]
+        self._forget_old_epochs()
+
+    def _forget_old_epochs(self) -> None:
+        unfinished = [e["epoch"] for e in self.history.values() if e["done"] is None]
+        oldest = min(unfinished, default=self.epoch) - KEEP_EPOCHS
+        if any(e["epoch"] < oldest for e in self.history.values()):
+            self.history = {i: e for i, e in self.history.items() if e["epoch"] >= oldest}
 
     def lost(self, rank: int) -> None:
         """Device `rank` died: its unfinished leases wait for it (see the module)."""
@@ -224,16 +250,50 @@ class LeaseBook:
 
     def resume(self, rank: int, lease: Lease, position: int) -> Optional[Lease]:
         """Device `rank`, restarted, asks to go on with `lease` at `position` (its saved
-        state): the lease, if it is still reserved for it (its other reserved leases go
-        back to the queue's front); None if others have it now."""
+        state): the lease, if it is still reserved for it or not dealt again (its other
+        reserved leases go back to the queue's front); None if others have it now."""
         mine = self.reserved.pop(rank, [])
         found = next((h for h in mine if h.lease.id == lease.id), None)
         self.queue[:0] = [_rest(h) for h in mine if h is not found]
-        if found is None or not found.lease.skip <= position <= found.lease.size:
+        if found is None:
+            queued = next((q for q in self.queue if q.id == lease.id), None)
+            if queued is None:
+                return None
+            self.queue.remove(queued)
+            found = _Held(queued, rank, queued.skip)
+        if not found.lease.skip <= position <= found.lease.size:
+            self.queue.insert(0, _rest(found))
             return None
-        kept = Lease(**{**found.lease.__dict__, "skip": position})
-        self.held[kept.id] = _Held(kept, rank, position)
-        return kept
+        return self._hold(Lease(**{**found.lease.__dict__, "skip": position}), rank, position)
+
+    def state(self) -> dict:
+        """What `restored` needs (JSON): the epoch and the history."""
+        return {"epoch": self.epoch, "history": self.history}
+
+    @classmethod
+    def restored(cls, blocks: np.ndarray, per_lease: int, seed: List[int], num_workers: int,
+                 state: dict, round_: int) -> "LeaseBook":
+        """The book as it was when round `round_` ended (the checkpoint a resumed job
+        restores): leases trained by then are done; those its holders were in the middle
+        of are reserved for them at their place; every other lease dealt since goes back
+        to the queue, in its epoch's order."""
+        book = cls(blocks, per_lease, seed, num_workers)
+        history = state.get("history", {})
+        epochs = sorted({e["epoch"] for e in history.values()})
+        for epoch in epochs:
+            for lease in book._epoch_leases(epoch):
+                entry = history.get(lease.id)
+                if entry is not None and entry["done"] is not None and entry["done"] <= round_:
+                    book.history[lease.id] = {**entry, "at": []}
+                    continue
+                reports = [pos for r, pos in (entry or {}).get("at", []) if r <= round_]
+                if reports and reports[-1] > 0:
+                    book.reserved.setdefault(entry["rank"], []).append(
+                        _Held(lease, entry["rank"], reports[-1]))
+                else:
+                    book.queue.append(lease)
+        book.epoch = epochs[-1] if epochs else -1
+        return book
 
 
 def _rest(held: _Held) -> Lease:

@@ -201,7 +201,8 @@ class Scheduler:
 
     def __post_init__(self) -> None:
         self.agreed = {name: (value, "the scheduler") for name, value in self.settings.items()}
-        self.leases = LeaseDesk(self.env.num_workers)
+        self.leases = LeaseDesk(self.env.num_workers, self.policy.checkpoint_dir,
+                                self.policy.resume)
 
     def run(self) -> int:
         """Serve the job until it ends: 0 when every worker finished, 1 when aborted."""
