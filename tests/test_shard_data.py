@@ -233,6 +233,26 @@ def test_a_shard_corrupted_mid_run_is_skipped_with_a_warning_and_counted(tmp_pat
     assert f"{broken.path} is corrupt" in caplog.text
 
 
+@pytest.mark.parametrize("damage", ["no index", "truncated", "no such folder"])
+def test_the_command_line_refuses_bad_shards_in_one_line_before_training(tmp_path, damage):
+    folder = write_shards(tmp_path / "s", n_train=40, n_test=10, shard_bytes=8 << 10)
+    if damage == "no index":
+        os.remove(os.path.join(folder, "index.json"))
+        expected = "index.json: no index of the shards"
+    elif damage == "truncated":
+        with open(os.path.join(folder, "train-000001.tar"), "r+b") as f:
+            f.truncate(1000)
+        expected = "train-000001.tar is 1000 bytes, the index says"
+    else:
+        folder, expected = str(tmp_path / "nothing"), "no index of the shards"
+    done = subprocess.run([sys.executable, "main.py", "-m", "local", "--dataset",
+                           f"shards:{folder}", "--max-rounds", "1", "--log-dir",
+                           str(tmp_path / "logs")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    assert expected in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
 # --- real jobs --------------------------------------------------------------------------
 def run_job(shards, out, split, epochs=3):
     command = [sys.executable, os.path.join(ROOT, "launch", "local.py"), "-m", "esync",
