@@ -256,7 +256,7 @@ class Options:
         ["--data-split"], config.DATA_SPLIT, "static: each worker trains its own equal "
         "share of the data; leased: the scheduler leases blocks of shards to whichever "
         "worker asks, so every sample is trained once an epoch whatever the speeds "
-        "(default: leased for shards in a job with a scheduler and no -s 1)",
+        "(unset: leased for shards in a job with a scheduler and no -s 1)",
         choices=DATA_SPLITS)
     log_samples: Switch = _opt(["--log-samples"], config.LOG_SAMPLES,
                                "1: each round's record lists the ids of its samples "
