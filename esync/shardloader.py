@@ -10,11 +10,12 @@ worker's unfinished leases are trained once, from where its last round left them
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, RandomSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import config
@@ -25,6 +26,8 @@ from esync.data.partition import partition
 from esync.errors import UserError
 from esync.loader import _samples, _to_device
 from esync.session import Session
+
+log = logging.getLogger(__name__)
 
 
 class RemoteLeases:
@@ -77,14 +80,22 @@ class ShardLoader:
         per_lease = blocks_per_lease(self.share, len(blocks) // session.num_workers,
                                      settings.buffer_ratio, settings.block_size,
                                      int(config.BUFFER_MAX_MB * 2**20 // max(1, mean_block)))
+        if per_lease == 1 and len(blocks) > session.num_workers:
+            log.warning("a CorgiPile buffer of %s holds one block of %d samples: samples "
+                        "mix only within a block (on shards packed class by class, give a "
+                        "smaller --block-size or a larger --buffer-ratio, or pack them with "
+                        "esync-pack --order shuffle)", shards.folder, settings.block_size)
+        # --shuffle's order, if the user's loader shuffles; the stored order if not
+        shuffle = settings.shuffle if isinstance(loader.sampler, RandomSampler) else "none"
         self.split = data_split(settings, session)
         if self.split == "leased":
             self.source = RemoteLeases(session.node, {
                 "starts": shards.starts.tolist(), "block_size": settings.block_size,
-                "per_lease": per_lease, "seed": settings.seed}, lambda: session.round)
+                "per_lease": per_lease, "seed": settings.seed, "shuffle": shuffle},
+                lambda: session.round)
         else:
             self.source = StaticLeases(self._own_blocks(shards, blocks), per_lease,
-                                       [settings.seed, session.rank])
+                                       [settings.seed, session.rank], shuffle)
         self.sampler = BlockSampler(
             shards, self.source, lambda: session.algorithm.batch_size() or loader.batch_size,
             loader.drop_last, self.share)
@@ -110,7 +121,9 @@ class ShardLoader:
         session.round_fields.append(self._round_fields)
 
     def _own_blocks(self, shards, blocks: np.ndarray) -> np.ndarray:
-        """This worker's equal share of the blocks (-s 1: of the samples, by class)."""
+        """This worker's share of the blocks, dealt in a seeded order (the first
+        `blocks % workers` ranks get one more), or, with -s 1, its equal share of the
+        samples sorted by class."""
         s, settings = self.session, self.settings
         if settings.split_by_class:
             labels = shards.labels
@@ -119,15 +132,15 @@ class ShardLoader:
                                 f"have no labels")
             ids = partition(labels, s.num_workers, s.rank, True, settings.seed)
             return runs_of(ids, shards.starts.tolist(), settings.block_size)
-        size = len(blocks) // s.num_workers
         dealt = np.random.default_rng(settings.seed).permutation(len(blocks))
-        return blocks[np.sort(dealt[s.rank * size:(s.rank + 1) * size])]
+        return blocks[np.sort(dealt[s.rank::s.num_workers])]  # every block is someone's
 
     def _round_fields(self) -> Dict[str, Any]:
         self.source.report(self._done, self._at)
         self._done = []
         read = (self.sampler.read_bytes, self.sampler.read_seconds, self.sampler.skipped)
-        fields = {"data": {"loader": self.loader.state_dict(), "split": self.split},
+        fields = {"data": {"loader": self.loader.state_dict(), "split": self.split,
+                           "rank": self.session.rank},
                   "read_bytes": read[0] - self._read[0],
                   "read_seconds": round(read[1] - self._read[1], 6)}
         if read[2] - self._read[2]:

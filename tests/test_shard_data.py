@@ -67,6 +67,15 @@ def test_epoch_leases_cover_every_sample_once_with_a_finer_tail():
                for first, count in lease.ranges)                      # no range crosses a shard
 
 
+def test_shuffle_once_keeps_the_first_epochs_order_and_none_the_stored_one():
+    blocks = blocks_of([0, 100], 10)
+    ids = lambda epoch, kind: np.concatenate(
+        [lease.order() for lease in epoch_leases(blocks, 2, [4], epoch, shuffle=kind)])
+    assert ids(0, "none").tolist() == list(range(100)) == ids(5, "none").tolist()
+    assert ids(0, "once").tolist() == ids(3, "once").tolist() != list(range(100))
+    assert ids(0, "corgipile").tolist() != ids(1, "corgipile").tolist()
+
+
 def test_lease_book_deals_every_block_once_an_epoch_to_uneven_askers():
     book = LeaseBook(blocks_of([0, 500], 10), per_lease=2, seed=[1], num_workers=3)
     seen = collections.defaultdict(list)
@@ -146,7 +155,7 @@ def test_a_lease_from_the_wire_is_checked_field_by_field():
     good = epoch_leases(blocks_of([0, 64], 16), 2, [3], 0)[0].to_dict()
     assert Lease.from_dict(good).to_dict() == good
     for bad in ({**good, "ranges": [[0, 0]]}, {**good, "ranges": "0-16"},
-                {**good, "seed": []}, {**good, "skip": 10 ** 6}, {**good, "id": 5},
+                {**good, "seed": [1] * 9}, {**good, "seed": [-1]}, {**good, "skip": 10 ** 6}, {**good, "id": 5},
                 {**good, "epoch": -1}, {**good, "id": "x"}, [1, 2]):
         with pytest.raises(ValueError):
             Lease.from_dict(bad)

@@ -50,9 +50,9 @@ class Lease:
 
     def order(self) -> np.ndarray:
         """The lease's sample ids in its buffer's seeded order (all of them; the first
-        `skip` were trained already)."""
+        `skip` were trained already); without a seed, in stored order."""
         ids = np.concatenate([np.arange(first, first + count) for first, count in self.ranges])
-        return np.random.default_rng(self.seed).permutation(ids)
+        return np.random.default_rng(self.seed).permutation(ids) if self.seed else ids
 
     def to_dict(self) -> dict:
         return {"id": self.id, "epoch": self.epoch, "ranges": [list(r) for r in self.ranges],
@@ -72,7 +72,7 @@ class Lease:
                 isinstance(r, list) and len(r) == 2 and whole(r[0]) and whole(r[1]) and r[1] > 0
                 for r in ranges):
             raise ValueError("a lease's ranges must be [first, count] pairs")
-        if not isinstance(seed, list) or not 0 < len(seed) <= 8 or not all(whole(s) for s in seed):
+        if not isinstance(seed, list) or len(seed) > 8 or not all(whole(s) for s in seed):
             raise ValueError("a lease's seed must be a few whole numbers")
         lease = cls(d["id"], d["epoch"], [(r[0], r[1]) for r in ranges], seed,
                     d.get("skip", 0), d.get("of", 1))
@@ -113,12 +113,16 @@ def blocks_per_lease(samples: int, blocks: int, ratio: float, block_size: int,
 
 
 def epoch_leases(blocks: np.ndarray, per_lease: int, seed: Sequence[int], epoch: int,
-                 prefix: str = "", tail: int = 0) -> List[Lease]:
+                 prefix: str = "", tail: int = 0, shuffle: str = "corgipile") -> List[Lease]:
     """One epoch's leases of `blocks` ([first, count] rows): the blocks in a seeded order,
     `per_lease` at a time; the last `tail` blocks one at a time, the very last of them
-    (up to `tail // 2`) halved."""
-    rng = np.random.default_rng([*seed, epoch])
-    order = [tuple(int(v) for v in blocks[i]) for i in rng.permutation(len(blocks))]
+    (up to `tail // 2`) halved. `shuffle` (--shuffle): `corgipile` draws a new order of
+    blocks and of each buffer every epoch, `once` keeps the first epoch's, `none` keeps
+    the stored order."""
+    drawn = 0 if shuffle == "once" else epoch
+    rng = np.random.default_rng([*seed, drawn])
+    picked = range(len(blocks)) if shuffle == "none" else rng.permutation(len(blocks))
+    order = [tuple(int(v) for v in blocks[i]) for i in picked]
     tail = min(tail, len(order))
     head, rest = order[:len(order) - tail], order[len(order) - tail:]
     groups = [head[i:i + per_lease] for i in range(0, len(head), per_lease)]
@@ -127,7 +131,8 @@ def epoch_leases(blocks: np.ndarray, per_lease: int, seed: Sequence[int], epoch:
     for first, count in rest[len(singles):]:
         half = (count + 1) // 2
         groups += [[(first, half)]] + ([[(first + half, count - half)]] if count > half else [])
-    return [Lease(f"{prefix}{epoch}.{i}", epoch, g, [*seed, epoch, i], 0, len(groups))
+    return [Lease(f"{prefix}{epoch}.{i}", epoch, g,
+                  [] if shuffle == "none" else [*seed, drawn, i], 0, len(groups))
             for i, g in enumerate(groups)]
 
 
@@ -135,14 +140,17 @@ class StaticLeases:
     """A device's own share of the blocks, leased to itself in a seeded order per epoch
     (--data-split static)."""
 
-    def __init__(self, blocks: np.ndarray, per_lease: int, seed: Sequence[int]):
+    def __init__(self, blocks: np.ndarray, per_lease: int, seed: Sequence[int],
+                 shuffle: str = "corgipile"):
         self.blocks, self.per_lease, self.seed = blocks, per_lease, list(seed)
+        self.shuffle = shuffle
         self._epoch, self._leases, self._next = -1, [], 0
 
     def _load(self, epoch: int) -> None:
         if epoch != self._epoch:
             self._epoch = epoch
-            self._leases = epoch_leases(self.blocks, self.per_lease, self.seed, epoch)
+            self._leases = epoch_leases(self.blocks, self.per_lease, self.seed, epoch,
+                                        shuffle=self.shuffle)
 
     def next(self) -> Lease:
         if self._epoch < 0 or self._next >= len(self._leases):
@@ -193,10 +201,11 @@ class LeaseBook:
     reserved: Dict[int, List[_Held]] = field(default_factory=dict)
     granted: Dict[int, int] = field(default_factory=dict)  # blocks dealt, per rank
     history: Dict[str, dict] = field(default_factory=dict)
+    shuffle: str = "corgipile"
 
     def _epoch_leases(self, epoch: int) -> List[Lease]:
         return epoch_leases(self.blocks, self.per_lease, self.seed, epoch,
-                            tail=2 * self.num_workers)
+                            tail=2 * self.num_workers, shuffle=self.shuffle)
 
     def grant(self, rank: int) -> Lease:
         """The next lease for device `rank`."""
@@ -272,12 +281,12 @@ class LeaseBook:
 
     @classmethod
     def restored(cls, blocks: np.ndarray, per_lease: int, seed: List[int], num_workers: int,
-                 state: dict, round_: int) -> "LeaseBook":
+                 state: dict, round_: int, shuffle: str = "corgipile") -> "LeaseBook":
         """The book as it was when round `round_` ended (the checkpoint a resumed job
         restores): leases trained by then are done; those its holders were in the middle
         of are reserved for them at their place; every other lease dealt since goes back
         to the queue, in its epoch's order."""
-        book = cls(blocks, per_lease, seed, num_workers)
+        book = cls(blocks, per_lease, seed, num_workers, shuffle=shuffle)
         history = state.get("history", {})
         epochs = sorted({e["epoch"] for e in history.values()})
         for epoch in epochs:

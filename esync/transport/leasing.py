@@ -13,6 +13,7 @@ import logging
 import os
 from typing import Any, Dict, Optional
 
+from esync.data import SHUFFLES
 from esync.data.leases import Lease, LeaseBook, blocks_of
 from esync.errors import UserError
 from esync.transport.message import MessageError
@@ -29,7 +30,7 @@ def _whole(x: Any, low: int = 0, high: int = 1 << 62) -> bool:
 
 def _layout(value: Any) -> Dict[str, Any]:
     """A worker's layout of the shards: {"starts": first sample of each shard and the
-    number of samples, "block_size", "per_lease", "seed"}."""
+    number of samples, "block_size", "per_lease", "seed", "shuffle"}."""
     if not isinstance(value, dict):
         raise MessageError("field 'layout' must describe the shards")
     starts = value.get("starts")
@@ -42,7 +43,9 @@ def _layout(value: Any) -> Dict[str, Any]:
             raise MessageError(f"layout {name!r} must be a positive whole number")
     if not _whole(value.get("seed")):
         raise MessageError("layout 'seed' must be a whole number")
-    return {k: value[k] for k in ("starts", "block_size", "per_lease", "seed")}
+    if value.get("shuffle") not in SHUFFLES:
+        raise MessageError(f"layout 'shuffle' must be one of {', '.join(SHUFFLES)}")
+    return {k: value[k] for k in ("starts", "block_size", "per_lease", "seed", "shuffle")}
 
 
 def _round(header: Dict[str, Any]) -> int:
@@ -99,7 +102,8 @@ class LeaseDesk:
                 try:
                     self.book = LeaseBook.restored(blocks, layout["per_lease"],
                                                    [layout["seed"]], self.num_workers,
-                                                   self.saved["book"], _round(header))
+                                                   self.saved["book"], _round(header),
+                                                   layout["shuffle"])
                 except (KeyError, TypeError, ValueError, AttributeError) as e:
                     raise MessageError(f"--resume: {self.path} is damaged "
                                        f"({type(e).__name__}: {e})") from None
@@ -110,7 +114,7 @@ class LeaseDesk:
                     log.warning("[scheduler] the shards or their settings changed since %s: "
                                 "the block leases start again", self.path)
                 self.book = LeaseBook(blocks, layout["per_lease"], [layout["seed"]],
-                                      self.num_workers)
+                                      self.num_workers, shuffle=layout["shuffle"])
         elif layout != self.layout:
             raise MessageError("this worker's shards, --block-size, buffer or --seed differ "
                                "from the first worker's: every worker must read the same "
