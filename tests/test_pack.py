@@ -73,7 +73,7 @@ def write_images(folder, counts, ext="png", size=8):
 def test_image_folder_round_trip_with_shards_split_at_the_size(tmp_path):
     src, out = tmp_path / "images", tmp_path / "out"
     write_images(src, {"cat": 25, "dog": 12, "eel": 10}, size=16)
-    done = run_pack(src, out, "--shard-size", "8KB")
+    done = run_pack(src, out, "--shard-size", "8KB", "--order", "stored")
     assert done.returncode == 0, done.stderr
     tars = [out / n for n in os.listdir(out) if n.endswith(".tar")]
     assert done.stdout == (f"packed 43 train and 4 test samples in {len(tars)} shards "
@@ -143,7 +143,7 @@ def test_train_test_layout_of_npy_arrays(tmp_path):
                 np.save(path, np.arange(i + 3, dtype=np.float32) * (len(name) + i))
                 files.setdefault(split, []).append((path.read_bytes(), ["x", "y"].index(name)))
     (src / "train" / "x" / "notes.txt").write_text("not a sample")
-    assert main([str(src), str(out)]) == 0
+    assert main([str(src), str(out), "--order", "stored"]) == 0
     for split, source in (("train", "train"), ("test", "val")):
         shards, samples = read_all(out, split)
         assert shards.input == "npy" and shards.classes == ["x", "y"]
@@ -155,7 +155,7 @@ def test_train_test_layout_of_npy_arrays(tmp_path):
 def test_idx_files_as_png(tmp_path, gz):
     folder = make_idx_dataset(str(tmp_path), "mine", n_train=40, n_test=15, gz=gz)
     out = tmp_path / "out"
-    assert main([folder, str(out), "--shard-size", "16KB"]) == 0
+    assert main([folder, str(out), "--shard-size", "16KB", "--order", "stored"]) == 0
     for split, prefix in (("train", "train"), ("test", "test")):
         images = read_idx(os.path.join(folder, IDX_NAMES[f"{prefix}_images"] + ".gz" * gz), 3)
         labels = read_idx(os.path.join(folder, IDX_NAMES[f"{prefix}_labels"] + ".gz" * gz), 1)
@@ -196,7 +196,7 @@ def test_cifar_batches_as_rgb_png(tmp_path):
 
 def test_digits_built_in(tmp_path):
     out = tmp_path / "out"
-    assert main(["digits", str(out)]) == 0
+    assert main(["digits", str(out), "--order", "stored"]) == 0
     data = load_dataset("digits", "unused")
     for split in ("train", "test"):
         images = getattr(data, f"{split}_images").numpy()[:, 0]
@@ -213,7 +213,7 @@ def test_digits_built_in(tmp_path):
 def test_mnist_from_the_data_dir(tmp_path):
     make_idx_dataset(str(tmp_path), "mnist", n_train=12, n_test=3, gz=False)
     out = tmp_path / "out"
-    assert main(["mnist", str(out), "--data-dir", str(tmp_path)]) == 0
+    assert main(["mnist", str(out), "--data-dir", str(tmp_path), "--order", "stored"]) == 0
     data = load_dataset("mnist", str(tmp_path))
     for split in ("train", "test"):
         _, samples = read_all(out, split)
@@ -226,7 +226,7 @@ def test_text_windows(tmp_path):
     corpus = bytes(np.random.default_rng(2).integers(0, 256, 1000, dtype=np.uint8))
     (tmp_path / "corpus.txt").write_bytes(corpus)
     out = tmp_path / "out"
-    done = run_pack(tmp_path / "corpus.txt", out, "--window", "16", "--shard-size", "2KB")
+    done = run_pack(tmp_path / "corpus.txt", out, "--window", "16", "--shard-size", "2KB", "--order", "stored")
     assert done.returncode == 0, done.stderr
     windows = [corpus[i * 16:i * 16 + 17] for i in range(999 // 16)]  # 62 windows
     assert "packed 56 train and 6 test samples" in done.stdout

@@ -17,9 +17,10 @@ order, hidden ones skipped, concatenated) becomes windows of `--window`+1 consec
 bytes with stride `--window`, each a uint8 `.npy` array without label (target None);
 the last tenth of the windows (at least one) is the test split.
 
-`--order` is the samples' order in the shards, in both splits: `stored` (the source's:
-class by class for a folder), `interleave` (round-robin over the classes: each class's
-first sample, then each one's second, ...) or `shuffle` (a permutation seeded by --seed).
+`--order` is the samples' order in the shards, in both splits: `shuffle` (the default:
+a permutation seeded by --seed), `stored` (the source's: class by class for a folder)
+or `interleave` (round-robin over the classes: each class's first sample, then each
+one's second, ...).
 
 The functions below do the same from Python: `pack`, `pack_folder`, `pack_arrays`,
 `pack_text`, `pack_samples` (any samples), `index_shards`; esync.data.sources reads the
@@ -46,6 +47,9 @@ from esync.errors import UserError
 PROG = "esync-pack"
 FORMATS = ("auto", "folder", "idx", "cifar10", "npy", "text") + BUILTINS
 ORDERS = ("stored", "interleave", "shuffle")
+#: the command's order: shuffled when packed, as WebDataset advises, since CorgiPile's
+#: blocks mix little on shards written class by class (README: Shards on disk)
+DEFAULT_ORDER = "shuffle"
 DEFAULT_SHARD_BYTES = 64 << 20
 DEFAULT_WINDOW = 256
 #: text: the last 1/TEXT_TEST_EVERY of the windows (at least one) is the test split
@@ -251,7 +255,7 @@ def pack_folder(src: str, out: str, kind: str = "images",
 
 
 def pack(src: str, out: str, fmt: str = "auto", shard_bytes: int = DEFAULT_SHARD_BYTES,
-         order: str = "stored", seed: int = 0, window: int = DEFAULT_WINDOW,
+         order: str = DEFAULT_ORDER, seed: int = 0, window: int = DEFAULT_WINDOW,
          data_dir: str = "data", force: bool = False) -> Packed:
     """What `esync-pack SRC OUT` does: pack `src` (of format `fmt`, or detected) into `out`,
     which must not hold a data set already unless `force`."""
@@ -374,8 +378,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                    help="what SRC holds (default: auto, told from SRC)")
     p.add_argument("--shard-size", default="64MB",
                    help="bytes a shard holds about, e.g. 500KB, 64MB, 1GB (default: 64MB)")
-    p.add_argument("--order", default="stored", choices=ORDERS,
-                   help="the samples' order in the shards (default: stored)")
+    p.add_argument("--order", default=DEFAULT_ORDER, choices=ORDERS,
+                   help=f"the samples' order in the shards (default: {DEFAULT_ORDER})")
     p.add_argument("--seed", type=int, default=0, help="--order shuffle's seed (default: 0)")
     p.add_argument("--window", type=int, default=DEFAULT_WINDOW,
                    help=f"text: tokens (bytes) a sample predicts (default: {DEFAULT_WINDOW})")
