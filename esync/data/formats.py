@@ -99,6 +99,42 @@ def _class_images(folder: str) -> dict[str, list[str]]:
     return found
 
 
+def class_split(root: str, list_classes=_class_images, what: str = "images"
+                ) -> tuple[list[str], list[tuple[str, int]], list[tuple[str, int]]]:
+    """(class names, training [(file, class)], test [(file, class)]) of a class-folder
+    layout: `root/train/<class>/*` and `root/test/<class>/*` (or `val/`), or one
+    `root/<class>/*` whose every SPLIT_EVERY-th file per class (sorted) is the test set.
+    `list_classes(folder)` gives {class: its files} (images; esync-pack's .npy too)."""
+    parts = {p: os.path.join(root, p) for p in ("train", "test", "val")
+             if os.path.isdir(os.path.join(root, p))}
+    if "train" in parts:
+        if "test" not in parts and "val" not in parts:
+            raise UserError(f"{root} has train/ but no test split: add test/ (or val/) "
+                            f"with the same class folders")
+        train = list_classes(parts["train"])
+        test_dir = parts.get("test", parts.get("val"))
+        test = list_classes(test_dir)
+        unknown = sorted(set(test) - set(train))
+        if unknown:
+            raise UserError(f"{test_dir} has class folders {', '.join(unknown)} that "
+                            f"{parts['train']} lacks")
+    elif parts:
+        raise UserError(f"{root} has {'/, '.join(sorted(parts))}/ but no train/ split")
+    else:
+        found = list_classes(root)
+        train = {c: [f for i, f in enumerate(fs) if i % SPLIT_EVERY != SPLIT_EVERY - 1]
+                 for c, fs in found.items()}
+        test = {c: fs[SPLIT_EVERY - 1::SPLIT_EVERY] for c, fs in found.items()}
+        if not any(test.values()):
+            raise UserError(f"{root} has no test split: no train/ and test/ folders, and no "
+                            f"class has the {SPLIT_EVERY} {what} to split every "
+                            f"{SPLIT_EVERY}th off")
+    classes = sorted(train)
+    number = {name: i for i, name in enumerate(classes)}
+    listed = lambda d: [(f, number[c]) for c in sorted(d) for f in d[c]]
+    return classes, listed(train), listed(test)
+
+
 def image_folder(root: str, size: int | None = None) -> tuple[Dataset, Dataset]:
     """(train, test) from `root/train/<class>/*` and `root/test/<class>/*` (or `val/`), or
     from one `root/<class>/*` whose every 10th image per class (sorted) is the test set.
@@ -111,35 +147,9 @@ def image_folder(root: str, size: int | None = None) -> tuple[Dataset, Dataset]:
         raise UserError(f"no image folder {root}")
     if size is not None and size < 1:
         raise UserError(f"image size {size} for {root}: expected a positive number of pixels")
-    parts = {p: os.path.join(root, p) for p in ("train", "test", "val")
-             if os.path.isdir(os.path.join(root, p))}
-    if "train" in parts:
-        if "test" not in parts and "val" not in parts:
-            raise UserError(f"{root} has train/ but no test split: add test/ (or val/) "
-                            f"with the same class folders")
-        train = _class_images(parts["train"])
-        test_dir = parts.get("test", parts.get("val"))
-        test = _class_images(test_dir)
-        unknown = sorted(set(test) - set(train))
-        if unknown:
-            raise UserError(f"{test_dir} has class folders {', '.join(unknown)} that "
-                            f"{parts['train']} lacks")
-    elif parts:
-        raise UserError(f"{root} has {'/, '.join(sorted(parts))}/ but no train/ split")
-    else:
-        found = _class_images(root)
-        train = {c: [f for i, f in enumerate(fs) if i % SPLIT_EVERY != SPLIT_EVERY - 1]
-                 for c, fs in found.items()}
-        test = {c: fs[SPLIT_EVERY - 1::SPLIT_EVERY] for c, fs in found.items()}
-        if not any(test.values()):
-            raise UserError(f"{root} has no test split: no train/ and test/ folders, and no "
-                            f"class has the {SPLIT_EVERY} images to split every "
-                            f"{SPLIT_EVERY}th off")
-    classes = sorted(train)
-    index = {name: i for i, name in enumerate(classes)}
-    as_samples = lambda d: [(f, index[c]) for c in sorted(d) for f in d[c]]
-    train_set = ImageFiles(as_samples(train), classes, size)
-    test_set = ImageFiles(as_samples(test), classes, size, train_set.shape)
+    classes, train, test = class_split(root)
+    train_set = ImageFiles(train, classes, size)
+    test_set = ImageFiles(test, classes, size, train_set.shape)
     log.info("%s: %d train and %d test images of %d classes", root, len(train_set),
              len(test_set), len(classes))
     return train_set, test_set

@@ -73,39 +73,13 @@ def class_files(root: str, kind: str = "images"
     """(classes, train [(file, class)], test [(file, class)]) of class folders of `kind`
     ("images" or "npy"), by formats.image_folder's rules: root/train/ and root/test/ (or
     val/), or root/<class>/ whose every SPLIT_EVERY-th file per class is the test set."""
-    from esync.data.formats import SPLIT_EVERY, _class_images
+    from esync.data.formats import class_split
 
-    list_classes = _class_images if kind == "images" else _class_npy
     if not os.path.isdir(root):
         raise UserError(f"no folder {root}")
-    parts = {p: os.path.join(root, p) for p in ("train", "test", "val")
-             if os.path.isdir(os.path.join(root, p))}
-    if "train" in parts:
-        if "test" not in parts and "val" not in parts:
-            raise UserError(f"{root} has train/ but no test split: add test/ (or val/) "
-                            f"with the same class folders")
-        train = list_classes(parts["train"])
-        test_dir = parts.get("test", parts.get("val"))
-        test = list_classes(test_dir)
-        unknown = sorted(set(test) - set(train))
-        if unknown:
-            raise UserError(f"{test_dir} has class folders {', '.join(unknown)} that "
-                            f"{parts['train']} lacks")
-    elif parts:
-        raise UserError(f"{root} has {'/, '.join(sorted(parts))}/ but no train/ split")
-    else:
-        found = list_classes(root)
-        train = {c: [f for i, f in enumerate(fs) if i % SPLIT_EVERY != SPLIT_EVERY - 1]
-                 for c, fs in found.items()}
-        test = {c: fs[SPLIT_EVERY - 1::SPLIT_EVERY] for c, fs in found.items()}
-        if not any(test.values()):
-            raise UserError(f"{root} has no test split: no train/ and test/ folders, and no "
-                            f"class has the {SPLIT_EVERY} files to split every "
-                            f"{SPLIT_EVERY}th off")
-    classes = sorted(train)
-    number = {name: i for i, name in enumerate(classes)}
-    listed = lambda d: [(f, number[c]) for c in sorted(d) for f in d[c]]
-    return classes, listed(train), listed(test)
+    if kind == "images":
+        return class_split(root)
+    return class_split(root, _class_npy, "files")
 
 
 def read_file(path: str) -> bytes:
