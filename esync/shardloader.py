@@ -47,8 +47,8 @@ class RemoteLeases:
         return self._ask(resume=lease.to_dict())
 
     def report(self, done: List[str], at: Optional[Tuple[str, int]]) -> None:
-        self.node.tell({"type": "leases", "done": done, "at": list(at) if at else None,
-                        "round": self.round_of()})
+        self.node.report_leases({"done": done, "at": list(at) if at else None,
+                                 "round": self.round_of()})
 
 
 def data_split(settings: DataSettings, session: Session) -> str:
@@ -95,7 +95,8 @@ class ShardLoader:
                 lambda: session.round)
         else:
             self.source = StaticLeases(self._own_blocks(shards, blocks), per_lease,
-                                       [settings.seed, session.rank], shuffle)
+                                       [settings.seed, session.rank], shuffle,
+                                       prefix=f"r{session.rank}:")
         self.sampler = BlockSampler(
             shards, self.source, lambda: session.algorithm.batch_size() or loader.batch_size,
             loader.drop_last, self.share)

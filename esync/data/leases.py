@@ -141,16 +141,16 @@ class StaticLeases:
     (--data-split static)."""
 
     def __init__(self, blocks: np.ndarray, per_lease: int, seed: Sequence[int],
-                 shuffle: str = "corgipile"):
+                 shuffle: str = "corgipile", prefix: str = ""):
         self.blocks, self.per_lease, self.seed = blocks, per_lease, list(seed)
-        self.shuffle = shuffle
+        self.shuffle, self.prefix = shuffle, prefix  # prefix: whose leases (their ids)
         self._epoch, self._leases, self._next = -1, [], 0
 
     def _load(self, epoch: int) -> None:
         if epoch != self._epoch:
             self._epoch = epoch
             self._leases = epoch_leases(self.blocks, self.per_lease, self.seed, epoch,
-                                        shuffle=self.shuffle)
+                                        self.prefix, shuffle=self.shuffle)
 
     def next(self) -> Lease:
         if self._epoch < 0 or self._next >= len(self._leases):

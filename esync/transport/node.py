@@ -225,6 +225,11 @@ class Node:
         leased`; esync.transport.leasing says the fields)."""
         return self._request({"type": "lease", **header}).header
 
+    def report_leases(self, header: Dict[str, Any]) -> None:
+        """A worker's round ended: the leases it finished and where it is, told before
+        the round's record is written (answered, so that the scheduler knows)."""
+        self._request({"type": "leases", **header})
+
     def barrier(self, group: str = "workers") -> None:
         self._request({"type": "barrier", "group": group})
 

@@ -198,6 +198,8 @@ class Scheduler:
     quiet: Quiet = field(default_factory=Quiet)  # strangers that do not read: logged
     #                                                at most this often
     leases: Optional[LeaseDesk] = None  # blocks of shards leased to the workers
+    #: --resume: the worker rank each device (label@host) had (job.json)
+    previous_ranks: Dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.agreed = {name: (value, "the scheduler") for name, value in self.settings.items()}
@@ -262,6 +264,39 @@ class Scheduler:
         self.guard.close()
         self.context.term()
 
+    def _in_rank_order(self, role: str) -> List[Member]:
+        """The members of `role` in the order of their ranks: of registration, except
+        that in a resumed job a worker takes the rank its device (--device-name and
+        host) had, so that it goes on with its own data (job.json's `ranks`)."""
+        members = [m for m in self.members.values() if m.role == role]
+        if role != "worker" or not self.previous_ranks:
+            return members
+        order: List[Optional[Member]] = [None] * len(members)
+        others = []
+        for m in members:
+            rank = self.previous_ranks.get(f"{m.device}@{m.hostname}")
+            if isinstance(rank, int) and 0 <= rank < len(order) and order[rank] is None:
+                order[rank] = m
+            else:
+                others.append(m)
+        return [m if m is not None else others.pop(0) for m in order]
+
+    def _keep_ranks(self) -> None:
+        """With --checkpoint-dir: which device had which worker rank, in job.json."""
+        if not self.policy.checkpoint_dir:
+            return
+        path = os.path.join(self.policy.checkpoint_dir, JOB_FILE)
+        ranks = {f"{m.device}@{m.hostname}": m.rank for m in self.members.values()
+                 if m.role == "worker"}
+        try:
+            with open(path) as f:
+                job = json.load(f)
+            with open(path + ".partial", "w") as f:
+                json.dump({**job, "ranks": ranks}, f)
+            os.replace(path + ".partial", path)
+        except (OSError, ValueError) as e:
+            log.warning("[scheduler] cannot keep the workers' ranks in %s: %s", path, e)
+
     def _job_file(self) -> None:
         """With --checkpoint-dir: keep the job id there; with --resume, take it back."""
         folder = self.policy.checkpoint_dir
@@ -274,13 +309,16 @@ class Scheduler:
         if self.policy.resume:
             try:
                 with open(path) as f:
-                    job = json.load(f).get("job")
+                    saved = json.load(f)
+                job = saved.get("job")
+                ranks = saved.get("ranks")
             except (OSError, ValueError, AttributeError) as e:
                 raise UserError(f"--resume: cannot read the job id from {path}: "
                                 f"{getattr(e, 'strerror', None) or e}") from None
             if not isinstance(job, str) or not job:
                 raise UserError(f"--resume: {path} names no job")
             self.job = job
+            self.previous_ranks = ranks if isinstance(ranks, dict) else {}
             log.info("[scheduler] resuming job %s from %s", job, folder)
             return
         try:
@@ -399,6 +437,7 @@ class Scheduler:
                 self._send(identity, self.leases.request(member.rank, msg.header))
             else:
                 self.leases.report(member.rank, msg.header)
+                self._send(identity, {"type": "ack"})
             return None
         reason = text_field(msg.header, "reason", 2000, required=False) or "failed"
         if msg.header.get("user_error") is True:  # bad input: a restart fails the same way
@@ -606,8 +645,9 @@ class Scheduler:
             except UserError as e:
                 return self._abort(str(e))
         for role in ("server", "worker"):
-            for rank, m in enumerate(m for m in self.members.values() if m.role == role):
+            for rank, m in enumerate(self._in_rank_order(role)):
                 m.rank = rank
+        self._keep_ranks()
         for uid in self.barriers.pop("register"):
             member = self.members[uid]
             if member.role == "server" and self.policy.resume:
