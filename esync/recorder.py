@@ -25,6 +25,10 @@ With `tensorboard` (--tensorboard DIR) each round also goes to TensorBoard
 A file that cannot be written or removed (a full disk, a read-only folder) is a
 UserError naming -ld/--log-dir and the file: the process ends with that one line (a
 worker of a job tells the scheduler, which ends the job), not a traceback.
+
+Beside the records, a worker over shards keeps data-<n>.json: where its loader was when
+round n's synchronisation began (write_data), which a worker continuing the job from
+round n+1 goes on from.
 """
 from __future__ import annotations
 
@@ -40,6 +44,8 @@ from esync.errors import UserError
 from esync.scalars import Scalars
 
 Phases = Mapping[str, float]
+#: data-<n>.json files kept (the loader's state before each round's push; see write_data)
+KEEP_DATA = 64
 
 
 def _log_dir_error(doing: str, path: str, error: OSError) -> UserError:
@@ -87,7 +93,8 @@ class Recorder:
             raise _log_dir_error("write", self._lock.name, e) from None
         try:
             if not keep:
-                for old in glob.glob(os.path.join(self.path, "iter-*.json")):
+                for old in glob.glob(os.path.join(self.path, "iter-*.json")) + \
+                        glob.glob(os.path.join(self.path, "data-*.json")):
                     _remove(old)
             if tensorboard is not None:
                 self.scalars = Scalars(os.path.join(tensorboard, host, device), fresh=not keep)
@@ -124,6 +131,40 @@ class Recorder:
         for n in self.rounds():
             if n >= round_:
                 _remove(os.path.join(self.path, f"iter-{n}.json"))
+        for n in self._data_rounds():
+            if n >= round_:
+                _remove(os.path.join(self.path, f"data-{n}.json"))
+
+    # --- where the data loader was when a round's synchronisation began --------------
+    def _data_rounds(self) -> list:
+        names = (os.path.basename(p)[5:-5] for p in glob.glob(os.path.join(self.path, "data-*.json")))
+        return sorted(int(n) for n in names if n.isdigit())
+
+    def write_data(self, round_: int, state: dict) -> None:
+        """Keep `state` (the prepared loader's, as of round `round_`'s last batch) in
+        data-<round>.json, atomically, before the round is pushed: a checkpoint of the
+        round then always has it, even if this worker dies before its record. The
+        newest KEEP_DATA are kept."""
+        final = os.path.join(self.path, f"data-{round_}.json")
+        try:
+            with open(final + ".partial", "w") as f:
+                json.dump(state, f)
+            os.replace(final + ".partial", final)
+        except OSError as e:
+            _remove(final + ".partial")
+            raise _log_dir_error("write", final, e) from None
+        for n in self._data_rounds():
+            if n <= round_ - KEEP_DATA:
+                _remove(os.path.join(self.path, f"data-{n}.json"))
+
+    def read_data(self, round_: int) -> Optional[dict]:
+        """The state write_data kept for round `round_` (None if none, or unreadable)."""
+        try:
+            with open(os.path.join(self.path, f"data-{round_}.json")) as f:
+                state = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return state if isinstance(state, dict) else None
 
     def restart_clock(self, elapsed: float = 0.0) -> None:
         """Count `total_time` from now (the start of training, after set-up), or from

@@ -79,6 +79,8 @@ class Session:
         self.resume_epoch: Optional[float] = None  # data position to go on from
         #: the prepared loader's state in this worker's last record, to go on from
         self.resume_data: Optional[Dict[str, Any]] = None
+        #: called at each round's end, before its synchronisation (the push)
+        self.before_push: List[Callable[[], None]] = []
         #: called at each round's end, before its record is written: fields to add
         self.round_fields: List[Callable[[], Dict[str, Any]]] = []
         #: the ps-lite cluster's node (None alone or under DDP): block leases ask it
@@ -119,7 +121,10 @@ class Session:
         epoch = last.get("epoch") if last else None
         if isinstance(epoch, (int, float)) and epoch >= 0:
             self.resume_epoch = float(epoch)
-        if last and isinstance(last.get("data"), dict):
+        # where the loader was when round first-1 was pushed (a checkpoint of that round
+        # has its samples even if this worker died before logging it), else its record's
+        self.resume_data = self.recorder.read_data(first - 1)
+        if self.resume_data is None and last and isinstance(last.get("data"), dict):
             self.resume_data = last["data"]
         self.recorder.restart_clock(elapsed)
         self.clock.restart(elapsed)
@@ -210,6 +215,8 @@ class Session:
     def _end_round(self, announce: Optional[str] = None) -> None:
         if not self._times:  # a round ended before its first local iteration
             self._times[0] = dict(self._first_phases)
+        for hook in self.before_push:
+            hook()
         self._times[len(self._times) - 1].update(self.algorithm.end_round(self.round, self.model))
         self._budget = 0
         metric = self._evaluate()

@@ -1,12 +1,15 @@
 """A prepared data loader over shards (esync.api.prepare_data_loader of a ShardDataset).
 
 Blocks are read in this process (esync.data.blocks) and decoded in the user's
-DataLoader worker processes, through torchdata's StatefulDataLoader. Each round's
-record gets the loader's state as of the last batch handed out (`data`), the bytes and
-seconds its block reads took (`read_bytes`, `read_seconds`; `skipped_samples` of corrupt blocks) and, with --log-samples,
-its samples' ids per epoch (`sample_ids`: {epoch: [id, ...]}); the scheduler hears which leases the round finished
-and where it left the lease in progress (`--data-split leased`), so that a dead
-worker's unfinished leases are trained once, from where its last round left them.
+DataLoader worker processes, through torchdata's StatefulDataLoader. Before each
+round's synchronisation the loader's state as of the round's last batch goes to
+data-<n>.json and the scheduler hears which leases the round finished; the round's
+record gets that state too (`data`), the bytes and seconds its block reads took
+(`read_bytes`, `read_seconds`; `skipped_samples` of corrupt blocks) and, with
+--log-samples, its samples' ids per epoch (`sample_ids`: {epoch: [id, ...]}). So a dead
+worker's
+unfinished leases are trained once, from where its last round left them, and a worker
+continuing the job goes on from the round its model has.
 """
 from __future__ import annotations
 
@@ -119,6 +122,8 @@ class ShardLoader:
             self.place = self.sampler.lease.place if self.sampler.lease else 0.0
         # epochs: of this worker's own blocks (static), of the job's data (leased)
         session.epochs_done = lambda: self.place
+        self._state: Dict[str, Any] = {}
+        session.before_push.append(self._before_push)
         session.round_fields.append(self._round_fields)
 
     def _own_blocks(self, shards, blocks: np.ndarray) -> np.ndarray:
@@ -136,12 +141,19 @@ class ShardLoader:
         dealt = np.random.default_rng(settings.seed).permutation(len(blocks))
         return blocks[np.sort(dealt[s.rank::s.num_workers])]  # every block is someone's
 
-    def _round_fields(self) -> Dict[str, Any]:
+    def _before_push(self) -> None:
+        """The round's last batch is handed out: keep where the loader is (data-<n>.json)
+        and tell the scheduler which leases the round finished, before the round is
+        pushed, so that any checkpoint of the round has both."""
+        self._state = {"loader": self.loader.state_dict(), "split": self.split,
+                       "rank": self.session.rank}
+        self.session.recorder.write_data(self.session.round, self._state)
         self.source.report(self._done, self._at)
         self._done = []
+
+    def _round_fields(self) -> Dict[str, Any]:
         read = (self.sampler.read_bytes, self.sampler.read_seconds, self.sampler.skipped)
-        fields = {"data": {"loader": self.loader.state_dict(), "split": self.split,
-                           "rank": self.session.rank},
+        fields = {"data": self._state,
                   "read_bytes": read[0] - self._read[0],
                   "read_seconds": round(read[1] - self._read[1], 6)}
         if read[2] - self._read[2]:
