@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
@@ -31,6 +32,9 @@ from esync.loader import _samples, _to_device
 from esync.session import Session
 
 log = logging.getLogger(__name__)
+# torchdata 0.11 calls torch.set_vital, which torch 2.13 deprecates: a warning per
+# process that says nothing to a user
+warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
 
 
 class RemoteLeases:

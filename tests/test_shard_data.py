@@ -20,6 +20,8 @@ from esync.data.leases import Lease, LeaseBook, StaticLeases, blocks_of, epoch_l
 from esync.data.shards import ShardSet, ShardWriter, write_index
 from esync.errors import UserError
 
+# torchdata 0.11 calls the deprecated torch.set_vital (esync.shardloader filters it too)
+pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -293,6 +295,7 @@ def leased_and_static(job_shards, tmp_path_factory):
             run_job(job_shards, out / "static", "static"))
 
 
+@pytest.mark.slow
 def test_leases_train_every_sample_once_an_epoch_and_follow_the_devices_speeds(
         leased_and_static):
     leased, _ = leased_and_static
@@ -314,6 +317,7 @@ def test_leases_train_every_sample_once_an_epoch_and_follow_the_devices_speeds(
     assert min(samples["w0"], samples["w1"]) > max(samples["w2-x4"], samples["w3-x4"])
 
 
+@pytest.mark.slow
 def test_static_shares_leave_the_slow_devices_data_visited_less_by_their_speed(
         leased_and_static):
     """The contrast: each device trains its own equal share, so a sample's visits
@@ -331,6 +335,7 @@ def test_static_shares_leave_the_slow_devices_data_visited_less_by_their_speed(
             assert 0.75 < ratio < 1.33, (visits, speed)
 
 
+@pytest.mark.slow
 def test_a_users_script_trains_shards_decoded_in_dataloader_workers(shards, tmp_path):
     """esync-run, the API and esync.ShardDataset: two workers lease the blocks; each
     round's record says what it read, and no sample is trained twice in an epoch."""
