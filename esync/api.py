@@ -42,7 +42,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from esync.errors import UserError
-from esync.loader import JobLoader
+from esync.loader import job_loader
 from esync.options import ARGS_VARIABLE
 from esync.session import Session
 
@@ -159,7 +159,7 @@ def prepare_data_loader(loader: DataLoader) -> Iterable[Any]:
     block with CorgiPile's shuffle, its samples decoded in `loader`'s worker processes,
     from this worker's own blocks or from blocks the scheduler leases to whichever
     worker asks (`--data-split`); a pass is then one epoch of leases."""
-    return JobLoader(loader, get_session(), get_session().data)
+    return job_loader(loader, get_session(), get_session().data)
 
 
 class DistributedOptimizer(torch.optim.Optimizer):

@@ -71,7 +71,7 @@ class _Batches(torch.utils.data.Sampler):
         return whole + (1 if part and not self.drop_last else 0)
 
 
-def JobLoader(loader: DataLoader, session: Session, settings: DataSettings):
+def job_loader(loader: DataLoader, session: Session, settings: DataSettings):
     """A data loader over this worker's partition (prepare_data_loader)."""
     from esync.data.decode import ShardDataset
 

@@ -100,9 +100,9 @@ class Task:
             order = WorkerOrder(self.labels(), session.rank, session.num_workers,
                                 session.data)
             return _stream(session, BatchStream(self.arrays, order.order, batch_size, device))
-        from esync.loader import JobLoader
+        from esync.loader import job_loader
 
-        return _passes(JobLoader(DataLoader(self.train_set, batch_size=batch_size,
+        return _passes(job_loader(DataLoader(self.train_set, batch_size=batch_size,
                                             shuffle=True), session, session.data))
 
     def evaluate(self, model: nn.Module, device: torch.device) -> float:
