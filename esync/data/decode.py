@@ -82,11 +82,12 @@ def decode_part(ext: str, data: bytes) -> Any:
     if ext in IMAGE_PARTS:
         from PIL import Image
 
+        from esync.data.formats import _normalize  # as the image folder reader's
+
         with Image.open(io.BytesIO(data)) as image:
             image = image.convert("L" if image.mode in ("1", "L", "I;16", "I") else "RGB")
             pixels = torch.from_numpy(np.array(image, dtype=np.uint8))
-        pixels = pixels.unsqueeze(0) if pixels.dim() == 2 else pixels.permute(2, 0, 1)
-        return (pixels.float() / 255.0 - 0.5) / 0.5
+        return _normalize(pixels.unsqueeze(0) if pixels.dim() == 2 else pixels.permute(2, 0, 1))
     if ext == "npy":
         array = np.load(io.BytesIO(data), allow_pickle=False)
         tensor = torch.from_numpy(np.ascontiguousarray(array))
