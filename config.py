@@ -55,6 +55,13 @@ BUFFER_MAX_MB = 256            # the most a CorgiPile buffer of shards holds, wh
 DATA_SPLIT = None              # --data-split: static | leased; None: leased for shards in a
 #                                job with a scheduler (and no -s 1), static otherwise
 LOG_SAMPLES = False            # --log-samples: each round's record lists its sample ids
+LOADER_WORKERS = 0             # --loader-workers: DataLoader worker processes of main.py's
+#                                loop over data read from disk (0: in the training process)
+CACHE_FRACTION = 0.0           # --cache-fraction: share of a device's shard samples kept in
+#                                memory after first use, never evicted (MinIO; 0: none)
+DISK_BANDWIDTH = None          # --disk-bandwidth: MB/s of emulated storage for shard reads
+REMOTE_PREP = None             # --remote-prep: prep-stall share of a round above which a
+#                                worker started with --ray decodes on Ray tasks (None: never)
 SEED = 0                       # --seed: model init, partitions and shuffles
 
 # --- evaluation, logs and stop criteria ----------------------------------------------

@@ -66,6 +66,7 @@ _non_negative_float = _number(float, "a number >= 0", low=0.0)
 _fraction = _number(float, "a number in (0, 1]", low=0.0, high=1.0, low_open=True)
 _momentum = _number(float, "a number in [0, 1)", low=0.0, high=0.999999)
 _slowdown = _number(float, "a number >= 1", low=1.0)
+_cache_fraction = _number(float, "a number in [0, 1]", low=0.0, high=1.0)
 _port = _number(int, "a port number in 1..65535", low=1, high=65535)
 
 
@@ -258,6 +259,26 @@ class Options:
         "worker asks, so every sample is trained once an epoch whatever the speeds "
         "(unset: leased for shards in a job with a scheduler and no -s 1)",
         choices=DATA_SPLITS)
+    loader_workers: int = _opt(["--loader-workers"], config.LOADER_WORKERS,
+                               "DataLoader worker processes that decode the built-in "
+                               "loop's data read from disk (0: the training process)",
+                               type=_non_negative_int)
+    cache_fraction: float = _opt(["--cache-fraction"], config.CACHE_FRACTION,
+                                 "share of a worker's shard samples kept in memory after "
+                                 "their first read and never evicted (MinIO's policy): "
+                                 "the same seeded subset every epoch; 0: no cache",
+                                 type=_cache_fraction)
+    disk_bandwidth: Optional[float] = _opt(["--disk-bandwidth"], config.DISK_BANDWIDTH,
+                                           "MB/s of emulated storage: a block of shards "
+                                           "takes at least its bytes over this to read; "
+                                           "none: the disk's own speed",
+                                           type=_positive_float)
+    remote_prep: Optional[float] = _opt(["--remote-prep"], config.REMOTE_PREP,
+                                        "with esync-launch --ray: once a round's prep stall "
+                                        "(waiting for decoding) exceeds this share of its "
+                                        "time, the worker's batches are decoded by Ray "
+                                        "tasks on CPUs the cluster has free; none: never",
+                                        type=_fraction)
     log_samples: Switch = _opt(["--log-samples"], config.LOG_SAMPLES,
                                "1: each round's record lists the ids of its samples "
                                "(shards)", type=_switch)

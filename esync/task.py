@@ -103,7 +103,9 @@ class Task:
         from esync.loader import job_loader
 
         return _passes(job_loader(DataLoader(self.train_set, batch_size=batch_size,
-                                            shuffle=True), session, session.data))
+                                             shuffle=True,
+                                             num_workers=session.data.loader_workers),
+                                  session, session.data))
 
     def evaluate(self, model: nn.Module, device: torch.device) -> float:
         """The metric on the whole test set: top-1 accuracy, or the mean loss."""

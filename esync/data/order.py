@@ -26,7 +26,8 @@ def labels_of(dataset) -> Sequence[int]:
 @dataclass(frozen=True)
 class DataSettings:
     """The flags that decide a worker's samples (--shuffle, --block-size,
-    --buffer-ratio, -s, --seed, --data-split, --log-samples)."""
+    --buffer-ratio, -s, --seed, --data-split, --log-samples) and how they are read and
+    decoded (--loader-workers, --cache-fraction, --disk-bandwidth, --remote-prep)."""
 
     shuffle: str = "corgipile"
     block_size: int = 32
@@ -35,12 +36,17 @@ class DataSettings:
     seed: int = 0
     split: Optional[str] = None  # None: leased where it can be (see config.DATA_SPLIT)
     log_samples: bool = False
+    loader_workers: int = 0
+    cache_fraction: float = 0.0
+    disk_bandwidth: Optional[float] = None  # MB/s
+    remote_prep: Optional[float] = None
 
     @classmethod
     def from_options(cls, opts) -> "DataSettings":
         return cls(opts.shuffle, opts.block_size, opts.buffer_ratio,
                    bool(opts.split_by_class), opts.seed, opts.data_split,
-                   bool(opts.log_samples))
+                   bool(opts.log_samples), opts.loader_workers, opts.cache_fraction,
+                   opts.disk_bandwidth, opts.remote_prep)
 
 
 class WorkerOrder:
