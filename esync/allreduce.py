@@ -76,6 +76,7 @@ class AllReduce:
         self.on_host = False  # gloo with a GPU model: collectives on host copies
         self.stop_reason: Optional[str] = None
         self.bytes_sent = self.bytes_received = 0
+        self.waited = 0.0  # seconds the last round waited for the others (push_pull)
         self._started = time.monotonic()
         self._half: Optional[torch.Tensor] = None  # --compress fp16: the sent copy
 
@@ -158,9 +159,13 @@ class AllReduce:
         control[len(buffers) + self.rank] = 1.0 if stop is not None else 0.0
         control[-1] = float(steps or 1)
         with _failures(self.node):
-            pending = self._all_reduce(control, async_op=True)  # beside the weights'
+            # the small control vector first: it completes once every worker has come
+            # to the round's end, so its time is the wait for the others, and the
+            # weights' all-reduce after it the communication
+            started = time.perf_counter()
+            self._all_reduce(control)
+            self.waited = time.perf_counter() - started
             total = self._sum_weights(pushed)
-            pending.wait()
         self.rule.mean_steps = float(control[-1]) / world
         self.rule.aggregate((WEIGHTS, 0), total, world)
         if len(buffers):

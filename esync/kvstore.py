@@ -76,6 +76,9 @@ class KVStore:
         self.model_age: Optional[float] = None
         #: per server, its latest answer's `updates` (its rounds so far)
         self.server_updates: List[Optional[int]] = [None] * len(servers)
+        #: seconds the last push waited at the servers for the other workers' (the most
+        #: any of its chunks waited, as the servers said)
+        self.waited = 0.0
 
     # --- sending ------------------------------------------------------------------------
     def _send(self, sock: zmq.Socket, header: Dict, sections=()) -> None:
@@ -123,6 +126,9 @@ class KVStore:
         self.link.received(frame_bytes(raw) + got)
         if "stop" in header:
             self.stop_reason = str(header["stop"])
+        waited = header.get("waited")
+        if isinstance(waited, (int, float)) and 0 <= waited < 1e9:
+            self.waited = max(self.waited, float(waited))
         if isinstance(header.get("updates"), int):
             self.server_updates[server] = header["updates"]
         if server == 0 and isinstance(header.get("updates"), int):
@@ -215,6 +221,7 @@ class KVStore:
         The weight chunks are compressed as `--compress` says; `steps` (ESync with
         --normalize-deltas) is the worker's number of local steps of the round."""
         header = {"type": "push", "round": round_}
+        self.waited = 0.0
         if stop is not None:
             header["stop"] = stop
         if steps is not None:

@@ -12,7 +12,7 @@ sample."""
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils.data import DataLoader, RandomSampler
@@ -43,6 +43,59 @@ def _samples(batch: Any) -> Optional[int]:
         if found is not None:
             return found
     return None
+
+
+class _Prepared(list):
+    """A batch's samples as the data set gave them, and the seconds that took."""
+
+    seconds = 0.0
+
+
+class TimedDataset(torch.utils.data.Dataset):
+    """A user's map-style data set whose batches of samples are timed where they are
+    made (a DataLoader worker process, or this one): the *prep* of each batch, carried
+    back with it by `TimedCollate`. Anything else is the user's data set's."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        return self.dataset[index]
+
+    def __getitems__(self, indices) -> _Prepared:
+        started = time.perf_counter()
+        many = getattr(self.dataset, "__getitems__", None)
+        samples = _Prepared(many(indices) if many else [self.dataset[i] for i in indices])
+        samples.seconds = time.perf_counter() - started
+        return samples
+
+    def __getattr__(self, name: str):  # a worker_init_fn may read the user's data set
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+class TimedCollate:
+    """The user's collate function, returning (batch, seconds the batch took to make:
+    its samples' and its collation's)."""
+
+    def __init__(self, collate: Callable[[List[Any]], Any]):
+        self.collate = collate
+
+    def __call__(self, samples: List[Any]) -> Tuple[Any, float]:
+        started = time.perf_counter()
+        batch = self.collate(list(samples))
+        return batch, getattr(samples, "seconds", 0.0) + time.perf_counter() - started
+
+
+def prepare_batch(dataset, items: List[Any], collate: Callable[[List[Any]], Any]
+                  ) -> Tuple[Any, float]:
+    """One batch of `items` of `dataset`, made and collated as a DataLoader worker does,
+    and its seconds (remote preprocessing runs this on other CPUs)."""
+    return TimedCollate(collate)(TimedDataset(dataset).__getitems__(items))
 
 
 class _Batches(torch.utils.data.Sampler):
@@ -99,9 +152,9 @@ class SampleLoader:
             raise UserError("prepare_data_loader: the loader has no batch_size (a "
                             "batch_sampler of its own): give it a batch_size")
         self.loader = DataLoader(
-            dataset, batch_sampler=_Batches(self.order, loader.batch_size, loader.drop_last,
-                                            session),
-            num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+            TimedDataset(dataset),
+            batch_sampler=_Batches(self.order, loader.batch_size, loader.drop_last, session),
+            num_workers=loader.num_workers, collate_fn=TimedCollate(loader.collate_fn),
             pin_memory=loader.pin_memory, timeout=loader.timeout,
             worker_init_fn=loader.worker_init_fn,
             prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
@@ -113,17 +166,18 @@ class SampleLoader:
     def __iter__(self) -> Iterator[Any]:
         if self.session.stop_reason is not None:
             return
+        started = time.perf_counter()  # starting the workers counts as the first wait
         batches = iter(self.loader)
         while True:
-            started = time.perf_counter()
             try:
-                batch = next(batches)
+                batch, prep = next(batches)
             except StopIteration:
                 self.order.next_epoch()
                 return
             count = _samples(batch)
             self.order.samples_drawn += count or 0
-            self.session.batch_fetched(time.perf_counter() - started, count)
+            self.session.batch_fetched(time.perf_counter() - started, count, prep=prep)
             yield _to_device(batch, self.session.device)
             if self.session.stop_reason is not None:
                 return
+            started = time.perf_counter()

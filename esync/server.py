@@ -79,14 +79,23 @@ Who = Callable[[bytes], Optional[Tuple[str, int]]]
 Stalled = Callable[[bytes], None]
 
 
+#: the shortest wait a push's answer reports (the push that completed a round, or any
+#: under ASGD, waited for nobody: their answers stay as short as before)
+WAIT_REPORTED = 1e-4
+
+
 def weights_header(shard: int, round_: int, key: Key, updates: int, age: float,
-                   stop: Optional[str]) -> Dict:
-    """The header of a `weights` answer chunk (its values follow in one frame)."""
+                   stop: Optional[str], waited: Optional[float] = None) -> Dict:
+    """The header of a `weights` answer chunk (its values follow in one frame);
+    `waited`: the seconds the answered push waited here for the other workers' (the
+    round's *wait*, measured on one clock: the server's)."""
     section, offset = key
     header = {"type": "weights", "shard": shard, "round": round_, "section": section,
               "offset": offset, "updates": updates, "age": round(age, 6)}
     if stop is not None:
         header["stop"] = stop
+    if waited is not None and waited >= WAIT_REPORTED:
+        header["waited"] = round(waited, 6)
     return header
 
 
@@ -107,7 +116,8 @@ class ShardServer:
         self.round_pulls: List[Tuple[bytes, int, int]] = []  # (identity, worker, round)
         #: the evaluator's pulls that came mid-round, answered once the round is done
         self.evaluator_pulls: List[Tuple[bytes, int]] = []  # (identity, round)
-        self.waiting: Dict[Key, List[Tuple[bytes, int, int]]] = {}  # (identity, worker, round)
+        #: pushes waiting for their round: (identity, worker, round, time it arrived)
+        self.waiting: Dict[Key, List[Tuple[bytes, int, int, float]]] = {}
         self.started_at: Optional[float] = None  # when worker 0 said training started
         self.age_offset = 0.0  # a restored shard's training clock at its checkpoint
         self.checkpoints, (self.every_rounds, self.every_seconds) = checkpoints, every
@@ -271,15 +281,16 @@ class ShardServer:
         for stale in self.rule.move_to(round_):
             self._answer_waiting(stale)
         complete = self.rule.add(worker, key, values, steps)
-        self.waiting.setdefault(key, []).append((identity, worker, round_))
+        self.waiting.setdefault(key, []).append((identity, worker, round_, time.monotonic()))
         if complete:
             self._answer_waiting(key)
         self._after_change()
 
     def _answer_waiting(self, key: Key) -> None:
         length = min(CHUNK_VALUES, len(self.sections[key[0]]) - key[1])
-        for waiter, pusher, pushed_round in self.waiting.pop(key, []):
-            self._answer(waiter, pusher, pushed_round, key, length)
+        now = time.monotonic()
+        for waiter, pusher, pushed_round, pushed_at in self.waiting.pop(key, []):
+            self._answer(waiter, pusher, pushed_round, key, length, waited=now - pushed_at)
 
     def _after_change(self) -> None:
         """Answer the pulls of workers coming back whose round may start, and the
@@ -408,10 +419,12 @@ class ShardServer:
             for offset, length in chunk_spans(len(values)):
                 self._answer(identity, worker, round_, (section, offset), length)
 
-    def _answer(self, identity: bytes, worker, round_: int, key: Key, length: int) -> None:
+    def _answer(self, identity: bytes, worker, round_: int, key: Key, length: int,
+                waited: Optional[float] = None) -> None:
         section, offset = key
         age = 0.0 if self.started_at is None else time.monotonic() - self.started_at
-        header = weights_header(self.rank, round_, key, self.updates, age, self.stop_reason)
+        header = weights_header(self.rank, round_, key, self.updates, age, self.stop_reason,
+                                waited)
         values = self.sections[section][offset:offset + length]
         if worker == EVALUATOR:  # it reads mid-round: never a view the rule may change
             self._send(identity, header, [values.copy()])

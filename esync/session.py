@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from esync.algorithms.base import Algorithm, Phases
+from esync.breakdown import breakdown
 from esync.clock import Clock, Slowdown
 from esync.data import METRIC_LINE, METRIC_RECORD
 from esync.data.order import DataSettings
@@ -86,6 +87,7 @@ class Session:
         #: the ps-lite cluster's node (None alone or under DDP): block leases ask it
         self.node = None
         self._budget = 0          # local iterations of the round in progress; 0: none
+        self._round_end = time.perf_counter()  # when the last round ended (or training began)
         self._last_eval = 0.0
         self._finished = False  # the algorithm's finish() ran
         self._closed = False
@@ -105,6 +107,7 @@ class Session:
         self.algorithm.setup(model, self.device)
         self.recorder.restart_clock()
         self.clock.restart()
+        self._round_end = time.perf_counter()
         continues = self.algorithm.continues()
         if continues is not None:
             self._continue(*continues)
@@ -143,10 +146,18 @@ class Session:
         self._begin_round()
         return self.algorithm.batch_size()
 
-    def batch_fetched(self, seconds: float, samples: Optional[int]) -> None:
-        """The data loader took `seconds` to give the next batch, of `samples` samples."""
+    def batch_fetched(self, seconds: float, samples: Optional[int], read: float = 0.0,
+                      prep: Optional[float] = None) -> None:
+        """The data loader kept the loop waiting `seconds` for the next batch, of
+        `samples` samples; `read` of them it spent reading shards (the fetch stall, the
+        rest is the prep stall); `prep`: the seconds the batch's decoding took where it
+        ran (None: in this process, during `seconds`)."""
         self._begin_round()
         self._fetch, self._samples = self._fetch + seconds, samples
+        fetched = min(max(0.0, read), seconds)
+        self._stalls[0] += fetched
+        self._stalls[1] += seconds - fetched
+        self._prep_work += seconds - fetched if prep is None else prep
         self._batch_ready = time.perf_counter()
 
     def report(self, loss: Optional[float] = None, samples: Optional[int] = None) -> None:
@@ -209,6 +220,9 @@ class Session:
         self._budget = budget
         self._times: Dict[int, Phases] = {}
         self._loss_sum, self._losses, self._round_samples = 0.0, 0, 0
+        self._stalls = [0.0, 0.0]  # seconds blocked on data: fetch, prep
+        self._prep_work = 0.0
+        self._paused = 0.0  # in-process evaluations the clock does not count
         self._traffic = self.algorithm.traffic()
         self._next_iteration()
 
@@ -223,6 +237,12 @@ class Session:
         sent, received = self.algorithm.traffic()
         mean_loss = self._loss_sum / self._losses if self._losses else math.nan
         evaluated = {} if metric is None else {METRIC_RECORD[self.metric_kind]: metric}
+        ended = time.perf_counter()
+        evaluated["breakdown"] = breakdown(
+            self._times.values(), *self._stalls, self.algorithm.waited_seconds(),
+            ended - self._round_end - self._paused)
+        evaluated["prep_seconds"] = round(self._prep_work, 6)
+        self._round_end = ended
         for fields in self.round_fields:
             evaluated.update(fields())
         self.recorder.write_round(self.round, self._times, self._round_samples, mean_loss,
@@ -255,6 +275,7 @@ class Session:
             spent = time.perf_counter() - started
             self.clock.pause(spent)
             self.recorder.pause(spent)
+            self._paused += spent
             self._last_eval = self.clock()
             return self.metric
         return None

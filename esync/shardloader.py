@@ -28,7 +28,7 @@ from esync.data.leases import Lease, StaticLeases, blocks_per_lease, runs_of
 from esync.data.order import DataSettings
 from esync.data.partition import partition
 from esync.errors import UserError
-from esync.loader import _samples, _to_device
+from esync.loader import TimedCollate, TimedDataset, _samples, _to_device
 from esync.session import Session
 
 log = logging.getLogger(__name__)
@@ -108,8 +108,9 @@ class ShardLoader:
             shards, self.source, lambda: session.algorithm.batch_size() or loader.batch_size,
             loader.drop_last, self.share)
         self.loader = StatefulDataLoader(
-            loader.dataset, batch_sampler=self.sampler, num_workers=loader.num_workers,
-            collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+            TimedDataset(loader.dataset), batch_sampler=self.sampler,
+            num_workers=loader.num_workers, collate_fn=TimedCollate(loader.collate_fn),
+            pin_memory=loader.pin_memory,
             timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
             prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
             snapshot_every_n_steps=1)
@@ -173,11 +174,11 @@ class ShardLoader:
     def __iter__(self) -> Iterator[Any]:
         if self.session.stop_reason is not None:
             return
-        batches = iter(self.loader)
+        started, read = time.perf_counter(), self.sampler.read_seconds
+        batches = iter(self.loader)  # its workers' first batches are read here
         while True:
-            started = time.perf_counter()
             try:
-                batch = next(batches)
+                batch, prep = next(batches)
             except StopIteration:
                 return
             emitted = self.sampler.emitted.popleft()
@@ -189,7 +190,9 @@ class ShardLoader:
             self.trained += len(emitted.ids)
             self.place = emitted.place
             self.session.batch_fetched(time.perf_counter() - started,
-                                       _samples(batch) or len(emitted.ids))
+                                       _samples(batch) or len(emitted.ids),
+                                       read=self.sampler.read_seconds - read, prep=prep)
             yield _to_device(batch, self.session.device)
             if self.session.stop_reason is not None:
                 return
+            started, read = time.perf_counter(), self.sampler.read_seconds

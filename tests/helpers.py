@@ -106,3 +106,23 @@ def assert_no_traceback(outputs: Mapping[str, str]) -> None:
     """No process's output ({name: output}) holds a traceback."""
     for name, output in outputs.items():
         assert "Traceback" not in output, (name, output[-3000:])
+
+
+def assert_breakdown(records: Sequence[dict], waits: bool = False) -> None:
+    """Each round's record says where its time went (esync.breakdown): every category,
+    none negative, computing in every round, and the categories add up to the job's
+    time between the first and last record (within 10%, and 0.2 s). `waits`: a
+    synchronous job whose workers differ in speed, where some round waited for others."""
+    from esync.breakdown import CATEGORIES
+
+    assert records, "no round records"
+    for r in records:
+        assert set(r["breakdown"]) == set(CATEGORIES), r["breakdown"]
+        assert min(r["breakdown"].values()) >= 0, r["breakdown"]
+        assert r["prep_seconds"] >= 0
+    assert all(r["breakdown"]["compute"] > 0 for r in records[1:])
+    spent = sum(sum(r["breakdown"].values()) for r in records[1:])
+    elapsed = records[-1]["total_time"] - records[0]["total_time"]
+    assert abs(spent - elapsed) <= 0.1 * elapsed + 0.2, (spent, elapsed)
+    if waits:
+        assert sum(r["breakdown"]["wait"] for r in records) > 0

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.cluster import Cluster
-from tests.helpers import REPO, evaluator_accuracy, run_main
+from tests.helpers import REPO, assert_breakdown, evaluator_accuracy, run_main
 from tests.stateserver import StateServer
 
 pytestmark = pytest.mark.slow  # whole clusters of real processes
@@ -90,6 +90,7 @@ def test_job_started_by_env_vars_reaches_90_percent(tmp_path, backend, mode, wor
         assert accuracy[-1] >= 0.90, accuracy
         for w in range(workers):  # every worker stopped after the same round
             assert len(job.rounds(w)) == len(job.rounds(rank0))
+            assert_breakdown(job.rounds(w), waits=mode == "sync" and w == rank0)
             assert job.rounds(w)[-1]["bytes_sent"] > 0
         if mode == "esync":  # budgets by speed: the fast workers ran more local steps
             budgets = [max(r.get("budget", 0) for r in job.rounds(w)) for w in range(workers)]

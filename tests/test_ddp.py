@@ -17,7 +17,7 @@ import pytest
 from esync.link import Link
 from launch import local
 from launch.supervisor import free_port
-from tests.helpers import CLUSTER_VARIABLES, MAIN, REPO
+from tests.helpers import CLUSTER_VARIABLES, MAIN, REPO, assert_breakdown
 
 pytestmark = pytest.mark.slow  # whole jobs of real processes
 
@@ -104,6 +104,7 @@ def test_two_ranks_started_by_hand_train_the_same_rounds(unpaced):
         assert r0["num_samples"] == r1["num_samples"] == 64
         assert r0["epoch"] == pytest.approx(r1["epoch"], rel=0.01)
     for rounds in (rank0, rank1):
+        assert_breakdown(rounds)
         for r in rounds:
             assert r["time"]["0"]["global aggregate"] > 0
             assert r["bytes_sent"] == r["bytes_received"] == STEP_BYTES

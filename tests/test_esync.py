@@ -10,6 +10,7 @@ import time
 import pytest
 
 from tests.cluster import Cluster
+from tests.helpers import assert_breakdown
 from tests.stateserver import StateServer
 
 pytestmark = pytest.mark.slow  # whole clusters of real processes
@@ -84,6 +85,7 @@ def test_heterogeneous_workers_get_budgets_by_speed_and_reach_90_percent(tmp_pat
         assert slow == [1, 1] and min(fast) >= 2.5, budgets
         # worker 0 announces its stop with the next round's push: all leave together
         for w in rounds:
+            assert_breakdown(rounds[w])
             assert [r["num_iters"] for r in rounds[w]] == list(range(1, count + 1))
             assert rounds[w][0]["budget"] == 1  # round 1: nothing measured yet
             for record in rounds[w]:

@@ -11,7 +11,7 @@ import pytest
 
 from esync.cli import main
 from esync.recorder import Recorder
-from tests.helpers import CLUSTER_VARIABLES, make_idx_dataset, run_main
+from tests.helpers import CLUSTER_VARIABLES, assert_breakdown, make_idx_dataset, run_main
 
 
 @pytest.fixture
@@ -43,6 +43,7 @@ def test_quick_start_reaches_90_percent_on_digits(tmp_path):
     assert result.returncode == 0, result.stderr
     rounds = _rounds(str(tmp_path))
     assert rounds, "no iteration logs written"
+    assert_breakdown(rounds)
     for n, record in enumerate(rounds, 1):
         assert record["num_iters"] == n
         assert set(record) >= {"num_iters", "time", "num_samples", "total_time", "loss",

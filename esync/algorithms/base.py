@@ -87,6 +87,12 @@ class Algorithm:
         backward (DDP's all-reduce): logged as `global aggregate`, not as computing."""
         return 0.0
 
+    def waited_seconds(self) -> float:
+        """Seconds of the last round's synchronisation spent waiting for the other
+        workers (the round's *wait*; the rest of it is communication). 0 where they
+        cannot be told apart: DDP's all-reduce waits inside backward."""
+        return 0.0
+
     def begin_round(self, round_: int) -> Tuple[int, Phases]:
         """Number of local iterations of round `round_` (from 1), and timed phases
         spent deciding it (for example asking a state server for a budget)."""

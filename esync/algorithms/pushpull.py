@@ -166,6 +166,11 @@ class PushPull(Algorithm):
             self.flat.load_host_state()
         return {self.aggregate_phase: time.perf_counter() - start}
 
+    def waited_seconds(self) -> float:
+        """As the servers measured it (a push's wait there for the others'), or the
+        all-reduce's control vector (it completes once all have come)."""
+        return self.kv.waited if self.kv is not None else 0.0
+
     def evaluates(self, round_: int) -> bool:
         return self.rank == 0 and self.eval_every > 0 and round_ % self.eval_every == 0
 
