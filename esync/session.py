@@ -86,6 +86,8 @@ class Session:
         self.round_fields: List[Callable[[], Dict[str, Any]]] = []
         #: the ps-lite cluster's node (None alone or under DDP): block leases ask it
         self.node = None
+        #: where the last round's time went (esync.breakdown), once a round has ended
+        self.last_breakdown: Dict[str, float] = {}
         self._budget = 0          # local iterations of the round in progress; 0: none
         self._round_end = time.perf_counter()  # when the last round ended (or training began)
         self._last_eval = 0.0
@@ -242,6 +244,7 @@ class Session:
             self._times.values(), *self._stalls, self.algorithm.waited_seconds(),
             ended - self._round_end - self._paused)
         evaluated["prep_seconds"] = round(self._prep_work, 6)
+        self.last_breakdown = evaluated["breakdown"]
         self._round_end = ended
         for fields in self.round_fields:
             evaluated.update(fields())
