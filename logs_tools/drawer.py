@@ -13,6 +13,12 @@ record}}``, each record a set of per-round lists) and writes into OUTDIR (defaul
 * ``throughput.png``: samples/s per algorithm (IID modes and Standalone);
 * ``traffic.png``: network traffic in MB/s per algorithm (IID modes);
 * ``computing_ratio.png``: computing time / wall-clock time per device and algorithm;
+* ``breakdown.png``: per mode, a stacked bar per device of the share of its time in each
+  category of the rounds' ``breakdown`` (fetch, prep, compute, communication, wait,
+  state server, other), from the summaries' ``totals``; only where a summary has them
+  (logs older than the breakdown have none: a note, and no file);
+* ``rates.png``: each device's samples per second over wall-clock time, one panel per
+  mode (every mode, standalone too);
 * ``speedup.md`` and ``speedup.json``: time to the target accuracy, speedup over SSGD,
   final and best accuracy and final accuracy minus the standalone's best.
 
@@ -28,14 +34,17 @@ A job's accuracy (curve, time to target, final and best; or its val_loss) is its
 *evaluating device*'s: the evaluator (the device named ``registry.EVALUATOR``, which
 tests the global model every few hundred ms) when the summary has one with an accuracy,
 else the device with the most accuracies (worker 0 in runs without an evaluator). The
-evaluator trains on nothing: throughput, traffic, the job's duration and the computing
-ratios count the other devices (the workers) only.
+evaluator trains on nothing: throughput, traffic, the job's duration, the computing
+ratios, the breakdown and the rates count the other devices (the workers) only. The last
+two figures' data and axes are ``logs_tools/breakdown.py``'s.
 
 Usage: ``python logs_tools/drawer.py -b BASE -n NETWORK [-o OUTDIR] [--target 0.8]
 [--target-loss L] [--linear-time] [--show]``. Missing or unreadable summaries are left
 out with a note on stderr; every output file is always written. The algorithms, their
-folders and their display names come from ``esync.registry`` (nothing else of esync, no
-torch); the file names from ``summary.py``.
+folders and their display names come from ``esync.registry`` (and, through summary.py, the
+breakdown's categories from ``esync.breakdown``; nothing else of esync, no
+torch); the file names from ``summary.py``. ``breakdown.png`` is not written where no
+summary has a breakdown (noted).
 
 Library use (the experiment, compare.py): ``draw(base, network, outdir=None, target=0.8,
 linear_time=False, target_loss=None) -> table``, and the metrics below (``metric_of``,
@@ -53,6 +62,7 @@ import matplotlib
 import matplotlib.ticker
 
 from esync import registry
+from logs_tools import breakdown
 from logs_tools.summary import output_path
 
 PROG = "drawer.py"
@@ -87,7 +97,9 @@ LOWER_IS_BETTER = frozenset({"val_loss"})
 DEFAULT_METRIC = "accuracy"  # of a summary that never evaluated, and of older ones
 
 OUTPUTS = ("accuracy_iid.png", "accuracy_noniid.png", "throughput.png", "traffic.png",
-           "computing_ratio.png", "speedup.md", "speedup.json")
+           "computing_ratio.png", "rates.png", "speedup.md", "speedup.json")
+# written where a summary has the rounds' breakdown (logs older than it have none)
+BREAKDOWN_OUTPUT = "breakdown.png"
 
 _plt = None
 
@@ -507,6 +519,47 @@ def draw_computing_ratio(data, path, show=False):
     return _save(fig, path, show)
 
 
+def device_groups(data):
+    """[(mode's display name, [(device label, record)])]: the training devices of each
+    loaded summary, in data's order."""
+    groups = []
+    for (label, niid), summary in data.items():
+        recs = training_records(summary)
+        names = device_names([(h, d) for h, d, _ in recs])
+        devices = [(name, rec) for name, (_, _, rec) in zip(names, recs)]
+        groups.append((_display(label, niid), devices))
+    return groups
+
+
+def draw_breakdown(data, path, show=False):
+    """breakdown.png of data's devices with a breakdown; None (nothing written) if none
+    has one."""
+    rows = breakdown.breakdown_rows(device_groups(data), note)
+    if not rows:
+        return None
+    fig, ax = pyplot(show).subplots(figsize=(8, breakdown.breakdown_height(rows)))
+    breakdown.plot_breakdown(ax, rows)
+    return _save(fig, path, show)
+
+
+def draw_rates(data, path, show=False):
+    """rates.png: each training device's samples per second over time, a panel a mode."""
+    series = breakdown.rate_series(device_groups(data))
+    nrows, ncols = breakdown.rates_grid(series)
+    fig, axes = pyplot(show).subplots(nrows, ncols, squeeze=False,
+                                      figsize=(7.5 * ncols, 2.8 * nrows + 0.6))
+    panels = list(axes.flat)
+    for ax, (mode, lines) in zip(panels, series):
+        breakdown.plot_rates(ax, mode, lines)
+    for ax in panels[len(series):]:
+        ax.set_visible(False)
+    if not series:
+        panels[0].set_visible(True)
+        _no_data(panels[0])
+        panels[0].set_title("Samples per second per device")
+    return _save(fig, path, show)
+
+
 # ---------------------------------------------------------------- table
 
 def _time_to(summary, target, metric):
@@ -626,12 +679,12 @@ def table_metric(data, target, target_loss, folder):
 
 def draw(base, network, outdir=None, target=0.8, show=False, linear_time=False,
          target_loss=None):
-    """Write the five figures, speedup.md and speedup.json of BASE/NETWORK into OUTDIR
-    (default BASE/NETWORK); return the Markdown table. The accuracy figures have a log
-    time axis unless linear_time. Runs that measured val_loss are drawn with it, timed to
-    target_loss. DrawError if there is no BASE/NETWORK or OUTDIR cannot be created, or
-    for a target_loss given for runs that measured accuracy; a missing summary is only
-    noted."""
+    """Write OUTPUTS (six figures, speedup.md and speedup.json) of BASE/NETWORK into
+    OUTDIR (default BASE/NETWORK), and breakdown.png where a summary has a breakdown;
+    return the Markdown table. The accuracy figures have a log time axis unless
+    linear_time. Runs that measured val_loss are drawn with it, timed to target_loss.
+    DrawError if there is no BASE/NETWORK or OUTDIR cannot be created, or for a
+    target_loss given for runs that measured accuracy; a missing summary is only noted."""
     folder = os.path.join(base, network)
     if not os.path.isdir(folder):
         raise DrawError(f"no such folder: {folder}")
@@ -651,6 +704,10 @@ def draw(base, network, outdir=None, target=0.8, show=False, linear_time=False,
     draw_throughput(data, out("throughput.png"), show)
     draw_traffic(data, out("traffic.png"), show)
     draw_computing_ratio(data, out("computing_ratio.png"), show)
+    if draw_breakdown(data, out(BREAKDOWN_OUTPUT), show) is None:
+        note(f"no summary under {folder} has a breakdown (logs older than it); "
+             f"{BREAKDOWN_OUTPUT} not written")
+    draw_rates(data, out("rates.png"), show)
     return write_speedup(data, target, network, outdir, metric)
 
 

@@ -25,6 +25,45 @@ better), or with `--metric loss` a validation loss (`val_loss`, lower is better)
 other list is then all null. Both lists are always there, so that a reader need not
 know the job's flags.
 
+Where the time went. A device whose logs have the per-round `breakdown` (or the data
+loader's counters beside it) has these lists too, one entry per round, null in a round
+whose file lacks the field (a category missing from a `breakdown` counts 0: DDP has no
+`wait`):
+
+    "breakdown_fetch_list":         [...],  # breakdown.fetch: blocked reading shards
+    "breakdown_prep_list":          [...],  # breakdown.prep: blocked on decoding,
+                                            #   transforms, collation
+    "breakdown_compute_list":       [...],  # breakdown.compute (+ slowdown)
+    "breakdown_communication_list": [...],  # breakdown.communication
+    "breakdown_wait_list":          [...],  # breakdown.wait
+    "breakdown_state_server_list":  [...],  # breakdown.state_server
+    "breakdown_other_list":         [...],  # breakdown.other
+    "prep_seconds_list":            [...],  # prep_seconds: decoding work (not a stall)
+    "read_bytes_list":              [...],  # read_bytes (shards)
+    "read_seconds_list":            [...],  # read_seconds (shards)
+    "cache_hits_list":              [...],  # cache_hits
+    "remote_batches_list":          [...],  # remote_batches
+
+and the device's totals (`totals(record)`):
+
+    "totals": {"rounds": n, "samples": n,
+               "elapsed_seconds": s,          # its last total_time
+               "samples_per_second": x,       # samples / elapsed_seconds
+               "breakdown_rounds": n,         # rounds with a breakdown
+               "breakdown_seconds": s,        # their wall time: the categories' sum
+               "seconds": {category: s},      # per category, over those rounds
+               "share": {category: x},        # seconds / breakdown_seconds
+               "prep_seconds": s, "read_bytes": b, "read_seconds": s,
+               "read_MB_per_s": x,            # read_bytes / read_seconds / 1e6
+               "cache_hits": n, "remote_batches": n}
+
+A total no round had a value for is null (seconds and share without a breakdown,
+read_MB_per_s without read seconds, samples_per_second when elapsed_seconds is 0). The
+categories sum to each round's wall time, so breakdown_seconds is about elapsed_seconds
+when every round has a breakdown. A device whose logs have none of these fields (logs
+older than the breakdown; the evaluator's) has none of these lists and no totals: its
+record is as above.
+
 <Name> comes from the MODE folder name (`name_of`), through esync.registry: each
 algorithm's log folder has its summary name (esync -> ESync, sync -> Sync, async ->
 Async, dcasgd -> DCASGD, local -> Local), and a split-by-class folder (`-niid`) has the
@@ -42,8 +81,9 @@ status 2 without writing anything; a failure to write the output exits with stat
 
 Library use (the drawer, the experiment): `summarize(base, network, mode) -> dict`
 (raises SummaryError), `write_summary(base, network, mode) -> (path, dict)`,
-`name_of(mode) -> str`, `output_path(base, network, mode) -> str`, `main(argv=None) ->
-int`. Standard library and esync.registry only (no torch, nothing of the runtime).
+`totals(record) -> dict`, `name_of(mode) -> str`, `output_path(base, network, mode) ->
+str`, `main(argv=None) -> int`. Standard library, esync.registry and esync.breakdown
+(the categories; pure arithmetic) only: no torch, nothing of the runtime.
 """
 from __future__ import annotations
 
@@ -57,6 +97,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import config
 from esync import registry
+from esync.breakdown import CATEGORIES
 
 PROG = "summary.py"
 
@@ -66,6 +107,18 @@ AGGREGATE_PHASES = ("global aggregate", "global update", "balance batches")
 FIELDS = ("accuracy_list", "val_loss_list", "num_samples_list", "self_iters_list",
           "elapsed_time_list", "aggregate_time_list", "compute_time_list", "bytes_list",
           "loss_list", "rounds_list")
+
+#: the categories of a round's `breakdown`, in drawing order
+BREAKDOWN_CATEGORIES = CATEGORIES
+BREAKDOWN_LISTS = {c: f"breakdown_{c}_list" for c in BREAKDOWN_CATEGORIES}
+#: the loader's per-round counters beside the breakdown: field -> (list, a count?)
+COUNTERS = {"prep_seconds": ("prep_seconds_list", False),
+            "read_bytes": ("read_bytes_list", True),
+            "read_seconds": ("read_seconds_list", False),
+            "cache_hits": ("cache_hits_list", True),
+            "remote_batches": ("remote_batches_list", True)}
+#: the lists of a device whose logs have a breakdown or a counter (see the docstring)
+BREAKDOWN_FIELDS = tuple(BREAKDOWN_LISTS.values()) + tuple(l for l, _ in COUNTERS.values())
 
 _ITER_FILE = re.compile(r"iter-([0-9]+)\.json")
 
@@ -197,6 +250,7 @@ def _round_record(data: dict, n: int) -> dict:
     val_loss = _evaluation(data, "val_loss")
 
     return {
+        **_breakdown_values(data),
         "accuracy_list": accuracy,
         "val_loss_list": val_loss,
         "num_samples_list": data["num_samples"],
@@ -207,6 +261,66 @@ def _round_record(data: dict, n: int) -> dict:
         "bytes_list": data["bytes_sent"] + data["bytes_received"],
         "loss_list": loss,
         "rounds_list": num_iters,
+    }
+
+
+def _breakdown_values(data: dict) -> dict:
+    """The round's breakdown lists' and counters' values (None where its file lacks the
+    field; 0 for a category a breakdown lacks); BadFile if one is wrongly shaped."""
+    out = {}
+    split = data.get("breakdown")
+    if split is not None and not isinstance(split, dict):
+        raise BadFile(f"'breakdown' is not an object: {split!r}")
+    for category, key in BREAKDOWN_LISTS.items():
+        value = None if split is None else split.get(category, 0)
+        if value is not None and not _is_number(value):
+            raise BadFile(f"'breakdown'[{category!r}] is not a number: {value!r}")
+        out[key] = value
+    for field, (key, count) in COUNTERS.items():
+        value = data.get(field)
+        if value is not None and not (_is_count(value) if count else _is_number(value)):
+            raise BadFile(f"{field!r} is not a {'count' if count else 'number'}: {value!r}")
+        out[key] = value
+    return out
+
+
+def _sum(values: list, count: bool = False):
+    """The sum of the non-null values (of counts: an exact int); None if all are null."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    return sum(present) if count else math.fsum(present)
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def totals(record: dict) -> dict:
+    """The `totals` of a device's record with the breakdown lists (see the docstring)."""
+    samples = sum(record["num_samples_list"])
+    elapsed = record["elapsed_time_list"][-1]
+    split = [i for i, v in enumerate(record[BREAKDOWN_LISTS["other"]]) if v is not None]
+    seconds = {c: math.fsum(record[key][i] for i in split)
+               for c, key in BREAKDOWN_LISTS.items()} if split else None
+    wall = math.fsum(seconds.values()) if seconds else None
+    counters = {field: _sum(record[key], count) for field, (key, count) in COUNTERS.items()}
+    read_rate = _ratio(counters["read_bytes"], counters["read_seconds"])
+    return {
+        "rounds": len(record["rounds_list"]),
+        "samples": samples,
+        "elapsed_seconds": elapsed,
+        "samples_per_second": samples / elapsed if elapsed > 0 else None,
+        "breakdown_rounds": len(split),
+        "breakdown_seconds": wall,
+        "seconds": seconds,
+        "share": {c: v / wall for c, v in seconds.items()} if wall else None,
+        "prep_seconds": counters["prep_seconds"],
+        "read_bytes": counters["read_bytes"],
+        "read_seconds": counters["read_seconds"],
+        "read_MB_per_s": read_rate / 1e6 if read_rate is not None else None,
+        "cache_hits": counters["cache_hits"],
+        "remote_batches": counters["remote_batches"],
     }
 
 
@@ -247,7 +361,7 @@ def summarize_device(device_dir: str, warn: Optional[Warn] = None) -> Optional[d
     except OSError as e:
         warn(f"{PROG}: skipped {device_dir}: cannot list: {e.strerror or e}")
         return None
-    record: Dict[str, list] = {k: [] for k in FIELDS}
+    record: dict = {k: [] for k in FIELDS + BREAKDOWN_FIELDS}
     expected = 1
     for n, name in files:
         path = os.path.join(device_dir, name)
@@ -265,11 +379,14 @@ def summarize_device(device_dir: str, warn: Optional[Warn] = None) -> Optional[d
         except BadFile as e:
             warn(f"{PROG}: skipped {path}: {e}")
             continue
-        for k in FIELDS:
+        for k in record:
             record[k].append(values[k])
     if not record["rounds_list"]:
         warn(f"{PROG}: skipped {device_dir}: no usable iteration files")
         return None
+    if not any(v is not None for k in BREAKDOWN_FIELDS for v in record[k]):
+        return {k: record[k] for k in FIELDS}  # older logs: the record as it was
+    record["totals"] = totals(record)
     return record
 
 

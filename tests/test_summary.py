@@ -487,7 +487,7 @@ def test_imports_only_the_registry_of_esync_and_no_torch():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "['esync', 'esync.registry']"
+    assert proc.stdout.strip() == "['esync', 'esync.breakdown', 'esync.registry']"
 
 
 def test_names_come_from_the_registry():
