@@ -24,6 +24,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 import config
 from esync.data.blocks import BlockSampler
+from esync.data.cache import SampleCache
 from esync.data.leases import Lease, StaticLeases, blocks_per_lease, runs_of
 from esync.data.order import DataSettings
 from esync.data.partition import partition
@@ -104,9 +105,13 @@ class ShardLoader:
             self.source = StaticLeases(self._own_blocks(shards, blocks), per_lease,
                                        [settings.seed, session.rank], shuffle,
                                        prefix=f"r{session.rank}:")
+        cache = SampleCache(shards, settings.cache_fraction, settings.block_size,
+                            [settings.seed, session.rank],
+                            int(settings.cache_fraction * shards.read_bytes_total
+                                / session.num_workers)) if settings.cache_fraction else None
         self.sampler = BlockSampler(
             shards, self.source, lambda: session.algorithm.batch_size() or loader.batch_size,
-            loader.drop_last, self.share)
+            loader.drop_last, self.share, cache=cache, disk_bandwidth=settings.disk_bandwidth)
         self.loader = StatefulDataLoader(
             TimedDataset(loader.dataset), batch_sampler=self.sampler,
             num_workers=loader.num_workers, collate_fn=TimedCollate(loader.collate_fn),
@@ -119,7 +124,8 @@ class ShardLoader:
         self._done: List[str] = []
         self._at: Optional[Tuple[str, int]] = None
         self._ids: Dict[str, List[int]] = {}  # per epoch: samples handed out (--log-samples)
-        self._read = (0, 0.0, 0)  # block reads' bytes, seconds, skipped samples so far
+        self._read = (0, 0.0, 0, 0, 0)  # so far: block reads' bytes, seconds, skipped
+        #                                 samples, cache hits and their bytes
         saved = (session.resume_data or {}).get("loader")
         if isinstance(saved, dict):
             self.loader.load_state_dict(saved)
@@ -157,12 +163,17 @@ class ShardLoader:
         self._done = []
 
     def _round_fields(self) -> Dict[str, Any]:
-        read = (self.sampler.read_bytes, self.sampler.read_seconds, self.sampler.skipped)
+        sampler = self.sampler
+        read = (sampler.read_bytes, sampler.read_seconds, sampler.skipped, sampler.cache_hits,
+                sampler.cache_hit_bytes)
         fields = {"data": self._state,
                   "read_bytes": read[0] - self._read[0],
                   "read_seconds": round(read[1] - self._read[1], 6)}
         if read[2] - self._read[2]:
             fields["skipped_samples"] = read[2] - self._read[2]
+        if sampler.cache is not None:  # samples (and their shards' bytes) not read
+            fields["cache_hits"] = read[3] - self._read[3]
+            fields["cache_bytes"] = read[4] - self._read[4]
         self._read = read
         if self.settings.log_samples:
             fields["sample_ids"], self._ids = self._ids, {}

@@ -15,6 +15,12 @@ batch it handed out, so a restarted or resumed worker continues at its exact nex
 sample. A block that cannot be read mid-run (a corrupt shard) is skipped with a warning
 naming the shard and counted (`skipped`). `emitted` holds, per batch emitted and not
 yet handed to the training loop, its sample ids and the leases it finished (the loader reports them at each round's end).
+
+With a `cache` (esync.data.cache, --cache-fraction) a range the cache holds is not read
+(nor counted in `read_bytes`, `read_seconds`; `cache_hits`, `cache_hit_bytes` count it)
+and a range read is offered to it. `disk_bandwidth` (MB/s, --disk-bandwidth) emulates
+slower storage, as --slowdown a slower device: a lease's reads from disk take at least
+their bytes over it (the rest is slept, in `read_seconds`).
 """
 from __future__ import annotations
 
@@ -26,8 +32,9 @@ from typing import Callable, Deque, Dict, Iterator, List, Optional, Protocol, Tu
 
 import numpy as np
 
+from esync.data.cache import SampleCache
 from esync.data.leases import Lease
-from esync.data.shards import ShardSet
+from esync.data.shards import Raw, ShardSet
 from esync.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -59,8 +66,12 @@ class BlockSampler:
     """Batches of a device's leases, read block by block (see the module)."""
 
     def __init__(self, shards: ShardSet, source: LeaseSource, batch_size: Callable[[], int],
-                 drop_last: bool = False, share: Optional[int] = None):
+                 drop_last: bool = False, share: Optional[int] = None, *,
+                 cache: Optional[SampleCache] = None, disk_bandwidth: Optional[float] = None):
+        if disk_bandwidth is not None and not disk_bandwidth > 0:
+            raise ValueError(f"disk_bandwidth must be a positive MB/s, not {disk_bandwidth}")
         self.shards, self.source = shards, source
+        self.cache, self.disk_bandwidth = cache, disk_bandwidth  # MB/s of 10^6 bytes
         self.batch_size, self.drop_last = batch_size, drop_last
         self.share = share or len(shards)  # samples a pass has, nominally (len())
         self.lease: Optional[Lease] = None
@@ -130,24 +141,66 @@ class BlockSampler:
         self._start(lease)
         return True
 
+    @property
+    def cache_hits(self) -> int:
+        """Samples served by the cache, not read."""
+        return self.cache.hits if self.cache is not None else 0
+
+    @property
+    def cache_hit_bytes(self) -> int:
+        """Their bytes in the shards."""
+        return self.cache.hit_bytes if self.cache is not None else 0
+
     def _start(self, lease: Lease) -> None:
-        """Read the lease's blocks into the buffer; emit from its `skip`-th sample."""
-        started = time.perf_counter()
-        self._buffer = {}
-        for first, count in lease.ranges:
-            try:
-                samples = self.shards.read(first, count)
-            except UserError as e:  # the run goes on without the block, counted
-                log.warning("skipped samples %d..%d: %s", first, first + count - 1, e)
-                self.skipped += count
-                continue
+        """Read the lease's blocks into the buffer (what the cache holds from it, the rest
+        from disk, no faster than `disk_bandwidth`); emit from its `skip`-th sample."""
+        self._buffer, seconds, disk_bytes = {}, 0.0, 0
+        for first, count, samples in (p for r in lease.ranges for p in self._pieces(*r)):
+            if samples is None:  # from disk
+                started = time.perf_counter()
+                samples = self._read(first, count)
+                seconds += time.perf_counter() - started
+                if samples is None:
+                    continue
+                disk_bytes += self.shards.read_bytes(first, count)
             for sample_id, (_, parts) in zip(range(first, first + count), samples):
                 self._buffer[sample_id] = parts
-            self.read_bytes += self.shards.read_bytes(first, count)
-        self.read_seconds += time.perf_counter() - started
+        if self.disk_bandwidth and disk_bytes / (self.disk_bandwidth * 1e6) > seconds:
+            started = time.perf_counter()  # emulated slower storage: wait for the rest
+            time.sleep(disk_bytes / (self.disk_bandwidth * 1e6) - seconds)
+            seconds += time.perf_counter() - started
+        self.read_bytes += disk_bytes
+        self.read_seconds += seconds
         self.lease, self._order, self.pos = lease, lease.order(), lease.skip
         for trained in self._order[:lease.skip]:
             self._buffer.pop(int(trained), None)
+
+    def _pieces(self, first: int, count: int) -> List[Tuple[int, int, Optional[List[Raw]]]]:
+        """A range as (first, count, samples) runs: the cache's samples, or None where
+        they are to be read (consecutive such runs: one read)."""
+        if self.cache is None:
+            return [(first, count, None)]
+        out: List[Tuple[int, int, Optional[List[Raw]]]] = []
+        for start, n in self.cache.pieces(first, count):
+            held = self.cache.get_range(start, n)
+            if held is None and out and out[-1][2] is None:
+                out[-1] = (out[-1][0], out[-1][1] + n, None)
+            else:
+                out.append((start, n, held))
+        return out
+
+    def _read(self, first: int, count: int) -> Optional[List[Raw]]:
+        """A range's samples, read (and offered to the cache); None if it cannot be."""
+        try:
+            samples = self.shards.read(first, count)
+        except UserError as e:  # the run goes on without the block, counted
+            log.warning("skipped samples %d..%d: %s", first, first + count - 1, e)
+            self.skipped += count
+            return None
+        if self.cache is not None:
+            for start, n in self.cache.pieces(first, count):
+                self.cache.offer(start, n, samples[start - first:start - first + n])
+        return samples
 
     # --- state (torchdata's StatefulDataLoader saves it as of each handed-out batch) ---
     def state_dict(self) -> dict:
