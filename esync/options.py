@@ -288,7 +288,8 @@ class Options:
                             "label of the log folder; empty: cpu or gpu<N>")
     slowdown: float = _opt(["--slowdown"], config.SLOWDOWN,
                            "act as a device F times slower: after each local iteration "
-                           "wait F-1 times the recent iterations' median time", type=_slowdown)
+                           "wait F-1 times the recent iterations' median computing time",
+                           type=_slowdown)
     bandwidth: Optional[float] = _opt(["--bandwidth"], config.BANDWIDTH,
                                       "Mbit/s of this worker's emulated link, each way: its "
                                       "kvstore or all-reduce traffic is paced to it",

@@ -189,11 +189,14 @@ class Session:
                   "local update": t3 - t2}
         if communicated:
             phases["global aggregate"] = communicated
-        computing = t3 - self._batch_ready - communicated + self._fetch
+        # a slower device's accelerator is slower, not its storage or CPUs: the wait
+        # scales the computing only, not the batch's fetch and prep
+        computing = t3 - self._batch_ready - communicated
         waited = self._slower.wait(computing, self._samples)
         if waited is not None:
             phases["slowdown"] = waited
-        self.algorithm.iteration_timed(computing + (waited or 0.0), self._samples or 0)
+        self.algorithm.iteration_timed(computing + self._fetch + (waited or 0.0),
+                                       self._samples or 0)
         i = len(self._times)
         self._times[i] = {**self._first_phases, **phases} if i == 0 else phases
         self._round_samples += self._samples or 0
