@@ -10,13 +10,22 @@ record gets that state too (`data`), the bytes and seconds its block reads took
 worker's
 unfinished leases are trained once, from where its last round left them, and a worker
 continuing the job goes on from the round its model has.
+
+With --remote-prep F (esync.remoteprep) a worker whose rounds stall on preprocessing has
+its batches made by Ray tasks instead of its DataLoader workers, from the batch after
+those they hold: the sampler's passes are shared (`_Gate`), and each batch it emits
+carries the sampler's state as of that batch, so that the state kept is the one as of
+the last batch handed out, not of batches in flight (`sampler` in data-<n>.json instead
+of the loader's state; either way a worker continues at its exact next sample). Each
+round's record then says how many of its batches Ray tasks made (`remote_batches`).
 """
 from __future__ import annotations
 
 import logging
 import time
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from collections import deque
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 from torch.utils.data import DataLoader, RandomSampler
@@ -69,6 +78,48 @@ def data_split(settings: DataSettings, session: Session) -> str:
     return "leased" if session.node is not None and not settings.split_by_class else "static"
 
 
+class _Gate:
+    """The sampler's batches, taken by the DataLoader (its batch sampler) until `closed`,
+    and by `take` (remote preprocessing): one pass shared by both, and per batch taken
+    the sampler's state just after it (`snapshots`, popped as batches are handed out)."""
+
+    def __init__(self, sampler: BlockSampler):
+        self.sampler = sampler
+        self.closed = False
+        self.current: Optional[Iterator[List[Any]]] = None  # the pass in progress
+        self.snapshots: Deque[dict] = deque()
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[List[Any]]:
+        while not self.closed:
+            batch = self.take()
+            if batch is None:
+                return
+            yield batch
+
+    def take(self) -> Optional[List[Any]]:
+        """The next batch of the pass (a new pass if none is in progress); None at its end."""
+        if self.current is None:
+            self.current = iter(self.sampler)
+        try:
+            batch = next(self.current)
+        except StopIteration:
+            self.current = None
+            return None
+        self.snapshots.append(self.sampler.state_dict())
+        return batch
+
+    def state_dict(self) -> dict:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state)
+        self.current = None
+        self.snapshots.clear()
+
+
 class ShardLoader:
     """Batches of this worker's blocks or leases (see the module)."""
 
@@ -112,8 +163,9 @@ class ShardLoader:
         self.sampler = BlockSampler(
             shards, self.source, lambda: session.algorithm.batch_size() or loader.batch_size,
             loader.drop_last, self.share, cache=cache, disk_bandwidth=settings.disk_bandwidth)
+        self.gate = _Gate(self.sampler)
         self.loader = StatefulDataLoader(
-            TimedDataset(loader.dataset), batch_sampler=self.sampler,
+            TimedDataset(loader.dataset), batch_sampler=self.gate,
             num_workers=loader.num_workers, collate_fn=TimedCollate(loader.collate_fn),
             pin_memory=loader.pin_memory,
             timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
@@ -126,11 +178,23 @@ class ShardLoader:
         self._ids: Dict[str, List[int]] = {}  # per epoch: samples handed out (--log-samples)
         self._read = (0, 0.0, 0, 0, 0)  # so far: block reads' bytes, seconds, skipped
         #                                 samples, cache hits and their bytes
-        saved = (session.resume_data or {}).get("loader")
-        if isinstance(saved, dict):
-            self.loader.load_state_dict(saved)
+        self.remote = None  # esync.remoteprep.RemotePrep, with --remote-prep
+        if settings.remote_prep is not None:
+            from esync.remoteprep import RemotePrep
+
+            self.remote = RemotePrep(loader.dataset, loader.collate_fn, settings.remote_prep)
+        self._remote_batches = 0  # of the round, made by Ray tasks
+        saved = session.resume_data or {}
+        if isinstance(saved.get("sampler"), dict):  # kept by a worker with --remote-prep
+            self.gate.load_state_dict(saved["sampler"])
+        elif isinstance(saved.get("loader"), dict):
+            self.loader.load_state_dict(saved["loader"])
+        if saved:
             self.trained = int(self.sampler.drawn)
             self.place = self.sampler.lease.place if self.sampler.lease else 0.0
+        # with --remote-prep: where the loader is, as of the last batch handed out
+        self._position = {"loader": saved["loader"]} if isinstance(saved.get("loader"), dict) \
+            else {"sampler": self.sampler.state_dict()}
         # epochs: of this worker's own blocks (static), of the job's data (leased)
         session.epochs_done = lambda: self.place
         self._state: Dict[str, Any] = {}
@@ -156,8 +220,9 @@ class ShardLoader:
         """The round's last batch is handed out: keep where the loader is (data-<n>.json)
         and tell the scheduler which leases the round finished, before the round is
         pushed, so that any checkpoint of the round has both."""
-        self._state = {"loader": self.loader.state_dict(), "split": self.split,
-                       "rank": self.session.rank}
+        where = self._position if self.remote is not None else \
+            {"loader": self.loader.state_dict()}
+        self._state = {**where, "split": self.split, "rank": self.session.rank}
         self.session.recorder.write_data(self.session.round, self._state)
         self.source.report(self._done, self._at)
         self._done = []
@@ -177,6 +242,8 @@ class ShardLoader:
         self._read = read
         if self.settings.log_samples:
             fields["sample_ids"], self._ids = self._ids, {}
+        if self.remote is not None:
+            fields["remote_batches"], self._remote_batches = self._remote_batches, 0
         return fields
 
     def __len__(self) -> int:
@@ -186,13 +253,15 @@ class ShardLoader:
         if self.session.stop_reason is not None:
             return
         started, read = time.perf_counter(), self.sampler.read_seconds
-        batches = iter(self.loader)  # its workers' first batches are read here
+        batches = self._batches()  # the DataLoader's workers' first batches are read here
         while True:
             try:
-                batch, prep = next(batches)
+                batch, prep, remote = next(batches)
             except StopIteration:
                 return
             emitted = self.sampler.emitted.popleft()
+            self._position = {"sampler": self.gate.snapshots.popleft()}
+            self._remote_batches += remote
             self._done += emitted.done
             self._at = emitted.at or self._at
             if self.settings.log_samples:
@@ -207,3 +276,31 @@ class ShardLoader:
             if self.session.stop_reason is not None:
                 return
             started, read = time.perf_counter(), self.sampler.read_seconds
+
+    def _batches(self) -> Iterator[Tuple[Any, float, bool]]:
+        """The pass's batches in the sampler's order, each with the seconds it took to
+        make and whether a Ray task made it: from the DataLoader, or, once rounds stall
+        on preprocessing, from Ray tasks (after the DataLoader hands out those it holds),
+        and from the DataLoader again if the cluster falls behind."""
+        remote = self.remote
+        while True:
+            if remote is not None and (remote.active or remote.out):
+                prepared = remote.next(self.gate.take)
+                if prepared is not None:
+                    yield prepared
+                    continue
+                if self.gate.current is None:  # the pass is over
+                    return
+            self.gate.closed = False
+            local = iter(self.loader)
+            while True:
+                if remote is not None and not self.gate.closed and \
+                        remote.should_start(self.session.last_breakdown):
+                    self.gate.closed = True  # the DataLoader takes no more batches
+                try:
+                    batch, prep = next(local)
+                except StopIteration:
+                    break
+                yield batch, prep, False
+            if self.gate.current is None or not self.gate.closed:
+                return

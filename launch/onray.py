@@ -8,7 +8,10 @@ processes run differs. Ray places them, it does not carry tensors: each role (st
 server, scheduler, servers, workers, evaluator) is one actor (`RoleActor`) that starts
 the same `main.py` (or `manage.py runserver`) as a child process, with the same DMLC_*
 variables (DMLC_NODE_HOST: the actor's node address), through launch.supervisor (its own
-process group, killed with the actor). The runtime never imports ray.
+process group, killed with the actor), and the cluster's address, the job's namespace and
+runtime environment (ESYNC_RAY_ADDRESS, ESYNC_RAY_NAMESPACE, ESYNC_RAY_RUNTIME_ENV), by
+which a worker with --remote-prep joins the cluster to send its preprocessing to Ray tasks
+(esync.remoteprep, the one module of the runtime that imports ray, and only then).
 
 Placement: one placement group for the whole job (all or nothing, strategy PACK), a
 bundle per process: a worker asks for `--num-threads` CPUs (1 unless given) and, with
@@ -43,6 +46,7 @@ logical CPUs as the job asks (at least this machine's), shut down at the end.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -59,6 +63,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from esync.remoteprep import ADDRESS_ENV, NAMESPACE_ENV, RUNTIME_ENV_ENV
 from launch.local import REPO, STATE_DB, Launcher, Plan, filler, inherited, last_line
 from launch.supervisor import (GRACE_S, ChildFailed, Outcome, Supervisor, ended_how,
                               fails_job)
@@ -110,7 +115,7 @@ class RoleActor:
 
         # the node's own key or token never count: the job's come in `env`
         full = dict(inherited(os.environ, auth=False), **{k: fill(v) for k, v in env.items()},
-                    DMLC_NODE_HOST=where["address"])
+                    DMLC_NODE_HOST=where["address"], **cluster_variables())
         path = os.path.join(self.logs, where["host"], log)
         self.child = self.supervisor.start(self.name, [fill(a) for a in argv], env=full,
                                            cwd=fill(cwd) if cwd else None, log=path,
@@ -162,6 +167,15 @@ class RoleActor:
         """Remove its folder (after its logs were copied)."""
         self.supervisor.close()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def cluster_variables() -> Dict[str, str]:
+    """The variables by which a process of the job joins this Ray cluster itself
+    (esync.remoteprep, for --remote-prep): its address, the job's namespace and runtime
+    environment (the shipped checkout)."""
+    context = ray.get_runtime_context()
+    return {ADDRESS_ENV: context.gcs_address, NAMESPACE_ENV: context.namespace or "",
+            RUNTIME_ENV_ENV: json.dumps(dict(context.runtime_env or {}))}
 
 
 def _remove_orphans() -> None:

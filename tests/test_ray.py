@@ -8,6 +8,7 @@ never hold fails at once, naming what is missing. Bad flags need no cluster, and
 of esync but launch/onray.py imports ray."""
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
 import json
@@ -22,7 +23,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import pytest
 
@@ -192,6 +193,16 @@ def head():
     """A Ray head on this machine for the file's tests (10 CPUs, 1 pretend GPU, the
     resource esync_ps, the label esync-tier=ps), with its own token; stopped at the end,
     with every process it started (checked in /proc)."""
+    with ray_head(CPUS, [f"--num-gpus={GPUS}", f"--resources={json.dumps({PS_RESOURCE: 4})}",
+                         f"--labels={LABEL[0]}={LABEL[1]}"]) as cluster:
+        yield cluster
+
+
+@contextlib.contextmanager
+def ray_head(cpus: int, flags: Sequence[str] = ()) -> Iterator[Head]:
+    """A Ray head on this machine of `cpus` logical CPUs (and `ray start`'s `flags`), with
+    its own token, folder and ports; stopped at the end, with every process it started
+    (checked in /proc). Skips the test where Ray is not installed."""
     if importlib.util.find_spec("ray") is None:
         pytest.skip("Ray is not installed (pip install -e '.[ray]')")
     # short: Ray's socket paths (under ROOT/session_.../sockets/) must stay under ~100
@@ -206,8 +217,7 @@ def head():
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
                RAY_USAGE_STATS_ENABLED="0", TMPDIR=scratch)
     ports = dict(zip(PORT_FLAGS, _free_ports(len(PORT_FLAGS))))
-    argv = [_ray_command(), "start", "--head", f"--num-cpus={CPUS}", f"--num-gpus={GPUS}",
-            f"--resources={json.dumps({PS_RESOURCE: 4})}", f"--labels={LABEL[0]}={LABEL[1]}",
+    argv = [_ray_command(), "start", "--head", f"--num-cpus={cpus}", *flags,
             f"--temp-dir={root}", "--min-worker-port=0", "--max-worker-port=0",
             "--disable-usage-stats", "--log-style=record", "--log-color=false",
             "--include-dashboard=false",  # the tests ask the GCS, not the dashboard: less load
@@ -526,7 +536,14 @@ print(sorted(m for m in sys.modules if m == "ray" or m.startswith("ray.")))
 """
 
 
+#: the one module of the runtime that imports ray: inside its functions, for --remote-prep
+LAZY_RAY = os.path.join("esync", "remoteprep.py")
+
+
 def test_nothing_but_launch_onray_imports_ray(tmp_path):
+    """Importing every module of esync (and the launchers but launch/onray.py) imports no
+    ray; of esync's sources only esync/remoteprep.py names it, in its functions (run
+    with --remote-prep only)."""
     env = {k: v for k, v in os.environ.items() if k not in CLUSTER_VARIABLES}
     env["PYTHONPATH"] = REPO
     result = subprocess.run([sys.executable, "-c", NO_RAY], cwd=tmp_path, env=env,
@@ -534,3 +551,11 @@ def test_nothing_but_launch_onray_imports_ray(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "[]", result.stdout
     assert not os.listdir(tmp_path)  # nothing ran
+    importing = re.compile(r"^(\s*)(import ray\b|from ray[. ])", re.MULTILINE)
+    found = {}
+    for path in glob.glob(os.path.join(REPO, "esync", "**", "*.py"), recursive=True):
+        with open(path, encoding="utf-8") as f:
+            found.update({(os.path.relpath(path, REPO), m.group(0)): bool(m.group(1))
+                          for m in importing.finditer(f.read())})
+    assert {where for where, _ in found} == {LAZY_RAY}, sorted(found)
+    assert all(found.values()), sorted(found)  # indented: inside functions
