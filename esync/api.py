@@ -158,8 +158,19 @@ def prepare_data_loader(loader: DataLoader) -> Iterable[Any]:
     A `esync.data.decode.ShardDataset` (shards written by esync-pack) is read block by
     block with CorgiPile's shuffle, its samples decoded in `loader`'s worker processes,
     from this worker's own blocks or from blocks the scheduler leases to whichever
-    worker asks (`--data-split`); a pass is then one epoch of leases."""
-    return job_loader(loader, get_session(), get_session().data)
+    worker asks (`--data-split`); a pass is then one epoch of leases. A loader that
+    cannot be prepared (no batch_size; shards too few for the workers; --remote-prep
+    without a Ray cluster) ends the process with one line and exit status 2, the job
+    told, as `init` does."""
+    session = get_session()
+    try:
+        return job_loader(loader, session, session.data)
+    except UserError as e:
+        from esync.console import say_error
+
+        session.close(e)
+        say_error(os.path.basename(sys.argv[0]) or "esync", e)
+        raise SystemExit(2) from None
 
 
 class DistributedOptimizer(torch.optim.Optimizer):

@@ -366,6 +366,8 @@ def plan(argv: Sequence[str], prog: str = PROG,
     name = os.path.splitext(os.path.basename(script[0]))[0] if script else opts.network
     folder = os.path.join(args.out, name, algorithm.log_folder(opts.split_by_class))
     ray = _ray_plan(args)
+    if ray is None and opts.remote_prep is not None:
+        raise LaunchError("--remote-prep sends preprocessing to Ray tasks: it needs --ray")
     if "num_threads" in given:
         threads, extra = opts.num_threads, []
     else:  # on Ray, a CPU worker asks for as many CPUs as it has threads: 1 unless given

@@ -502,6 +502,7 @@ def test_a_job_the_cluster_cannot_hold_fails_at_once(head, tmp_path, args, messa
     (["--ray-servers-on", "head"], "--ray-servers-on needs --ray"),
     (["--ray-servers-on", "any"], "--ray-servers-on needs --ray"),
     (["--ray-timeout", "5"], "--ray-timeout needs --ray"),
+    (["--remote-prep", "0.3"], "--remote-prep sends preprocessing to Ray tasks: it needs --ray"),
     (["--devices", "tpu"], "--devices 'tpu': expected cpu, gpu or gpu:N for each worker"),
     (["--ray", "--devices", "gpu:1"], "gpu:1 names a GPU, but on Ray each GPU worker gets "
                                       "the GPU Ray gives it: say gpu"),
@@ -511,7 +512,7 @@ def test_a_job_the_cluster_cannot_hold_fails_at_once(head, tmp_path, args, messa
     (["--devices", "cpu,cpu,cpu"], "--devices 'cpu,cpu,cpu': expected 2 device(s)"),
     (["--ray", "--devices", "gpu", "-c", "1"], "--devices and main.py's -g/-c both say"),
 ], ids=["servers-on", "label", "timeout-0", "timeout-nan", "servers-on-head-alone",
-        "servers-on-any-alone", "timeout-alone", "tpu", "gpu-index", "g-on-ray",
+        "servers-on-any-alone", "timeout-alone", "remote-prep-alone", "tpu", "gpu-index", "g-on-ray",
         "restart-failed", "three-devices", "devices-and-c"])
 def test_bad_ray_flags_are_one_line_and_exit_2(tmp_path, capsys, args, message):
     argv = ["-m", "sync", *args, "--out", str(tmp_path / "out")]

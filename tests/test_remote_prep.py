@@ -241,3 +241,19 @@ def test_remote_prep_without_a_ray_cluster_is_one_line_at_start(shards, tmp_path
                       "esync-launch --ray (this worker has no ESYNC_RAY_ADDRESS or "
                       "RAY_ADDRESS)"], done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_users_script_gets_the_same_one_line(shards, script, tmp_path):
+    """esync.prepare_data_loader ends a script whose loader cannot be prepared as init
+    ends one with bad settings: one line, exit status 2, no traceback."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DMLC_", "RAY_", "ESYNC_RAY_"))}
+    done = subprocess.run([sys.executable, script, shards, "0", "-m", "local",
+                           "--remote-prep", "0.5", "--max-rounds", "1",
+                           "-ld", str(tmp_path / "logs")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"{os.path.basename(script)}: error: --remote-prep needs a Ray cluster: start the "
+        f"job with esync-launch --ray (this worker has no ESYNC_RAY_ADDRESS or RAY_ADDRESS)")
+    assert "Traceback" not in done.stderr
