@@ -3,7 +3,8 @@ the top-level `config` and `main` modules, and the commands `esync` (main.py),
 `esync-launch` (launch/local.py; `--ray` needs the `ray` extra), `esync-run`
 (launch/run.py: a training script of your own as the workers), `esync-hosts`
 (launch/hosts.py), `esync-pack` (esync/data/pack.py: data sets as shards), `esync-experiment`
-(launch/experiment.py), `esync-summary` (logs_tools/summary.py) and `esync-draw`
+(launch/experiment.py), `esync-stalls` (launch/stalls.py: where each device's time goes,
+and what would help), `esync-summary` (logs_tools/summary.py) and `esync-draw`
 (logs_tools/drawer.py).
 
 On machines where a plain `torch` requirement would pull a multi-GB CUDA build, install
@@ -35,7 +36,8 @@ setup(
     ],
     # pytest-xdist: `python -m pytest -q -n 2` runs the tests on two processes;
     # hypothesis: property-based tests of the wire format
-    # ray: `esync-launch --ray` (launch/onray.py; nothing else imports ray), with Ray's
+    # ray: `esync-launch --ray` (launch/onray.py; and esync/remoteprep.py,
+    # only with --remote-prep), with Ray's
     # state API and `ray list actors` (the [default] extra)
     extras_require={"dev": ["pytest>=7", "pytest-django>=4.5", "pytest-xdist>=3",
                             "hypothesis>=6.80", "tensorboard>=2.14",
@@ -52,5 +54,6 @@ setup(
         "esync-draw = logs_tools.drawer:console_main",
         "esync-compare = logs_tools.compare:console_main",
         "esync-pack = esync.data.pack:console_main",
+        "esync-stalls = launch.stalls:console_main",
     ]},
 )

@@ -1,0 +1,310 @@
+"""`esync-stalls`: where each device of a job loses time to its data and its link, and
+what would remove it: DS-Analyzer's differential what-if analysis on esync's own loop.
+
+    esync-stalls -m esync --workers 4 --slowdown 1,1,4,4 --bandwidth none,none,100,100 \\
+        -n lenet --dataset shards:DIR -b 64 --loader-workers 1 [--seconds 3] [--json F]
+
+The job is given as esync-launch takes it (its --workers, --slowdown, --bandwidth,
+--latency, --devices; launch/local.py parses them) with main.py's flags (esync.options:
+a bad flag is one line, exit status 2). Nothing of the job starts: each distinct
+device (slowdown, link, device) is measured here, in short runs alone in this process
+(esync.stallprobe: synthetic batches, the shards in the page cache, the shards evicted),
+and its stalls and what-ifs (DataLoader workers 0..cores, a memory cache of X% of the
+samples, a link of X Mbit/s) are predicted by the model of esync.stallmodel, whose
+equations its docstring gives. Printed: a table per device, then one recommendation
+line per device; `--json FILE` writes the numbers.
+
+Each device is measured as if it had this machine to itself (its cores, its storage);
+the devices of a job that esync-launch starts on one machine share them, which the
+figures do not show.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from typing import Dict, List, Optional, Sequence
+
+from esync.errors import UserError
+
+PROG = "esync-stalls"
+FRACTIONS = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
+LINKS = (10.0, 100.0, 1000.0, 10000.0)
+
+
+def _raise(message: str):
+    raise UserError(message)
+
+
+def _list(kind, name: str, low: float):
+    def parse(text: str):
+        try:
+            values = [kind(v) for v in text.split(",")]
+        except ValueError:
+            values = []
+        if not values or any(not (v >= low) for v in values):
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {name}, "
+                                             f"got {text!r}")
+        return values
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, allow_abbrev=False,
+        description="Measure each device of a job in short runs alone and predict its "
+                    "stalls and what would remove them. The job's flags are esync-launch's "
+                    "(-m, --workers, --slowdown, --bandwidth, --latency, --devices) and "
+                    "main.py's (-n, --dataset, -b, --loader-workers, --cache-fraction, "
+                    "--disk-bandwidth, ...).")
+    parser.add_argument("--seconds", type=float, default=3.0,
+                        help="seconds of each measuring run (default 3; 4 or 5 runs a "
+                             "device: synthetic, cached with 0, 1 and the job's DataLoader "
+                             "workers, cold)")
+    parser.add_argument("--json", metavar="FILE", help="also write the numbers to FILE")
+    parser.add_argument("--cache-fractions", type=_list(float, "fractions in [0, 1]", 0.0),
+                        default=list(FRACTIONS), metavar="LIST",
+                        help="what-if cache fractions (default 0,0.25,0.5,0.75,0.9,1)")
+    parser.add_argument("--links", type=_list(float, "Mbit/s > 0", 1e-9),
+                        default=list(LINKS), metavar="LIST",
+                        help="what-if link bandwidths, Mbit/s (default 10,100,1000,10000)")
+    parser.error = _raise  # one line, exit status 2
+    return parser
+
+
+@dataclass
+class Device:
+    """A distinct device of the job: the workers that share its settings."""
+
+    label: str
+    members: List[str]
+    slowdown: float
+    bandwidth: Optional[float]
+    latency: float
+    device_args: List[str]
+
+
+def _plan(argv: Sequence[str]):
+    """(our args, the launcher's plan of the job, torch threads); UserError on bad
+    input."""
+    from esync.options import flags_given
+    from launch import local
+
+    args, rest = build_parser().parse_known_args(list(argv))
+    if not (0 < args.seconds < 3600) or any(x > 1 for x in args.cache_fractions):
+        raise UserError("--seconds must lie in (0, 3600) and --cache-fractions in [0, 1]")
+    check = local.build_parser(PROG)
+    check.error = _raise  # the launcher's own flags, checked in one line
+    _, main_flags = check.parse_known_args(rest)
+    try:
+        plan = local.plan(rest, PROG)
+    except local.LaunchError as e:
+        raise UserError(str(e)) from None
+    # one torch thread a run, unless the job gives its workers a number
+    threads = plan.options.num_threads if "num_threads" in flags_given(main_flags, PROG) else 1
+    return args, plan, threads
+
+
+def devices_of(plan) -> List[Device]:
+    out: Dict[tuple, Device] = {}
+    for k in range(plan.workers):
+        flags = plan.links[k]
+        bandwidth = float(flags[flags.index("--bandwidth") + 1]) if "--bandwidth" in flags else None
+        latency = float(flags[flags.index("--latency") + 1]) if "--latency" in flags else 0.0
+        args = plan.device_args(k)
+        key = (plan.slowdowns[k], bandwidth, latency, tuple(args))
+        if key not in out:
+            out[key] = Device(plan.label(k), [], plan.slowdowns[k], bandwidth, latency, args)
+        out[key].members.append(plan.label(k))
+    return list(out.values())
+
+
+def job_of(plan, model_bytes: int):
+    from esync.options import compression
+    from esync.stallmodel import Job
+
+    algorithm, opts = plan.algorithm, plan.options
+    if not algorithm.distributed:
+        backend = "none"
+    elif algorithm.backend == "ddp" or opts.backend == "allreduce":
+        backend = "allreduce"
+    else:
+        backend = "ps"
+    codec = compression(opts)
+    push = {"none": 1.0, "fp16": 0.5}.get(codec.kind, 2.0 * codec.ratio)
+    return Job(backend, plan.workers, model_bytes, push,
+               opts.max_local_steps if algorithm.state_server else None)
+
+
+def _device_options(opts, device: Device):
+    if "-c" in device.device_args:
+        return replace(opts, cpu=True)
+    if "-g" in device.device_args:
+        return replace(opts, cpu=False, gpu=int(device.device_args[-1]))
+    return opts
+
+
+def analyse(args, plan, threads: int = 1) -> dict:
+    """Measure every device and predict; the report as a dict."""
+    from esync.stallmodel import batch_seconds
+    from esync.stallprobe import costs, measure, model_bytes
+
+    opts = plan.options
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    job = job_of(plan, model_bytes(opts))
+    found = []
+    with tempfile.TemporaryDirectory(prefix="esync-stalls-") as work:
+        devices = devices_of(plan)
+        for device in devices:
+            print(f"{PROG}: measuring device {device.label} ({len(devices)} in all) ...",
+                  file=sys.stderr, flush=True)
+            runs = measure(_device_options(opts, device), device.label, device.slowdown,
+                           work, args.seconds, threads)
+            found.append((device, runs, costs(runs, opts.batch_size, device.slowdown, cores)))
+    K, x = opts.loader_workers, opts.cache_fraction
+    seconds = [batch_seconds(c, K, x) for _, _, c in found]
+    return {"job": {"mode": plan.mode, "workers": plan.workers, "backend": job.backend,
+                    "model_bytes": job.model_bytes, "loader_workers": K, "cache_fraction": x,
+                    "disk_bandwidth": opts.disk_bandwidth, "cores": cores,
+                    "seconds_per_run": args.seconds},
+            "devices": [_device_report(args, device, runs, c, job, K, x,
+                                       seconds[:i] + seconds[i + 1:])
+                        for i, (device, runs, c) in enumerate(found)]}
+
+
+def _device_report(args, device: Device, runs, c, job, K: int, x: float,
+                   others: Sequence[float]) -> dict:
+    """One device's measurements, stall shares, what-ifs and recommendation."""
+    from esync import stallmodel as model
+
+    link = model.Link(device.bandwidth, device.latency)
+    steps = model.steps(c, K, x, job, others)
+    comm = model.communication_seconds(job, link)
+    share = model.shares(*(run.per_batch(run.seconds) for run in (
+        runs.synthetic, runs.cached, runs.cold)), comm / steps, x)
+    return {
+        "label": device.label, "workers": device.members, "slowdown": device.slowdown,
+        "link": asdict(link), "eviction": runs.eviction,
+        "runs": {"synthetic": _run_dict(runs.synthetic),
+                 **{f"cached, --loader-workers {k}": _run_dict(run)
+                    for k, run in runs.cached_by_workers.items()},
+                 f"cold, --loader-workers {K}": _run_dict(runs.cold)},
+        "rates": {"synthetic": runs.synthetic.rate, "cached": runs.cached.rate,
+                  "cold": runs.cold.rate},
+        "costs": asdict(c), "fit": _fit(c, runs, K),
+        "steps_per_round": steps, "communication_seconds": comm, "shares": share,
+        "predicted": {"as_configured": model.rate(c, K, x, job, link, others),
+                      **model.what_ifs(c, K, x, job, link, others, args.cache_fractions,
+                                       [*args.links, None])},
+        "recommendation": model.recommend(device.label, share, c, K, x, job, link, others)}
+
+
+def _fit(c, runs, workers: int) -> List[dict]:
+    """The model's samples/s at the runs it was measured from, beside theirs."""
+    from esync.stallmodel import batch_seconds
+
+    points = [(f"cached, --loader-workers {k}", k, False, run)
+              for k, run in runs.cached_by_workers.items()]
+    points.append((f"cold, --loader-workers {workers}", workers, True, runs.cold))
+    return [{"run": name, "measured": run.rate,
+             "model": c.batch / batch_seconds(c, k, 0.0, cold)} for name, k, cold, run in points]
+
+
+def _run_dict(run) -> dict:
+    return {"rate": run.rate, "seconds_per_batch": run.per_batch(run.seconds),
+            "batches": run.batches,
+            "breakdown_per_batch": {k: run.per_batch(v) for k, v in run.breakdown.items()},
+            "prep_seconds_per_batch": run.per_batch(run.prep_seconds),
+            "read_seconds_per_batch": run.per_batch(run.read_seconds),
+            "read_bytes_per_batch": run.per_batch(run.read_bytes)}
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.0f}%"
+
+
+def print_report(report: dict, out=sys.stdout) -> None:
+    job = report["job"]
+    say = lambda line="": print(line, file=out)  # noqa: E731
+    say(f"job: -m {job['mode']}, {job['workers']} worker(s), --loader-workers "
+        f"{job['loader_workers']}, --cache-fraction {job['cache_fraction']:g}, "
+        f"--disk-bandwidth {job['disk_bandwidth'] or 'none'}; a round moves "
+        f"{job['model_bytes'] / 1e6:.2f} MB ({job['backend']}); {job['cores']} cores here")
+    for d in report["devices"]:
+        say()
+        link = d["link"]
+        wire = "unpaced" if link["bandwidth"] is None else f"{link['bandwidth']:g} Mbit/s"
+        say(f"device {d['label']} (--slowdown {d['slowdown']:g}, link {wire} "
+            f"{link['latency']:g} ms; {', '.join(d['workers'])})")
+        say(f"  {'run':<34}{'samples/s':>10}{'ms/batch':>10}{'fetch':>7}{'prep':>7}"
+            f"{'compute':>9}{'other':>7}")
+        for name, run in d["runs"].items():
+            shown = "synthetic (one batch, no loader)" if name == "synthetic" else name
+            total = run["seconds_per_batch"] or 1.0
+            b = run["breakdown_per_batch"]
+            rest = total - b.get("fetch", 0) - b.get("prep", 0) - b.get("compute", 0)
+            say(f"  {shown:<34}{run['rate']:>10.0f}{1e3 * run['seconds_per_batch']:>10.1f}"
+                f"{_pct(b.get('fetch', 0) / total):>7}{_pct(b.get('prep', 0) / total):>7}"
+                f"{_pct(b.get('compute', 0) / total):>9}{_pct(rest / total):>7}")
+        s = d["shares"]
+        spared = f" (--cache-fraction {job['cache_fraction']:g} spares that share of the " \
+            f"reads)" if job["cache_fraction"] else ""
+        say(f"  stalls{spared}: fetch {_pct(s['fetch'])}, prep {_pct(s['prep'])}, communication "
+            f"{_pct(s['communication'])} ({1e3 * d['communication_seconds']:.1f} ms a round "
+            f"of {d['steps_per_round']} iteration(s)), compute {_pct(s['compute'])}; "
+            f"cold: {d['eviction']}")
+        say("  the model at those runs (samples/s, model/measured): " + ", ".join(
+            f"{f['run']} {f['model']:.0f}/{f['measured']:.0f}" for f in d["fit"]))
+        p = d["predicted"]
+        say(f"  predicted samples/s as configured: {p['as_configured']:.0f}")
+        say("  what-if --loader-workers: " + "  ".join(
+            f"{w['workers']}: {w['rate']:.0f}" for w in p["loader_workers"]))
+        if p["cache_fraction"]:
+            say("  what-if --cache-fraction: " + "  ".join(
+                f"{w['fraction']:g}: {w['rate']:.0f}" for w in p["cache_fraction"]))
+        if p["link"]:
+            say("  what-if link Mbit/s:      " + "  ".join(
+                f"{'unpaced' if w['bandwidth'] is None else format(w['bandwidth'], 'g')}: "
+                f"{w['rate']:.0f}" for w in p["link"]))
+    say()
+    for d in report["devices"]:
+        say(d["recommendation"])
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from esync.console import configure_logging, say_error
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args, plan, threads = _plan(argv)
+        configure_logging()
+        report = analyse(args, plan, threads)
+        print_report(report)
+        if args.json:
+            try:
+                with open(args.json, "w") as f:
+                    json.dump(report, f, indent=1)
+            except OSError as e:
+                raise UserError(f"--json {args.json}: {e.strerror or e}") from None
+    except UserError as e:
+        say_error(PROG, e)
+        return 2
+    except RuntimeError as e:  # a measuring run that logged nothing
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def console_main() -> int:
+    """The `esync-stalls` command."""
+    return main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
