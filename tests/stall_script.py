@@ -13,8 +13,11 @@ from torch.utils.data import DataLoader
 import esync
 
 
-def slow(image):
-    time.sleep(float(sys.argv[2]) / 1000.0)
+DELAY = float(sys.argv[2]) / 1000.0
+
+
+def slow(image):  # sent to Ray tasks by value (__main__'s), DELAY with it: not sys.argv
+    time.sleep(DELAY)
     return image
 
 

@@ -32,35 +32,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWa
 CPUS = 4
 #: ms of sleep per sample in the transform: a batch of 16 takes about 0.16 s to make
 DELAY_MS = "10"
-#: the user's script: SHARDS DELAY_MS [esync flags]; a DataLoader of one worker process
-SCRIPT = '''
-import sys, time
-import torch
-from torch.utils.data import DataLoader
-import esync
-
-DELAY = float(sys.argv[2]) / 1000.0
-
-
-def slow(image):  # sent to the Ray tasks by value (it is __main__'s), DELAY with it
-    time.sleep(DELAY)
-    return image
-
-
-esync.init(sys.argv[3:])
-model = esync.prepare_model(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10)))
-loader = esync.prepare_data_loader(DataLoader(
-    esync.ShardDataset(sys.argv[1], transform=slow), batch_size=16, shuffle=True,
-    num_workers=1))
-optimizer = esync.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
-while not esync.should_stop():
-    for inputs, targets in loader:
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(inputs), targets)
-        esync.report(loss.item())
-        loss.backward()
-        optimizer.step()
-'''
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +46,10 @@ def shards(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def script(tmp_path_factory):
-    path = tmp_path_factory.mktemp("script") / "prep_script.py"
-    path.write_text(SCRIPT)
-    return str(path)
+def script():
+    """The user's script: SHARDS DELAY_MS WORKERS [esync flags] (a transform that sleeps;
+    its function is __main__'s, so Ray sends it to the tasks by value)."""
+    return os.path.join(REPO, "tests", "stall_script.py")
 
 
 def _records(folder):
@@ -103,10 +74,10 @@ def test_a_prep_stalled_worker_on_ray_sends_its_batches_to_ray_tasks(head, shard
                        "--remote-prep", "0.3", "--log-samples", "1", "--epochs", "2",
                        "--block-size", "16"], out,
                 program=os.path.join(REPO, "launch", "run.py"),
-                script=[script, shards, DELAY_MS]) as job:
+                script=[script, shards, DELAY_MS, "1"]) as job:
         namespace = job.namespace()
         assert job.wait(timeout=150) == 0, job.output[-3000:]
-    (folder,) = glob.glob(os.path.join(out, "prep_script", "sync", "*", "w0"))
+    (folder,) = glob.glob(os.path.join(out, "stall_script", "sync", "*", "w0"))
     records = _records(folder)
     rounds = sorted(records)
     remote = [records[r]["remote_batches"] for r in rounds]
@@ -194,7 +165,7 @@ def test_a_worker_killed_in_remote_mode_continues_at_its_exact_next_sample(head,
         folder = os.path.join(job.log_dir, socket.gethostname(), "w1")
 
         def worker(name, device, *extra):
-            return job.start(name, "worker", [shards, DELAY_MS, *args, *extra, "--device-name",
+            return job.start(name, "worker", [shards, DELAY_MS, "1", *args, *extra, "--device-name",
                                               device, "-ld", job.log_dir], program=[script])
         job.start("scheduler", "scheduler", ["-m", "sync"])
         job.start("server0", "server", ["-m", "sync", "-c", "1"])
@@ -248,7 +219,7 @@ def test_a_users_script_gets_the_same_one_line(shards, script, tmp_path):
     ends one with bad settings: one line, exit status 2, no traceback."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("DMLC_", "RAY_", "ESYNC_RAY_"))}
-    done = subprocess.run([sys.executable, script, shards, "0", "-m", "local",
+    done = subprocess.run([sys.executable, script, shards, "0", "1", "-m", "local",
                            "--remote-prep", "0.5", "--max-rounds", "1",
                            "-ld", str(tmp_path / "logs")], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
