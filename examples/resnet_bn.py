@@ -29,6 +29,8 @@ SHAPES = ("circle", "square", "triangle", "ring", "cross", "hstripes", "vstripes
 NOISE = 0.3
 #: Range of the shapes' half-size in pixels (randrange bounds).
 RADIUS = (7, 12)
+#: Padding of ``build_data(augment=True)``'s random crops, in pixels.
+PAD = 3
 
 
 class BasicBlock(nn.Module):
@@ -49,14 +51,22 @@ class BasicBlock(nn.Module):
         return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
 
 
-def build_model(num_classes: int = 10) -> nn.Module:
-    """Stem conv, three stages of one BasicBlock (16/32/64 channels at 32/16/8
-    pixels), global average pooling and a linear head: about 78 k parameters."""
+def build_model(num_classes: int = 10, width: int = 16) -> nn.Module:
+    """Stem conv, three stages of one BasicBlock (width, 2 width and 4 width channels at
+    32/16/8 pixels), global average pooling and a linear head: about 78 k parameters at
+    width 16, 309 k at 32."""
+    w = width
     return nn.Sequential(
-        nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
-        BasicBlock(16, 16, 1), BasicBlock(16, 32, 2), BasicBlock(32, 64, 2),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, num_classes),
+        nn.Conv2d(3, w, 3, 1, 1, bias=False), nn.BatchNorm2d(w), nn.ReLU(),
+        BasicBlock(w, w, 1), BasicBlock(w, 2 * w, 2), BasicBlock(2 * w, 4 * w, 2),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * w, num_classes),
     )
+
+
+def build_wide_model(num_classes: int = 10) -> nn.Module:
+    """``build_model`` at width 32 (about 309 k parameters, four times the computing a
+    step): the evidence benchmark's vision workload (bench/evidence.py)."""
+    return build_model(num_classes, width=32)
 
 
 def _draw(shape: str, rng: random.Random) -> Image.Image:
@@ -109,11 +119,31 @@ def write_image_folder(root: str, classes: int = 4, per_class: int = 60, seed: i
                 _draw(shape, rng).save(os.path.join(folder, f"{n:05d}.png"))
 
 
+def write_digits_folder(root: str, size: int = SIZE) -> None:
+    """Write scikit-learn's embedded 1,797 handwritten digits (8x8, 16 grey levels) as
+    ``root/{train,test}/<digit>/<n>.png`` of ``size`` x ``size`` pixels (bilinear; RGB,
+    three equal channels, the input ``build_model`` takes), the
+    80/20 split of esync's built-in ``digits`` data set (same seed): a real image data
+    set on disk, decoded by an ImageFolder reader like any other, without a download."""
+    from esync.data.datasets import load_digits
+
+    digits = load_digits()  # 28x28 uint8, esync's split
+    for split, images, labels in (("train", digits.train_images, digits.train_labels),
+                                  ("test", digits.test_images, digits.test_labels)):
+        big = torch.nn.functional.interpolate(images.float(), size=(size, size), mode="bilinear",
+                                              align_corners=False).round().clamp(0, 255).to(torch.uint8)
+        for n, (image, label) in enumerate(zip(big, labels.tolist())):
+            folder = os.path.join(root, split, str(label))
+            os.makedirs(folder, exist_ok=True)
+            Image.fromarray(image[0].numpy()).convert("RGB").save(os.path.join(folder, f"{n:05d}.png"))
+
+
 class _PILImageFolder(Dataset):
     """What ``torchvision.datasets.ImageFolder`` with ToTensor + Normalize(0.5, 0.5)
     gives for a folder of PNGs, for when torchvision cannot be imported."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, augment: bool = False) -> None:
+        self.augment = augment
         self.classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self.samples = [(os.path.join(root, c, f), i) for c, i in self.class_to_idx.items()
@@ -127,18 +157,32 @@ class _PILImageFolder(Dataset):
         with Image.open(path) as img:
             img = img.convert("RGB")
             x = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).view(img.height, img.width, 3)
-        return (x.permute(2, 0, 1).float() / 255 - 0.5) / 0.5, label
+        x = (x.permute(2, 0, 1).float() / 255 - 0.5) / 0.5
+        return (random_crop(x) if self.augment else x), label
 
 
-def build_data(root: str) -> tuple[Dataset, Dataset]:
+def random_crop(x: torch.Tensor, pad: int = PAD) -> torch.Tensor:
+    """A random ``SIZE`` x ``SIZE`` crop of ``x`` padded by ``pad`` pixels of black (-1),
+    torchvision's ``RandomCrop(SIZE, padding=pad)`` on the normalised image."""
+    h, w = x.shape[-2:]
+    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad), value=-1.0)
+    top, left = (int(torch.randint(0, n - SIZE + 2 * pad + 1, ())) for n in (h, w))  # torch's seed
+    return padded[..., top:top + SIZE, left:left + SIZE]
+
+
+def build_data(root: str, augment: bool = False) -> tuple[Dataset, Dataset]:
     """(train, test) datasets of (3x32x32 float tensor in [-1, 1], class index)
-    read from a folder written by ``write_image_folder``, with
-    ``torchvision.datasets.ImageFolder`` when torchvision imports, else with an
-    equivalent PIL-only reader (same tensors, same class indices)."""
+    read from a folder written by ``write_image_folder`` or ``write_digits_folder``,
+    with ``torchvision.datasets.ImageFolder`` when torchvision imports, else with an
+    equivalent PIL-only reader (same tensors, same class indices).  ``augment``: the
+    training images are randomly cropped after padding by ``PAD`` pixels (the usual
+    CIFAR augmentation), a new crop each time an image is read."""
     try:
         from torchvision import transforms
         from torchvision.datasets import ImageFolder
     except (ImportError, OSError, RuntimeError):  # absent, or a build not matching this torch
-        return _PILImageFolder(os.path.join(root, "train")), _PILImageFolder(os.path.join(root, "test"))
+        return (_PILImageFolder(os.path.join(root, "train"), augment),
+                _PILImageFolder(os.path.join(root, "test")))
     tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.5,) * 3, (0.5,) * 3)])
-    return ImageFolder(os.path.join(root, "train"), tf), ImageFolder(os.path.join(root, "test"), tf)
+    train_tf = transforms.Compose([transforms.RandomCrop(SIZE, padding=PAD), tf]) if augment else tf
+    return ImageFolder(os.path.join(root, "train"), train_tf), ImageFolder(os.path.join(root, "test"), tf)

@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from examples.resnet_bn import build_data, build_model, write_image_folder  # noqa: E402
+from examples.resnet_bn import build_data, build_model, write_digits_folder, write_image_folder  # noqa: E402
 
 
 @torch.no_grad()
@@ -41,6 +41,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "esync-shapes"))
     p.add_argument("--classes", type=int, default=4, help="when writing the folder: 4 (default) or up to 8, harder")
+    p.add_argument("--digits", action="store_true", help="when writing the folder: the embedded digits, not shapes")
+    p.add_argument("--width", type=int, default=16, help="channels of the first stage (32: build_wide_model)")
+    p.add_argument("--augment", action="store_true", help="random crops of the training images (padding 3)")
     p.add_argument("--seconds", type=float, default=60.0, help="wall-clock training budget")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
@@ -52,10 +55,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     if not os.path.isdir(os.path.join(args.data, "train")):
-        write_image_folder(args.data, classes=args.classes, seed=args.seed)
+        write_digits_folder(args.data) if args.digits else write_image_folder(args.data, classes=args.classes,
+                                                                              seed=args.seed)
         print(f"wrote {args.data}", flush=True)
-    train_set, test_set = build_data(args.data)
-    model = build_model(num_classes=len(train_set.classes))
+    train_set, test_set = build_data(args.data, augment=args.augment)
+    model = build_model(num_classes=len(train_set.classes), width=args.width)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     loss_fn = nn.CrossEntropyLoss()
     loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, drop_last=True,
