@@ -177,11 +177,16 @@ class StateClient:
         return answer
 
     def init_job(self, workers: int, max_local_steps: int,
-                 resume_round: Optional[int] = None) -> Dict:
-        """Worker 0, once: make the job known with its number of workers. A job resumed
-        from a checkpoint passes `resume_round`, the first round it will ask a budget
-        for: the state server then accepts rounds from there on again."""
+                 resume_round: Optional[int] = None,
+                 round_time: Optional[float] = None) -> Dict:
+        """Worker 0, once: make the job known with its number of workers (and, with
+        `round_time`, the seconds a round should take; none: the slowest device's time
+        per iteration sets it). A job resumed from a checkpoint passes `resume_round`,
+        the first round it will ask a budget for: the state server then accepts rounds
+        from there on again."""
         body = {"workers": workers, "max_local_steps": max_local_steps}
+        if round_time is not None:
+            body["round_time"] = round_time
         if resume_round is not None:
             body["resume_round"] = resume_round
         return self._call("POST", f"/jobs/{self.job}/", body)

@@ -12,6 +12,9 @@ class Job(models.Model):
     name = models.CharField(max_length=64, unique=True)
     num_workers = models.PositiveIntegerField()
     max_local_steps = models.PositiveIntegerField()
+    # seconds a round should take (--round-time); null: the slowest living device's
+    # time per local iteration sets the round (the paper's rule)
+    round_time = models.FloatField(null=True)
     round = models.PositiveIntegerField(default=0)  # the latest round any worker asked for
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

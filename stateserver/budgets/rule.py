@@ -35,16 +35,20 @@ def living(device_round: int, job_round: int) -> bool:
     return device_round > job_round - GONE_AFTER_ROUNDS
 
 
-def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int) -> int:
+def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
+           round_time: Optional[float] = None) -> int:
     """Local iterations for a device with smoothed time per iteration `mine`, given every
     living device's (its own included; `None`: not measured yet). As many as fit in the
-    slowest device's time, rounded to the nearest whole number (the device then waits or
-    is waited for at most half an iteration), at least 1, at most `cap`. Until every
-    device has a measurement (round 1, and round 2 for devices that ask before others
-    reported), the budget is 1: the same as SSGD."""
+    slowest device's time (with `round_time`, in that many seconds instead: every
+    device, the slowest too, runs about round_time / its time per iteration), rounded to
+    the nearest whole number (the device then waits or is waited for at most half an
+    iteration), at least 1, at most `cap`. Until every device has a measurement (round
+    1, and round 2 for devices that ask before others reported), the budget is 1: the
+    same as SSGD."""
     if mine is None or any(t is None for t in everyone):
         return 1
-    ratio = max(everyone) / mine  # may overflow to inf for absurd times: then the cap
+    # may overflow to inf for absurd times: then the cap
+    ratio = (round_time if round_time is not None else max(everyone)) / mine
     if not ratio < cap:
         return cap
     return max(1, int(ratio + 0.5))

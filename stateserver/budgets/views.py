@@ -1,7 +1,8 @@
 """The budget API: JSON over HTTP (documented in the project README).
 
     GET  /  or  /status/       the jobs' states, a page at a time (?limit=N&offset=M)
-    POST /jobs/<job>/          {"workers": N, "max_local_steps": M}: initialise a job;
+    POST /jobs/<job>/          {"workers": N, "max_local_steps": M, "round_time": S or
+                               null}: initialise a job;
                                with "resume_round": r, also rewind it so that rounds
                                from r on are accepted again (a job resumed from a
                                checkpoint)
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from django.conf import settings
 from django.db import transaction
@@ -38,6 +39,7 @@ JOB_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 #: workers of one job: each has a row, and every answer about the job lists them all
 MAX_WORKERS = 1024
 MAX_LOCAL_STEPS = 1_000_000
+MAX_ROUND_TIME = 86_400.0  # seconds: a day
 #: the largest time per local iteration taken (11.6 days): bounds the moving average
 MAX_SECONDS = 1e6
 #: the largest round or rank (the database's positive integers)
@@ -184,6 +186,7 @@ def _job_state(job: Job) -> Dict[str, Any]:
         "job": job.name,
         "workers": job.num_workers,
         "max_local_steps": job.max_local_steps,
+        "round_time": job.round_time,
         "round": job.round,
         "created_at": job.created_at.isoformat(),
         "updated_at": job.updated_at.isoformat(),
@@ -227,20 +230,37 @@ def job(request: HttpRequest, job: str) -> JsonResponse:
     cap = _integer(body, "max_local_steps", 1, MAX_LOCAL_STEPS) \
         if "max_local_steps" in body else config.MAX_LOCAL_STEPS
     resume = _integer(body, "resume_round", 1) if "resume_round" in body else None
+    round_time = _round_time(body)
     with transaction.atomic():
         existing = Job.objects.select_for_update().filter(name=name).first()
         if existing is not None:
-            if (existing.num_workers, existing.max_local_steps) != (workers, cap):
+            if (existing.num_workers, existing.max_local_steps, existing.round_time) != \
+                    (workers, cap, round_time):
                 raise BadRequest(f"job {name!r} already exists with {existing.num_workers} "
-                                 f"workers and max_local_steps {existing.max_local_steps}")
+                                 f"workers, max_local_steps {existing.max_local_steps} and "
+                                 f"round_time {existing.round_time}")
             if resume is not None:
                 _rewind(existing, resume)
             return JsonResponse(_job_state(existing))
         # a new job has nothing to rewind: every round is 0
-        created = Job.objects.create(name=name, num_workers=workers, max_local_steps=cap)
+        created = Job.objects.create(name=name, num_workers=workers, max_local_steps=cap,
+                                     round_time=round_time)
         Device.objects.bulk_create(Device(job=created, rank=r) for r in range(workers))
     log.info("job %s: %d workers, at most %d local iterations a round", name, workers, cap)
     return JsonResponse(_job_state(created), status=201)
+
+
+def _round_time(body) -> Optional[float]:
+    """The optional field 'round_time': seconds in (0, MAX_ROUND_TIME], or null/absent
+    (the slowest device sets the round)."""
+    value = body.get("round_time")
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or \
+            not 0 < value <= MAX_ROUND_TIME:
+        raise BadRequest(f"field 'round_time' must be a number of seconds in "
+                         f"(0, {MAX_ROUND_TIME}] or null")
+    return float(value)
 
 
 def _rewind(job: Job, resume: int) -> None:
@@ -295,7 +315,7 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
             device.budget = rule.budget(device.smoothed_time,
                                         [d.smoothed_time for d in devices
                                          if d.rank == rank or rule.living(d.round, latest)],
-                                        found.max_local_steps)
+                                        found.max_local_steps, found.round_time)
             device.round = round_
             device.reports += 1
             device.reported_at = timezone.now()
