@@ -38,6 +38,8 @@ MIN_BATCH = 8                  # --min-batch: the smallest batch --balance-batch
 DCASGD_LAMDA = 0.04            # --dcasgd-lamda: the variance-control factor of DC-ASGD
 NORMALIZE_DELTAS = False       # --normalize-deltas: esync averages delta / local steps,
                                #   scaled by the mean steps (FedNova)
+WEIGHT_BY_STEPS = False        # --weight-by-steps: esync averages the deltas weighted
+                               #   by each one's local steps
 OUTER_MOMENTUM = 0.0           # --outer-momentum: esync's Nesterov momentum on the
                                #   averaged delta (0: the paper's plain average)
 
@@ -94,6 +96,8 @@ LATENCY = 0.0                  # --latency: ms of one-way delay on this worker's
 # --- ESync state server --------------------------------------------------------------
 STATE_SERVER_IP = "127.0.0.1"  # -ip
 STATE_SERVER_PORT = 10010      # -port; also where launch/hosts.py starts the state server
+ROUND_TIME = None              # --round-time: esync's seconds per round (None: the
+                               #   slowest living device's time per iteration)
 MAX_LOCAL_STEPS = 16           # --max-local-steps: the most local iterations of a round
                                #   (also the state server's, for a job created without it)
 STATE_SERVER_PATIENCE = 60.0   # ESYNC_STATE_SERVER_PATIENCE: seconds a worker retries an

@@ -197,6 +197,10 @@ class Options:
                                     "esync: 1: average each delta divided by its local "
                                     "steps, scaled by the mean steps (FedNova)",
                                     type=_switch)
+    weight_by_steps: Switch = _opt(["--weight-by-steps"], config.WEIGHT_BY_STEPS,
+                                   "esync: 1: average the deltas weighted by each one's "
+                                   "local steps (a device's samples of the round), not "
+                                   "each the same", type=_switch)
     outer_momentum: float = _opt(["--outer-momentum"], config.OUTER_MOMENTUM,
                                  "esync: Nesterov momentum of the outer step on the "
                                  "averaged delta, -gl its learning rate (DiLoCo); 0: the "
@@ -219,6 +223,12 @@ class Options:
     max_local_steps: int = _opt(["--max-local-steps"], config.MAX_LOCAL_STEPS,
                                 "esync: the most local iterations a device runs in a round",
                                 type=_positive_int)
+    round_time: Optional[float] = _opt(["--round-time"], config.ROUND_TIME,
+                                       "esync: seconds each round should take; every "
+                                       "device runs as many local iterations as fit (at "
+                                       "most --max-local-steps); default: the slowest "
+                                       "living device's one iteration sets the round",
+                                       type=_positive_float)
     dataset: str = _opt(["--dataset"], config.DATASET,
                         f"data set: {', '.join(DATASETS)} (folder and cifar10 read "
                         f"--data-dir), {SHARDS_PREFIX}DIR (shards written by esync-pack), "
@@ -400,9 +410,16 @@ def check_aggregation(opts: Options, num_servers: Optional[int] = None) -> None:
     from esync import registry
 
     algorithm = registry.of_options(opts)
-    if (opts.normalize_deltas or opts.outer_momentum) and not algorithm.state_server:
-        flag = "--normalize-deltas" if opts.normalize_deltas else "--outer-momentum"
-        raise UserError(f"{flag} applies to -m esync only, not -m {opts.mode}")
+    esync_only = {"--normalize-deltas": opts.normalize_deltas,
+                  "--weight-by-steps": opts.weight_by_steps,
+                  "--outer-momentum": opts.outer_momentum,
+                  "--round-time": opts.round_time is not None}
+    given = [flag for flag, value in esync_only.items() if value]
+    if given and not algorithm.state_server:
+        raise UserError(f"{given[0]} applies to -m esync only, not -m {opts.mode}")
+    if opts.normalize_deltas and opts.weight_by_steps:
+        raise UserError("--weight-by-steps and --normalize-deltas are two ways to average "
+                        "the deltas: give one")
     if opts.balance_batches and algorithm.backend != "ddp":
         raise UserError(f"--balance-batches applies to -m ddp only, not -m {opts.mode}")
     if opts.balance_batches and opts.min_batch > opts.batch_size:

@@ -15,7 +15,10 @@ answer chunk i while chunk i+1 is still on the wire.
   scaled by the global learning rate `lr` (`-gl`): w <- w + lr * mean(delta). Two
   options, off by default: `normalize` (`--normalize-deltas`, FedNova's normalised
   averaging): workers push delta / steps with their number of local steps (`steps` in
-  the push), and the mean is scaled by the mean number of steps; `momentum`
+  the push), and the mean is scaled by the mean number of steps; `by_steps`
+  (`--weight-by-steps`): workers push delta * steps with their steps, and the sum is
+  divided by the steps' sum, so that each delta weighs as its share of the round's
+  local iterations (of its samples, at one batch size); `momentum`
   (`--outer-momentum M`): the mean delta is a pseudo-gradient g = -mean(delta) for SGD
   with Nesterov momentum (DiLoCo's outer optimiser): v <- M v + g; w <- w - lr (g + M v).
 - `dcasgd` (DC-ASGD, Zheng et al. 2017): as async, with the gradient compensated for
@@ -60,6 +63,7 @@ class RuleConfig:
     weight_decay: float = 0.0
     lamda: float = 0.0
     normalize: bool = False  # esync: FedNova's normalised averaging of the deltas
+    by_steps: bool = False   # esync: the deltas' mean weighted by their local steps
 
     @classmethod
     def from_header(cls, header: Dict[str, Any]) -> "RuleConfig":
@@ -80,12 +84,16 @@ class RuleConfig:
         workers = header.get("num_workers")
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise ValueError("rule field 'num_workers' must be a positive integer")
-        normalize = header.get("normalize", False)
-        if not isinstance(normalize, bool):
-            raise ValueError("rule field 'normalize' must be true or false")
+        switches = {}
+        for key in ("normalize", "by_steps"):
+            switches[key] = header.get(key, False)
+            if not isinstance(switches[key], bool):
+                raise ValueError(f"rule field {key!r} must be true or false")
+        if switches["normalize"] and switches["by_steps"]:
+            raise ValueError("rule fields 'normalize' and 'by_steps' exclude each other")
         if numbers["momentum"] >= 1:
             raise ValueError("rule field 'momentum' must be below 1")
-        return cls(name, workers, **numbers, normalize=normalize)
+        return cls(name, workers, **numbers, **switches)
 
     def to_header(self) -> Dict[str, Any]:
         return dict(self.__dict__)
@@ -337,10 +345,12 @@ class SyncRule(Rule):
 
 class ESyncRule(SyncRule):
     def _update_weights(self, offset, total):
-        """`total` is the sum of the N workers' deltas (with `normalize`, of delta / steps):
-        w += lr * mean, or the outer Nesterov step on g = -mean."""
+        """`total` is the sum of the N workers' deltas (with `normalize`, of delta / steps;
+        with `by_steps`, of delta * steps): w += lr * mean (the steps-weighted mean), or
+        the outer Nesterov step on g = -mean."""
         c = self.config
-        scale = (self.mean_steps if c.normalize else 1.0) / c.num_workers
+        scale = (self.mean_steps if c.normalize else
+                 1.0 / self.mean_steps if c.by_steps else 1.0) / c.num_workers
         w = self.sgd.w[offset:offset + len(total)]
         if not c.momentum:
             w.add_(total, alpha=c.lr * scale)

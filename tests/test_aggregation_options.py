@@ -56,14 +56,16 @@ def start() -> tuple:
 def run_add(config: RuleConfig, rounds: List[Dict], steps: Optional[Sequence[int]] = None,
             normalize_pushes: bool = False):
     """Drive the rule of `config` through `add` for every worker, round after round;
-    with `normalize_pushes` worker i pushes delta_i / steps_i. The rule at the end."""
+    with `normalize_pushes` worker i pushes delta_i / steps_i (with config.by_steps,
+    delta_i * steps_i, as the workers do). The rule at the end."""
     w0, b0 = start()
     rule = make_rule(w0.copy(), b0.copy(), config)
     for r, data in enumerate(rounds):
         for worker in range(N):
             pushed = data["deltas"][worker]
             if normalize_pushes:
-                pushed = (pushed / np.float32(steps[worker])).astype(np.float32)
+                scale = steps[worker] if config.by_steps else 1 / steps[worker]
+                pushed = (pushed * np.float32(scale)).astype(np.float32)
             s = None if steps is None else steps[worker]
             assert rule.check(worker, r + 1, (WEIGHTS, 0)) is None
             done = [rule.add(worker, (WEIGHTS, 0), pushed[:SPLIT].copy(), s),
@@ -84,7 +86,8 @@ def run_aggregate(config: RuleConfig, rounds: List[Dict],
     for data in rounds:
         pushed = torch.from_numpy(data["deltas"].copy())
         if normalize_pushes:
-            pushed = pushed / torch.tensor(steps, dtype=torch.float32)[:, None]
+            k = torch.tensor(steps, dtype=torch.float32)[:, None]
+            pushed = pushed * k if config.by_steps else pushed / k
         total = pushed.sum(0)
         control = torch.from_numpy(data["buffers"].copy()).sum(0)
         rule.mean_steps = float(sum(steps or [1] * N)) / N
@@ -158,6 +161,25 @@ def test_esync_normalize_fednova():
     np.testing.assert_allclose(weights_of(equal), weights_of(plain), rtol=1e-6, atol=1e-6)
 
 
+def test_esync_weight_by_steps():
+    """Each delta weighs as its share of the round's local steps: w += lr * sum(k_i d_i) /
+    sum(k_i); equal steps give the plain average."""
+    rounds = rounds_of(3, 2)
+    rule = run_add(RuleConfig("esync", N, lr=0.7, by_steps=True), rounds, steps=STEPS,
+                   normalize_pushes=True)
+    w0, _ = start()
+    k = np.array(STEPS, np.float64)[:, None]
+    expected = w0.astype(np.float64)
+    for data in rounds:
+        expected += 0.7 * (k * data["deltas"].astype(np.float64)).sum(0) / k.sum()
+    np.testing.assert_allclose(weights_of(rule), expected, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(expected, w0 + 0.7 * sum(d["deltas"].mean(0) for d in rounds))
+    equal = run_add(RuleConfig("esync", N, lr=0.7, by_steps=True), rounds, steps=[4] * N,
+                    normalize_pushes=True)
+    plain = run_add(RuleConfig("esync", N, lr=0.7), rounds)
+    np.testing.assert_allclose(weights_of(equal), weights_of(plain), rtol=1e-6, atol=1e-6)
+
+
 def test_esync_normalize_over_rounds_with_changing_steps():
     rounds = rounds_of(3, 3)
     steps_by_round = [[1, 1, 8], [3, 3, 3], [7, 2, 1]]
@@ -221,7 +243,10 @@ def test_rule_config_header_round_trip():
     assert RuleConfig.from_header(config.to_header()) == config
     assert RuleConfig.from_header({"name": "esync", "num_workers": 2, "lr": 1}).normalize \
         is False
-    for bad in ({"normalize": 1}, {"normalize": "yes"}, {"momentum": 1.0},
+    by_steps = RuleConfig("esync", N, lr=0.7, by_steps=True)
+    assert RuleConfig.from_header(by_steps.to_header()) == by_steps
+    for bad in ({"normalize": 1}, {"normalize": "yes"}, {"momentum": 1.0}, {"by_steps": 1},
+                {"normalize": True, "by_steps": True},
                 {"momentum": -0.1}, {"momentum": float("nan")}):
         with pytest.raises(ValueError):
             RuleConfig.from_header({"name": "esync", "num_workers": 2, "lr": 1, **bad})
@@ -233,6 +258,7 @@ CASES = {
     "normalize": (dict(lr=0.7, normalize=True), STEPS, True),
     "momentum": (dict(lr=0.7, momentum=0.9), None, False),
     "both": (dict(lr=0.4, momentum=0.8, normalize=True), STEPS, True),
+    "by_steps": (dict(lr=0.7, by_steps=True), STEPS, True),
     "sync": (dict(lr=0.1, momentum=0.9, weight_decay=0.01), None, False),
 }
 

@@ -2,6 +2,8 @@
 summing with torch.distributed; the same arithmetic as through the servers; compressed
 pushes and ESync's aggregation options in whole jobs; a dead worker ends an all-reduce
 job; bad combinations of flags are refused with one line."""
+import glob
+import json
 import os
 import signal
 import socket
@@ -124,15 +126,23 @@ def round_bytes(tmp_path, folder, worker="w0"):
 
 @pytest.mark.parametrize("args", [
     ["-m", "sync", "--backend", "allreduce", "--workers", "4", "--compress", "fp16"],
-    ["-m", "esync", "--backend", "allreduce", "--workers", "2", "--normalize-deltas", "1"],
+    ["-m", "esync", "--backend", "allreduce", "--workers", "2", "--normalize-deltas", "1",
+     "--round-time", "0.3"],
     ["-m", "esync", "--workers", "4", "--slowdown", "1,1,4,4", "--compress", "topk:0.01",
-     "--outer-momentum", "0.5"],
-], ids=["sync-allreduce-fp16", "esync-allreduce-normalized", "esync-ps-topk-momentum"])
+     "--outer-momentum", "0.5", "--weight-by-steps", "1"],
+], ids=["sync-allreduce-fp16", "esync-allreduce-normalized-round-time",
+        "esync-ps-topk-momentum-by-steps"])
 def test_launcher_runs_backends_and_options_to_90_percent(tmp_path, args):
     code, output = launch(tmp_path, args)
     assert code == 0, output[-2000:]
     assert "0 server(s)" in output if "allreduce" in args else "1 server(s)" in output
     assert evaluator_accuracy(tmp_path, args[1]) >= 0.90
+    if "--round-time" in args:  # equal devices: 1 local step each by the slowest's rule;
+        # 0.3 s a round holds several of lenet's (tens of ms) on both
+        for worker in ("w0", "w1"):
+            budgets = [json.load(open(p)).get("budget", 1) for p in glob.glob(os.path.join(
+                tmp_path, "lenet", "esync", "*", worker, "iter-*.json"))]
+            assert budgets and max(budgets) > 1, (worker, budgets)
     if "topk:0.01" in args:  # 1% of the weights as int32 indices and float32 values
         topk = 8 * -(-LENET_WEIGHTS // 100) + 4 * LENET_BUFFERS
         assert topk < round_bytes(tmp_path, args[1]) < topk + HEADERS
@@ -193,6 +203,10 @@ def test_a_dead_worker_ends_an_allreduce_job(tmp_path, moment):
     (["-m", "sync", "--backend", "allreduce"], {"DMLC_NUM_SERVER": "1"},
      "set DMLC_NUM_SERVER=0"),
     (["-m", "sync", "--normalize-deltas", "1"], {}, "applies to -m esync only"),
+    (["-m", "async", "--weight-by-steps", "1"], {}, "applies to -m esync only"),
+    (["-m", "sync", "--round-time", "2"], {}, "applies to -m esync only"),
+    (["-m", "esync", "--weight-by-steps", "1", "--normalize-deltas", "1"], {},
+     "give one"),
     (["-m", "local", "--compress", "fp16"], None, "applies to the parameter-server modes"),
     (["-m", "sync", "--compress", "topk:2"], {}, "expected none, fp16 or topk:R"),
 ])

@@ -68,6 +68,23 @@ def test_budgets_follow_the_slowest_device(client, job):
     assert all(d["reports"] == 3 and d["reported_at"] for d in status["devices"])
 
 
+def test_a_round_time_sets_every_budget_the_slowest_included(client):
+    """With round_time, each device runs about round_time / its time per iteration (at
+    least 1, at most the cap), instead of the slowest device setting the round."""
+    created = post(client, "/jobs/timed/", {"workers": 3, "max_local_steps": 16,
+                                            "round_time": 0.2})
+    assert created.status_code == 201 and created.json()["round_time"] == 0.2
+    times = {0: 0.01, 1: 0.04, 2: 0.5}
+    for rank, seconds in times.items():
+        report(client, rank, 1, seconds, job="timed")
+    got = {rank: report(client, rank, 2, seconds, job="timed").json()["budget"]
+           for rank, seconds in times.items()}
+    assert got == {0: 16, 1: 5, 2: 1}  # 20 capped at 16; 5; 0.4 rounds up to at least 1
+    assert state(client, "timed")["round_time"] == 0.2
+    # without it, the slowest device sets the round
+    assert post(client, "/jobs/untimed/", {"workers": 1}).json()["round_time"] is None
+
+
 def test_until_all_have_measured_the_budget_is_one(client, job):
     report(client, 0, 2, 0.01)
     assert report(client, 1, 2, 0.05).json()["budget"] == 1  # ranks 2, 3 not measured
@@ -170,6 +187,11 @@ BAD_INITS = [
     ({"workers": 4, "max_local_steps": 0}, "'max_local_steps' must be an integer"),
     ({"workers": 2}, "already exists with 4 workers"),
     ({"workers": 4, "max_local_steps": 9}, "already exists"),
+    ({"workers": 4, "max_local_steps": 8, "round_time": 1.0}, "round_time None"),
+    ({"workers": 4, "round_time": 0}, "'round_time' must be a number of seconds"),
+    ({"workers": 4, "round_time": "1"}, "'round_time' must be a number of seconds"),
+    ({"workers": 4, "round_time": True}, "'round_time' must be a number of seconds"),
+    ({"workers": 4, "round_time": 1e9}, "'round_time' must be a number of seconds"),
     ("{", "not valid JSON"),
 ]
 

@@ -44,13 +44,15 @@ class ESync(PushPull):
     def __init__(self, job: Job, state: StateClient, global_lr: float, max_local_steps: int,
                  eval_every: int, key: str, link: Optional[Link] = None,
                  backend: str = "ps", compression: Compression = Compression(),
-                 normalize_deltas: bool = False, outer_momentum: float = 0.0):
+                 normalize_deltas: bool = False, outer_momentum: float = 0.0,
+                 weight_by_steps: bool = False, round_time: Optional[float] = None):
         rule = RuleConfig(key, job.num_workers, lr=global_lr, momentum=outer_momentum,
-                          normalize=normalize_deltas)
+                          normalize=normalize_deltas, by_steps=weight_by_steps)
         super().__init__(rule, job, eval_every, synchronous=True, link=link,
                          backend=backend, compression=compression)
         self.state = state
         self.max_local_steps = max_local_steps
+        self.round_time = round_time  # None: the slowest device sets the round
         self.time_per_iteration: Optional[float] = None  # measured in the last round
         self.budget, self.request_seconds = 1, 0.0
         self._next: Optional[PendingBudget] = None  # the next round's budget, on its way
@@ -65,7 +67,8 @@ class ESync(PushPull):
             log.info("[esync] job %s; budgets at %s/jobs/%s/", job.id, state.url, job.id)
         return cls(job, state, opts.global_lr, opts.max_local_steps, opts.eval_every,
                    registry.of_options(opts).key, link_of(opts), opts.backend,
-                   compression(opts), opts.normalize_deltas, opts.outer_momentum)
+                   compression(opts), opts.normalize_deltas, opts.outer_momentum,
+                   opts.weight_by_steps, opts.round_time)
 
     @staticmethod
     def learning_rate(opts) -> float:
@@ -73,7 +76,8 @@ class ESync(PushPull):
 
     def _init_job(self, resume_round: Optional[int] = None) -> None:
         try:
-            self.state.init_job(self.rule.num_workers, self.max_local_steps, resume_round)
+            self.state.init_job(self.rule.num_workers, self.max_local_steps, resume_round,
+                                self.round_time)
         except StateServerRefusal as e:
             self._fall_back(e)
 
@@ -129,12 +133,14 @@ class ESync(PushPull):
         return super().end_round(round_, model)
 
     def push_scale(self) -> float:
-        """The round's delta as it is (with --normalize-deltas, divided by the round's
-        local steps): the servers' rule adds the mean delta times -gl."""
-        return 1.0 / max(1, self._steps) if self.rule.normalize else 1.0
+        """The round's delta as it is (with --normalize-deltas divided by the round's
+        local steps, with --weight-by-steps multiplied by them): the servers' rule adds
+        the mean delta times -gl."""
+        steps = max(1, self._steps)
+        return 1.0 / steps if self.rule.normalize else steps if self.rule.by_steps else 1.0
 
     def pushed_steps(self) -> Optional[int]:
-        return max(1, self._steps) if self.rule.normalize else None
+        return max(1, self._steps) if self.rule.normalize or self.rule.by_steps else None
 
     def round_record(self) -> Dict[str, Any]:
         return {"budget": self.budget, "state_server_request": round(self.request_seconds, 6)}
