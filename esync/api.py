@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 
 _session: Optional[Session] = None
 _failed: Optional[BaseException] = None
+# alone (-m local) with the model and data named as plug-ins (-n, --dataset): the task
+# whose metric this process measures by the clock, as the evaluator would in a job
+_alone_task: Optional[Callable[[], Any]] = None
 
 
 def init(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Session:
@@ -112,10 +115,15 @@ def _join(flags: list, prog: str):
         report_failed_start(cluster, e)  # its scheduler ends the job, not waits for it
         raise
     configure_logging(verbose=getattr(env, "verbose", False))
-    settings = None
+    settings, given = None, flags_given(flags, prog)
     if cluster is not None:
-        settings = agreed_settings(opts, "worker", flags_given(flags, prog),
-                                   cluster.num_workers, cluster.num_servers)
+        settings = agreed_settings(opts, "worker", given, cluster.num_workers,
+                                   cluster.num_servers)
+    if not registry.of_options(opts).distributed and "network" in given:
+        global _alone_task
+        from esync.task import load_task
+
+        _alone_task = lambda: load_task(opts.dataset, opts.data_dir, opts.loss, opts.metric)
     return join.join(plan, env, settings)
 
 
@@ -144,8 +152,17 @@ def prepare_model(model: nn.Module) -> nn.Module:
     first worker's, or the servers' when resuming or rejoining); returns the module to
     run forward through: `model` itself, DDP's wrapper of it under `-m ddp`. Call once,
     before `DistributedOptimizer`; `model`'s parameters are from now on views of the
-    flat vector the job synchronises."""
-    return get_session().adopt(model)
+    flat vector the job synchronises. Alone (`-m local`) with `-n` and `--dataset`
+    naming the script's model and data, `model` is evaluated in this process by the
+    clock (`--eval-interval`, the clock paused meanwhile), as main.py's standalone
+    training is: the evaluator's measure, without an evaluator process."""
+    session = get_session()
+    net = session.adopt(model)
+    if _alone_task is not None and session.evaluation is None:
+        task = _alone_task()
+        session.evaluation = lambda: task.evaluate(model, session.device)
+        session.metric_kind = task.metric
+    return net
 
 
 def prepare_data_loader(loader: DataLoader) -> Iterable[Any]:
