@@ -4,6 +4,15 @@ repeated with several seeds, on plain loopback and with the slow devices on emul
 slow links; then medians, spreads, figures and tables.
 
     python launch/experiment.py --out runs              (or: esync-experiment ...)
+    esync-experiment --out runs/lm --metric loss --targets 1.8,1.65 \
+        -n examples.charlm:build_model --dataset examples.charlm:build_data \
+        --loss examples.charlm:loss_fn examples/charlm_esync.py --seconds 900
+
+With a training script (the first argument ending in .py, and everything after it is
+the script's, as for esync-run), every job runs that script as its workers through
+the library API instead of main.py's loop; `-n` and `--dataset` then name the script's
+model and data as plug-ins, for the evaluator. `--metric loss` measures a validation
+loss (--targets are losses, lower is better).
 
 Every job runs through launch/local.py with the same network, data, heterogeneity
 (--slowdown, default 1,1,4,4), batch size and time budget, and an evaluator that
@@ -35,12 +44,15 @@ from tqdm import tqdm
 import config
 from esync import registry
 from launch import local
+from launch.run import split as split_script
 from logs_tools import compare, summary
 
 PROG = "launch/experiment.py"
 PLAIN, LINKS = "plain", "links"
 CONFIGS = (PLAIN, LINKS)
 DEFAULT_MODES = ",".join(a.folder for a in registry.ALGORITHMS.values())
+#: --metric: main.py's name -> the log tools' name of what is measured
+METRICS = {"accuracy": "accuracy", "loss": "val_loss"}
 
 
 def jobs() -> Dict[str, List[str]]:
@@ -80,10 +92,18 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                         help=f"which configurations (default {','.join(CONFIGS)})")
     parser.add_argument("--seeds", type=_count, default=3,
                         help="runs of each job, with seeds 0..N-1 (default 3)")
-    parser.add_argument("--targets", type=compare.parse_targets,
-                        default=compare.DEFAULT_TARGETS,
-                        help="accuracy targets of the tables, comma-separated (default "
-                             + ",".join(f"{t:g}" for t in compare.DEFAULT_TARGETS) + ")")
+    parser.add_argument("--metric", choices=METRICS, default="accuracy",
+                        help="what the evaluator measures: accuracy (higher is better) or "
+                             "loss (the validation loss of --loss, lower is better; "
+                             "default accuracy); passed to every job")
+    parser.add_argument("--targets",
+                        help="targets of the tables, comma-separated: accuracies (default "
+                             + ",".join(f"{t:g}" for t in compare.DEFAULT_TARGETS) +
+                             "), or with --metric loss validation losses (no default); "
+                             "a job ends once the hardest has held for --hold seconds")
+    parser.add_argument("--skip-done", action="store_true",
+                        help="leave out the jobs that already have a summary in --out (an "
+                             "interrupted experiment goes on where it stopped)")
     parser.add_argument("--hold", type=float, default=1.0,
                         help="a job ends once the highest target has held this many "
                              "seconds (default 1)")
@@ -127,14 +147,37 @@ def _job_args(args, folder: str, flags: List[str], cfg: str, seed: int,
             "--slowdown", slowdown, *links,
             "--out", os.path.join(args.out, cfg, f"seed{seed}"), "-n", args.network,
             "--dataset", args.dataset, "--time-limit", f"{args.time_limit:g}",
-            "--seed", str(seed), "--target-accuracy", f"{max(args.targets):g}",
+            "--seed", str(seed), "--metric", args.metric, *_target_flag(args),
             "--target-hold", f"{args.hold:g}", "--eval-interval", f"{args.eval_interval:g}",
             *([] if args.auth else ["--no-auth"]), *extra]
+
+
+def _target_flag(args) -> List[str]:
+    """The job's stop criterion: the hardest of the targets."""
+    if args.metric == "loss":
+        return ["--target-loss", f"{min(args.targets):g}"]
+    return ["--target-accuracy", f"{max(args.targets):g}"]
+
+
+def _parse_targets(args) -> None:
+    """args.targets as numbers of args.metric; ValueError (one line) on bad input."""
+    metric = METRICS[args.metric]
+    if args.targets is None:
+        if metric != "accuracy":
+            raise ValueError("--metric loss needs --targets (validation losses, e.g. 1.8,1.65)")
+        args.targets = list(compare.DEFAULT_TARGETS)
+        return
+    try:
+        args.targets = compare.parse_targets(args.targets, metric)
+    except ValueError as e:
+        raise ValueError(f"--targets: {e}") from None
 
 
 def plan(args, extra: Sequence[str]) -> List[Tuple[str, str, int, List[str]]]:
     """(config, log folder, seed, launcher argv) of every job, in the order they run;
     ValueError (one line) on bad input."""
+    if not isinstance(args.targets, list):
+        _parse_targets(args)
     known = jobs()
     chosen = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in chosen if m not in known]
@@ -181,12 +224,28 @@ class _Jobs:
             self.bar.close()
 
 
+def _script(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """(the experiment's arguments, the training script and its arguments, or [])."""
+    try:
+        return split_script(argv)
+    except local.LaunchError:
+        return list(argv), []
+
+
+def _done(base: str, name: str, folder: str) -> bool:
+    """Whether a job's summary is already written (BASE/NAME/FOLDER/<Name>.json)."""
+    path = os.path.join(base, name, folder)
+    return os.path.isdir(path) and any(f.endswith(".json") for f in os.listdir(path))
+
+
 def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
-    args, extra = build_parser(prog).parse_known_args(sys.argv[1:] if argv is None else argv)
+    ours, script = _script(sys.argv[1:] if argv is None else argv)
+    args, extra = build_parser(prog).parse_known_args(ours)
     try:
         planned = plan(args, extra)
         for *_, job_argv in planned:  # every job's flags, before anything starts
-            local.plan(job_argv)
+            # OUT/<network, or the script's name>/<log folder>
+            name = os.path.basename(os.path.dirname(local.plan(job_argv, script=script).folder))
     except (ValueError, local.LaunchError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
@@ -195,19 +254,24 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
     progress = _Jobs(len(planned))
     try:
         for i, (cfg, folder, seed, job_argv) in enumerate(planned, 1):
-            name = f"{cfg}/seed{seed}/{folder}"
-            progress.say(f"experiment: job {i} of {len(planned)}: {name}")
-            code = local.run(job_argv, position=1, nested=progress.bar is not None)
+            base = os.path.join(args.out, cfg, f"seed{seed}")
+            job = f"{cfg}/seed{seed}/{folder}"
+            if args.skip_done and _done(base, name, folder):
+                progress.say(f"experiment: job {i} of {len(planned)}: {job} done before")
+                progress.done_one()
+                continue
+            progress.say(f"experiment: job {i} of {len(planned)}: {job}")
+            code = local.run(job_argv, position=1, nested=progress.bar is not None,
+                             script=script)
             progress.done_one()
             if code == 130:
                 progress.say("experiment: interrupted")
                 return 130
             if code != 0:
-                failed.append(name)
+                failed.append(job)
                 continue
-            base = os.path.join(args.out, cfg, f"seed{seed}")
             try:
-                out, result = summary.write_summary(base, args.network, folder)
+                out, result = summary.write_summary(base, name, folder)
                 progress.say(summary.wrote_line(out, result), file=sys.stdout)
             except summary.SummaryError as e:
                 progress.say(f"{summary.PROG}: error: {e}")
@@ -217,9 +281,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
         progress.close()
     compared = True
     try:
-        print(compare.compare(args.out, args.network, args.targets,
-                              [c.strip() for c in args.configs.split(",") if c.strip()]),
-              end="")
+        print(compare.compare(args.out, name, args.targets,
+                              [c.strip() for c in args.configs.split(",") if c.strip()],
+                              metric=METRICS[args.metric]), end="")
     except compare.CompareError as e:
         print(f"{compare.PROG}: error: {e}", file=sys.stderr)
         compared = False

@@ -18,7 +18,7 @@ into OUT:
   target, the final accuracy, traffic in bytes per training sample and throughput in
   samples/s; under each table one line with each row's number of seeds and the targets;
 * ``results.json``: the same numbers, machine-readable (see ``results``);
-* ``accuracy-<config>.png`` (every seed's accuracy curve, log time axis),
+* ``accuracy-<config>.png`` (each mode's median curve over the seeds with their range as a band, log time axis),
   ``time_to_target-<config>.png`` (median time per target and algorithm, min-max error
   bars) and ``traffic-<config>.png`` (bytes per sample, min-max error bars).
 
@@ -473,32 +473,59 @@ def _legend_handles(modes):
     return [Patch(label=display(m), **bar_style(m)) for m in modes]
 
 
+def seed_band(curves, points=200):
+    """(times, median, low, high) of several seeds' curves of one mode: each curve held
+    at its last evaluation between evaluations, sampled at `points` times from the
+    first evaluation to the last one any seed made; at each time only the seeds whose
+    curve has begun and not yet ended count. curves: [(times, values)]; None if none
+    has a point."""
+    import numpy as np
+
+    curves = [(np.asarray(xs, float), np.asarray(ys, float)) for xs, ys in curves if len(xs)]
+    if not curves:
+        return None
+    start = min(xs[0] for xs, _ in curves)
+    end = max(xs[-1] for xs, _ in curves)
+    grid = np.linspace(start, end, points) if end > start else np.array([start])
+    rows = []
+    for xs, ys in curves:
+        at = np.searchsorted(xs, grid, side="right") - 1  # the last evaluation at or before
+        row = np.where((at >= 0) & (grid <= xs[-1]), ys[np.clip(at, 0, None)], np.nan)
+        rows.append(row)
+    stack = np.vstack(rows)
+    keep = ~np.all(np.isnan(stack), axis=0)
+    stack, grid = stack[:, keep], grid[keep]
+    return (grid, np.nanmedian(stack, axis=0), np.nanmin(stack, axis=0),
+            np.nanmax(stack, axis=0))
+
+
 def draw_accuracy(entry, targets, path, title, linear_time=False, metric="accuracy"):
-    """Every seed's curve of metric (test accuracy, or validation loss), the targets as
+    """Each mode's median curve of metric (test accuracy, or validation loss) over its
+    seeds, the seeds' range drawn as a band around it (seed_band); the targets as
     dotted lines."""
     plt = drawer.pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
-    curves = [(mode, drawer.metric_curve(s, metric))
-              for mode, per in entry["runs"].items() for s in per.values()]
-    curves = [(mode, xs, ys) for mode, (xs, ys) in curves if xs]
-    place = drawer.time_axis(ax, [t for _, xs, _ in curves for t in xs], linear_time,
+    bands = [(mode, seed_band([drawer.metric_curve(s, metric) for s in per.values()]))
+             for mode, per in entry["runs"].items()]
+    bands = [(mode, band) for mode, band in bands if band is not None]
+    place = drawer.time_axis(ax, [t for _, band in bands for t in band[0]], linear_time,
                              "Time since training start (s)")
-    labelled = set()
-    for mode, xs, ys in curves:
-        ax.plot(place(xs), ys, color=colour(mode), linewidth=0.8, alpha=0.8,
+    for mode, (xs, median, low, high) in bands:
+        xs = place(list(xs))
+        ax.plot(xs, median, color=colour(mode), linewidth=1.0,
                 linestyle="--" if mode[2] else "-",
-                label=None if mode in labelled else display(mode))
-        labelled.add(mode)
+                label=f"{display(mode)} (median of {len(entry['runs'][mode])})")
+        ax.fill_between(xs, low, high, color=colour(mode), alpha=0.15, linewidth=0)
     for t in targets:
         ax.axhline(t, linestyle=":", color="gray", linewidth=0.8)
         ax.text(1.0, t, f" {target_label(t)}", transform=ax.get_yaxis_transform(),
                 va="center", fontsize="x-small", color="gray")
-    if curves:
+    if bands:
         ax.legend(loc=drawer.legend_corner(metric), fontsize="small")
         ax.grid(True, alpha=0.3)
     else:
         drawer._no_data(ax)
-    ax.set_title(title)
+    ax.set_title(f"{title}; band: the seeds' range")
     ax.set_ylabel(drawer.METRIC_LABEL[metric])
     return drawer._save(fig, path, False)
 

@@ -491,3 +491,19 @@ def test_cli_bad_loss_targets(lossy, args, message):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [message]
     assert proc.stdout == ""
+
+
+def test_seed_band_holds_each_curve_between_evaluations_and_spans_the_seeds():
+    from logs_tools import compare
+
+    times, median, low, high = compare.seed_band(
+        [([1.0, 3.0], [0.2, 0.6]), ([2.0, 5.0], [0.4, 0.8]), ([], [])], points=9)
+    assert times[0] == 1.0 and times[-1] == 5.0 and len(times) == 9  # 1.0, 1.5, ... 5.0
+    at = {float(t): (float(m), float(lo), float(hi))
+          for t, m, lo, hi in zip(times, median, low, high)}
+    assert at[1.5] == (0.2, 0.2, 0.2)  # only the first seed has begun
+    assert at[2.5] == pytest.approx((0.3, 0.2, 0.4))  # both, each held at its last value
+    assert at[3.0] == pytest.approx((0.5, 0.4, 0.6))
+    assert at[4.0] == (0.4, 0.4, 0.4)  # the first seed ended at 3.0: only the second
+    assert at[5.0] == (0.8, 0.8, 0.8)
+    assert compare.seed_band([([], [])]) is None

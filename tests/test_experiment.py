@@ -48,6 +48,55 @@ def test_a_small_experiment_gives_summaries_figures_and_the_tables(tmp_path):
     assert "6 of 6 jobs done" in result.stderr
 
 
+@pytest.mark.slow
+def test_an_experiment_on_a_users_script_measures_its_loss_and_goes_on_where_it_stopped(
+        tmp_path):
+    """The LM example through the library API (esync-run's script convention) in ASGD
+    and alone, its validation loss as the metric: the evaluator measures the job, and
+    standalone training evaluates in its own process (the API, given -n and --dataset).
+    Run again with --skip-done, nothing runs and the tables are written again."""
+    argv = [sys.executable, EXPERIMENT, "--modes", "async,local", "--seeds", "1",
+            "--configs", "plain", "--workers", "2", "--slowdown", "1,2", "--metric", "loss",
+            "--targets", "3.2,3.0", "--hold", "0", "--eval-interval", "0.5",
+            "--time-limit", "60", "--out", str(tmp_path), "--skip-done",
+            "-n", "examples.charlm:build_model", "--dataset", "examples.charlm:build_data",
+            "--loss", "examples.charlm:loss_fn",
+            "examples/charlm_esync.py", "--seconds", "300", "--eval-every", "100000000"]
+    first = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["network"] == "charlm_esync" and doc["metric"] == "val_loss"
+    rows = doc["configs"]["plain"]["algorithms"]
+    for name, mode in (("ASGD", "async"), ("Standalone", "local")):
+        assert rows[name]["final_val_loss"]["median"] <= 3.0, rows[name]
+        assert rows[name]["time_to_target"]["3.00"]["median"] > 0
+        folder = tmp_path / "plain" / "seed0" / "charlm_esync" / mode
+        assert (folder / f"{'Async' if mode == 'async' else 'Local'}.json").is_file()
+    assert (tmp_path / "accuracy-plain.png").read_bytes()[:8] == PNG
+    os.remove(tmp_path / "results.json")
+    again = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stderr.count("done before") == 2, again.stderr
+    assert "launch:" not in again.stderr + again.stdout  # no job started
+    assert json.loads((tmp_path / "results.json").read_text())["configs"] == doc["configs"]
+
+
+def test_loss_targets_go_to_every_job_and_bad_ones_are_refused():
+    from launch import experiment
+
+    args, extra = experiment.build_parser().parse_known_args(
+        ["--metric", "loss", "--targets", "2.0,1.8", "--modes", "esync"])
+    (_, _, _, argv), *_ = experiment.plan(args, extra)
+    assert argv[argv.index("--metric") + 1] == "loss"
+    assert argv[argv.index("--target-loss") + 1] == "1.8" and "--target-accuracy" not in argv
+    for bad, message in ((["--metric", "loss"], "--metric loss needs --targets"),
+                         (["--targets", "0.9,1.5"], "--targets: "),
+                         (["--metric", "loss", "--targets", "-1"], "--targets: ")):
+        args, extra = experiment.build_parser().parse_known_args(bad)
+        with pytest.raises(ValueError, match=message):
+            experiment.plan(args, extra)
+
+
 def test_a_bad_worker_flag_is_refused_before_any_job(tmp_path):
     result = subprocess.run([sys.executable, EXPERIMENT, "--modes", "sync,local",
                              "--out", str(tmp_path), "--shuffle", "sideways"], cwd=REPO,
