@@ -15,10 +15,12 @@ into OUT:
 * ``results.md``: per configuration, a table with one row per algorithm (IID runs,
   Standalone, non-IID runs, the registry's order): time to each target accuracy as
   ``median [min-max]`` seconds over the seeds, ESync's speedup over the row at the middle
-  target, the final accuracy, traffic in bytes per training sample and throughput in
-  samples/s; under each table one line with each row's number of seeds and the targets;
+  target, the samples the workers trained on until the middle target (thousands), the
+  final accuracy, traffic in bytes per training sample and throughput in samples/s;
+  under each table one line with each row's number of seeds and the targets;
 * ``results.json``: the same numbers, machine-readable (see ``results``);
-* ``accuracy-<config>.png`` (each mode's median curve over the seeds with their range as a band, log time axis),
+* ``accuracy-<config>.png`` (each mode's median curve over the seeds, their range drawn
+  as a band; log time axis),
   ``time_to_target-<config>.png`` (median time per target and algorithm, min-max error
   bars) and ``traffic-<config>.png`` (bytes per sample, min-max error bars).
 
@@ -35,6 +37,9 @@ usable summary of it):
 * ESync's speedup over a row: for each seed where both reached the middle target,
   t_row / t_ESync (ESync on the same data: non-IID rows against ESync (non-IID)); the
   median and min-max of those ratios;
+* samples to a target: the workers' training samples of the rounds that ended by the
+  time the evaluator first saw it (one clock), per seed; the median of the seeds that
+  reached it (results.json has every target's);
 * final accuracy: each seed's last evaluation; median [min-max];
 * traffic: the workers' bytes (sent + received) / the workers' training samples, the
   evaluator left out; throughput: the workers' samples / the job's duration (the largest
@@ -309,6 +314,18 @@ def time_to_target(summaries, target, metric=None):
                        for s in summaries.values()])
 
 
+def samples_to_target(summary, target, metric=None):
+    """The samples the training devices had trained on when the evaluator first saw
+    target (their rounds that ended by then, on the job's one clock), or None if it was
+    not reached: how much data a mode needs, apart from how fast it goes through it."""
+    t = drawer.time_to_target(summary, target, metric)
+    if t is None:
+        return None
+    return sum(n for _, _, rec in drawer.training_records(summary)
+               for at, n in zip(rec["elapsed_time_list"], rec["num_samples_list"])
+               if at is not None and n is not None and at <= t)
+
+
 def speedup(summaries, reference, target, metric=None):
     """ESync's speedup over a row: spread of t_row / t_reference per seed of summaries,
     None where the reference has no such seed or either did not reach target."""
@@ -331,6 +348,8 @@ def algorithm_results(summaries, reference, targets, metric="accuracy"):
                             for t in targets},
         "speedup": dict(target=sp_target,
                         **speedup(summaries, reference or {}, sp_target, metric)),
+        "samples_to_target": {target_label(t): spread([samples_to_target(s, t, metric)
+                                                       for s in per]) for t in targets},
         f"final_{metric}": spread([final_value(s, metric) for s in per]),
         "traffic_bytes_per_sample": spread([bytes_per_sample(s) for s in per]),
         "throughput_samples_per_s": spread([drawer.throughput(s) for s in per]),
@@ -348,6 +367,7 @@ def results(data, network, targets, metric="accuracy"):
                               "seeds": [seeds with a usable summary],
                               "time_to_target": {"0.90": time_stats, ...},
                               "speedup": {"target": 0.95, **spread},
+                              "samples_to_target": {"0.90": spread, ...},
                               "final_accuracy": spread,
                               "traffic_bytes_per_sample": spread,
                               "throughput_samples_per_s": spread}}}}}
@@ -424,14 +444,17 @@ def config_markdown(config, entry, targets, metric="accuracy"):
     proposed = registry.ALGORITHMS[PROPOSED].display
     sp = target_label(middle_target(targets))
     head = ([f"Time to {target_label(t)} (s)" for t in targets]
-            + [f"{proposed} speedup at {sp}", f"Final {metric}", "Traffic (B/sample)",
+            + [f"{proposed} speedup at {sp}", f"Samples to {sp} (k)", f"Final {metric}",
+               "Traffic (B/sample)",
                "Throughput (samples/s)"])
     lines = [f"## {config}", "",
              "| Algorithm | " + " | ".join(head) + " |",
              "|---|" + "---:|" * len(head)]
     for name, a in entry["algorithms"].items():
         cells = [time_cell(a["time_to_target"][target_label(t)]) for t in targets]
+        samples = a.get("samples_to_target", {}).get(sp, {}).get("median")
         cells += [spread_cell(a["speedup"], ".2f", "x"),
+                  "n/a" if samples is None else f"{samples / 1000:.1f}",
                   spread_cell(a[f"final_{metric}"], ".4f"),
                   number(a["traffic_bytes_per_sample"]["median"]),
                   number(a["throughput_samples_per_s"]["median"])]
@@ -440,7 +463,9 @@ def config_markdown(config, entry, targets, metric="accuracy"):
     lines += ["", f"Seeds per row (of {len(entry['seeds'])}): {seeds}. "
               f"{_targets_phrase(targets, metric)}: median [min-max] s over "
               f"the seeds, n/r: not reached; {proposed}'s speedup t_row / t_{proposed} "
-              f"at {sp}; traffic and throughput: medians.", ""]
+              f"at {sp}; samples to {sp}: the workers' training samples when the "
+              f"evaluator first saw it, median of the seeds that reached it; traffic and "
+              f"throughput: medians.", ""]
     return "\n".join(lines)
 
 

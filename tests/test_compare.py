@@ -201,6 +201,15 @@ def test_speedups(done):
     check(links["DDP (non-IID)"]["speedup"], [2, None, None], 2, 2, 2)
 
 
+def test_samples_to_target_count_the_workers_rounds_ended_by_then(done):
+    plain = algos(done, "plain")
+    # ESync reached 0.95 at 4, 5, 6 s; its 2 workers' rounds of 100 samples ended at
+    # (2, 4), (2.5, 5), (4, 8): 400, 400, 200; the evaluator's samples do not count
+    check(plain["ESync"]["samples_to_target"]["0.95"], [400, 400, 200], 400, 200, 400)
+    check(plain["Standalone"]["samples_to_target"]["0.90"], [100] * 3, 100, 100, 100)
+    assert plain["Standalone"]["samples_to_target"]["0.95"]["per_seed"] == [None] * 3
+
+
 def test_final_accuracy_traffic_throughput(done):
     plain, links = algos(done, "plain"), algos(done, "links")
     check(plain["ESync"]["final_accuracy"], [0.975, 0.98, 0.96], 0.975, 0.96, 0.98)
@@ -223,20 +232,21 @@ PLAIN_TABLE = """\
 ## plain
 
 | Algorithm | Time to 0.90 (s) | Time to 0.95 (s) | Time to 0.97 (s) | ESync speedup at 0.95 \
-| Final accuracy | Traffic (B/sample) | Throughput (samples/s) |
-|---|---:|---:|---:|---:|---:|---:|---:|
+| Samples to 0.95 (k) | Final accuracy | Traffic (B/sample) | Throughput (samples/s) |
+|---|---:|---:|---:|---:|---:|---:|---:|---:|
 | ESync | 2.00 [1.00-3.00] | 5.00 [4.00-6.00] | 8.00 [6.00-n/r] (2/3) | 1.00x [1.00-1.00] \
-| 0.9750 [0.9600-0.9800] | 15 | 80 |
+| 0.4 | 0.9750 [0.9600-0.9800] | 15 | 80 |
 | SSGD | 5.00 [4.00-6.00] | 12.00 [10.00-15.00] | not reached (1/3) | 2.50x [2.40-2.50] \
-| 0.9650 [0.9620-0.9700] | 20 | 16 |
+| 0.2 | 0.9650 [0.9620-0.9700] | 20 | 16 |
 | DDP | 2.50 [2.00-3.00] | 8.00 [8.00-n/r] (1/2) | not reached (0/2) | 2.00x [2.00-2.00] (1/2) \
-| 0.9450 [0.9400-0.9500] | 5 | 47.2 |
+| 0.4 | 0.9450 [0.9400-0.9500] | 5 | 47.2 |
 | Standalone | 45.00 [40.00-50.00] | not reached (0/3) | not reached (0/3) | n/a \
-| 0.9100 [0.9100-0.9100] | 0 | 2.22 |
+| n/a | 0.9100 [0.9100-0.9100] | 0 | 2.22 |
 
 Seeds per row (of 3): ESync 3, SSGD 3, DDP 2, Standalone 3. Targets 0.90, 0.95, 0.97: \
 median [min-max] s over the seeds, n/r: not reached; ESync's speedup t_row / t_ESync at \
-0.95; traffic and throughput: medians.
+0.95; samples to 0.95: the workers' training samples when the evaluator first saw it, \
+median of the seeds that reached it; traffic and throughput: medians.
 """
 
 
@@ -428,11 +438,11 @@ def test_loss_markdown_and_figures(lossy):
     from matplotlib.image import imread
     md = lossy["md"]
     assert ("| Algorithm | Time to 1.00 (s) | Time to 0.50 (s) | ESync speedup at 1.00 "
-            "| Final val_loss | Traffic (B/sample) | Throughput (samples/s) |") in md
+            "| Samples to 1.00 (k) | Final val_loss | Traffic (B/sample) | Throughput (samples/s) |") in md
     assert ("| ESync | 2.00 [1.00-3.00] | 6.00 [4.00-n/r] (2/3) | 1.00x [1.00-1.00] "
-            "| 0.5000 [0.4500-0.6000] | 10 | 100 |") in md
+            "| 0.2 | 0.5000 [0.4500-0.6000] | 10 | 100 |") in md
     assert ("| SSGD | 6.00 [6.00-n/r] (2/3) | not reached (1/3) | 2.50x [2.00-3.00] (2/3) "
-            "| 0.7000 [0.4000-1.2000] |") in md
+            "| 0.2 | 0.7000 [0.4000-1.2000] |") in md
     assert "Targets (val_loss at or below) 1.00, 0.50: median [min-max] s" in md
     assert "accuracy" not in md
     assert lossy["proc"].stdout == md and lossy["proc"].stderr == ""
