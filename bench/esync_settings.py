@@ -1,0 +1,141 @@
+"""ESync's own settings, measured: which budget rule, local-step cap, weighting of the
+deltas, normalised averaging and outer momentum to pick, on the evidence benchmark's two
+workloads (bench/evidence.py), 3 seeds.
+
+    python bench/esync_settings.py --out runs/settings     (about 2 hours on 2 cores)
+
+Each variant is ESync with the flags below, run by esync-experiment (`--modes esync`,
+plain loopback) into OUT/<workload>/<level>/<variant>/; at the end one table per
+workload and level, variants as rows: time to each target (median [min-max] over the
+seeds), the workers' samples until the harder target (the data a variant needs, apart
+from its speed), samples per second, and its ratio to the default's median time in the
+same run (below 1: faster than the default). Written to OUT/settings.md.
+
+- default: the paper's rule, the slowest living device's one iteration sets the round,
+  the deltas' plain mean, at most --max-local-steps 16 a round;
+- by-steps: --weight-by-steps 1, the mean weighted by each delta's local steps;
+- normalized: --normalize-deltas 1, FedNova's normalised averaging;
+- momentum: --outer-momentum 0.5 (Nesterov, DiLoCo's outer optimiser; -gl as default);
+- round-time: --round-time T, every device fills T seconds (T: twice the default
+  round on this machine, so that the slowest device runs about 2 local iterations);
+- cap-64 (at 1,1,1,16, where the cap of 16 binds): --max-local-steps 64, and with
+  --weight-by-steps 1.
+
+Interrupted, it goes on where it stopped (jobs with a summary are not run again).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Dict, List, Optional, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from bench.evidence import LEVELS, workloads  # noqa: E402
+from launch import experiment  # noqa: E402
+from logs_tools.compare import target_label  # noqa: E402
+
+#: the default's round on this machine (seconds, the slow device's one iteration at
+#: 1,1,4,4 under the job's load), so that --round-time asks about 2 iterations of it
+ROUND_TIME = {"charlm": 0.5, "resnet": 1.2}
+
+
+def variants(workload: str, level: str) -> Dict[str, List[str]]:
+    """{variant: ESync's flags} measured at a heterogeneity level."""
+    if level == "1,1,1,16":
+        return {"default": [], "by-steps": ["--weight-by-steps", "1"],
+                "cap-64": ["--max-local-steps", "64"],
+                "cap-64-by-steps": ["--max-local-steps", "64", "--weight-by-steps", "1"]}
+    return {"default": [], "by-steps": ["--weight-by-steps", "1"],
+            "normalized": ["--normalize-deltas", "1"],
+            "momentum": ["--outer-momentum", "0.5"],
+            "round-time": ["--round-time", f"{2 * ROUND_TIME[workload]:g}"]}
+
+
+def _row(doc: dict, targets: Sequence[str]) -> Optional[dict]:
+    entry = doc["configs"].get("plain", {}).get("algorithms", {}).get("ESync")
+    if entry is None:
+        return None
+    return {"times": [entry["time_to_target"][t] for t in targets],
+            "samples": entry.get("samples_to_target", {}).get(targets[-1], {}),
+            "rate": entry["throughput_samples_per_s"]["median"]}
+
+
+def _time(stats: dict) -> str:
+    if stats["median"] is None:
+        return f"not reached ({stats['reached']}/{len(stats['per_seed'])})"
+    high = "n/r" if stats["max"] is None else f"{stats['max']:.1f}"
+    return f"{stats['median']:.1f} [{stats['min']:.1f}-{high}]"
+
+
+def table(name: str, level: str, rows: Dict[str, dict], targets: Sequence[str]) -> str:
+    base = rows.get("default")
+    base_time = base["times"][-1]["median"] if base else None
+    lines = [f"## {name} at {level}", "",
+             "| variant | " + " | ".join(f"time to {t} (s)" for t in targets)
+             + f" | vs default at {targets[-1]} | samples to {targets[-1]} (k) | samples/s |",
+             "|---|" + "---:|" * (len(targets) + 3)]
+    for variant, row in rows.items():
+        t = row["times"][-1]["median"]
+        ratio = f"{t / base_time:.2f}x" if t is not None and base_time else "n/a"
+        samples, rate = row["samples"].get("median"), row["rate"]
+        lines.append(f"| {variant} | " + " | ".join(_time(s) for s in row["times"])
+                     + f" | {ratio} | "
+                     + ("n/a" if samples is None else f"{samples / 1000:.1f}")
+                     + (" | n/a |" if rate is None else f" | {rate:.0f} |"))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/esync_settings.py",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=os.path.join("runs", "settings"))
+    parser.add_argument("--workloads", default="charlm,resnet")
+    parser.add_argument("--levels", default=";".join(LEVELS))
+    args, extra = parser.parse_known_args(argv)
+    chosen = workloads(args.out)
+    names = [w for w in args.workloads.split(",") if w]
+    levels = [lv for lv in args.levels.split(";") if lv]
+    if any(w not in chosen for w in names) or any(lv not in LEVELS for lv in levels):
+        print(f"bench/esync_settings.py: error: --workloads from {', '.join(chosen)}, "
+              f"--levels from {'; '.join(LEVELS)}", file=sys.stderr)
+        return 2
+    if "resnet" in names and not os.path.isdir(os.path.join(args.out, "digits32", "test")):
+        from examples.resnet_bn import write_digits_folder
+
+        write_digits_folder(os.path.join(args.out, "digits32"))
+    sections, failed = [], 0
+    for name in names:
+        work = chosen[name]
+        for level in levels:
+            bandwidth, latency = LEVELS[level]
+            rows, labels = {}, []
+            for variant, flags in variants(name, level).items():
+                out = os.path.join(args.out, name, "x" + level.replace(",", "-"), variant)
+                argv_ = [*work.flags, "--modes", "esync", "--configs", "plain",
+                         "--out", out, "--slowdown", level,
+                         "--eval-interval", f"{work.eval_interval:g}",
+                         "--time-limit", f"{work.time_limit:g}", "--skip-done",
+                         *flags, *extra, *work.script]
+                print(f"settings: {name} at {level}, {variant}", flush=True)
+                failed += experiment.main(argv_, prog="bench/esync_settings.py") != 0
+                results = os.path.join(out, "results.json")
+                if os.path.isfile(results):
+                    doc = json.load(open(results, encoding="utf-8"))
+                    labels = [target_label(t) for t in doc["targets"]]
+                    row = _row(doc, labels)
+                    if row is not None:
+                        rows[variant] = row
+            if rows:
+                sections.append(table(name, level, rows, labels))
+    with open(os.path.join(args.out, "settings.md"), "w", encoding="utf-8") as f:
+        f.write("# ESync's settings\n\n" + "\n".join(sections))
+    print(f"settings: tables in {os.path.join(args.out, 'settings.md')}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
