@@ -104,9 +104,10 @@ def shapes(tmp_path_factory):
     return root
 
 
+# (time: SSGD with BatchNorm through the API runs tests/api_script.py --model bn)
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["esync", "sync"])  # (time: the LM runs in every mode)
-def test_the_resnet_with_batchnorm_reaches_90_percent_in_esync_and_ssgd(tmp_path, shapes, mode):
+@pytest.mark.parametrize("mode", ["esync"])
+def test_the_resnet_with_batchnorm_reaches_90_percent_in_esync(tmp_path, shapes, mode):
     esync_run(tmp_path, [*MODES[mode], "-n", "examples.resnet_bn:build_model", "--dataset",
                          "folder", "-dd", str(shapes), "--target-accuracy", "0.9"],
               "resnet_esync.py", "--data", str(shapes), "--seconds", "300")
