@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Sequence
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.evidence import LEVELS, workloads  # noqa: E402
+from bench.evidence import LEVELS, choose, job_flags, level_folder, workloads  # noqa: E402
 from launch import experiment  # noqa: E402
 from logs_tools.compare import target_label  # noqa: E402
 
@@ -96,30 +96,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--workloads", default="charlm,resnet")
     parser.add_argument("--levels", default=";".join(LEVELS))
     args, extra = parser.parse_known_args(argv)
-    chosen = workloads(args.out)
-    names = [w for w in args.workloads.split(",") if w]
-    levels = [lv for lv in args.levels.split(";") if lv]
-    if any(w not in chosen for w in names) or any(lv not in LEVELS for lv in levels):
-        print(f"bench/esync_settings.py: error: --workloads from {', '.join(chosen)}, "
-              f"--levels from {'; '.join(LEVELS)}", file=sys.stderr)
+    try:
+        names, levels = choose(args, "bench/esync_settings.py")
+    except ValueError as e:
+        print(e, file=sys.stderr)
         return 2
-    if "resnet" in names and not os.path.isdir(os.path.join(args.out, "digits32", "test")):
-        from examples.resnet_bn import write_digits_folder
-
-        write_digits_folder(os.path.join(args.out, "digits32"))
+    chosen = workloads(args.out)
     sections, failed = [], 0
     for name in names:
         work = chosen[name]
         for level in levels:
-            bandwidth, latency = LEVELS[level]
             rows, labels = {}, []
             for variant, flags in variants(name, level).items():
-                out = os.path.join(args.out, name, "x" + level.replace(",", "-"), variant)
+                out = os.path.join(args.out, name, level_folder(level), variant)
                 argv_ = [*work.flags, "--modes", "esync", "--configs", "plain",
-                         "--out", out, "--slowdown", level,
-                         "--eval-interval", f"{work.eval_interval:g}",
-                         "--time-limit", f"{work.time_limit:g}", "--skip-done",
-                         *flags, *extra, *work.script]
+                         "--out", out, *job_flags(work, level), *flags, *extra,
+                         *work.script]
                 print(f"settings: {name} at {level}, {variant}", flush=True)
                 failed += experiment.main(argv_, prog="bench/esync_settings.py") != 0
                 results = os.path.join(out, "results.json")

@@ -43,7 +43,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -98,36 +98,50 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _level_folder(level: str) -> str:
+def level_folder(level: str) -> str:
     return "x" + level.replace(",", "-")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args, extra = build_parser().parse_known_args(argv)
+def choose(args, prog: str) -> Tuple[List[str], List[str]]:
+    """(workload names, levels) of --workloads and --levels, the ResNet's image folder
+    written into --out if it is chosen and missing; ValueError (one line) if unknown."""
     chosen = workloads(args.out)
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     levels = [lv.strip() for lv in args.levels.split(";") if lv.strip()]
     bad = [w for w in names if w not in chosen] + [lv for lv in levels if lv not in LEVELS]
     if bad or not names or not levels:
-        print(f"bench/evidence.py: error: unknown {', '.join(bad) or 'nothing chosen'} "
-              f"(workloads: {', '.join(chosen)}; levels: {'; '.join(LEVELS)})",
-              file=sys.stderr)
-        return 2
+        raise ValueError(f"{prog}: error: unknown {', '.join(bad) or 'nothing chosen'} "
+                         f"(workloads: {', '.join(chosen)}; levels: {'; '.join(LEVELS)})")
     if "resnet" in names and not os.path.isdir(os.path.join(args.out, "digits32", "test")):
         from examples.resnet_bn import write_digits_folder
 
         write_digits_folder(os.path.join(args.out, "digits32"))
+    return names, levels
+
+
+def job_flags(work: Workload, level: str) -> List[str]:
+    """The experiment's flags every run of a workload at a level shares."""
+    return ["--slowdown", level, "--eval-interval", f"{work.eval_interval:g}",
+            "--time-limit", f"{work.time_limit:g}", "--skip-done"]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args, extra = build_parser().parse_known_args(argv)
+    try:
+        names, levels = choose(args, "bench/evidence.py")
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    chosen = workloads(args.out)
     sections, failed = [], 0
     for name in names:
         work = chosen[name]
         for level in levels:
             bandwidth, latency = LEVELS[level]
-            out = os.path.join(args.out, name, _level_folder(level))
-            argv_ = [*work.flags, "--out", out, "--slowdown", level,
+            out = os.path.join(args.out, name, level_folder(level))
+            argv_ = [*work.flags, "--out", out, *job_flags(work, level),
                      "--links-bandwidth", bandwidth, "--links-latency", latency,
-                     "--eval-interval", f"{work.eval_interval:g}",
-                     "--time-limit", f"{work.time_limit:g}", "--skip-done", *extra,
-                     *work.script]
+                     *extra, *work.script]
             print(f"evidence: {name} at {level}: esync-experiment "
                   + " ".join(argv_), flush=True)
             start = time.monotonic()
