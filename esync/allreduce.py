@@ -15,8 +15,9 @@ backends do the same arithmetic and every worker holds the same weights.
   in float16, divided by the number of workers first so that the sum cannot overflow,
   as DDP's fp16 hook does) and, in flight beside it (gloo runs the two at once), one
   of a small float32 vector holding the buffers (BatchNorm statistics), each worker's
-  stop flag and its local steps (ESync with --normalize-deltas or --weight-by-steps). A worker whose stop criterion (or, on worker 0, the evaluator's)
-  says stop raises its flag and leaves the reason in the store: all stop after that
+  stop flag and its local steps (ESync with --normalize-deltas or --weight-by-steps).
+  A worker whose stop criterion (or, on worker 0, the evaluator's) says stop raises its
+  flag and leaves the reason in the store: all stop after that
   round, as with the servers.
 - *The evaluator* pulls worker 0's model (esync.publish), whose address is part of the
   rendezvous.
