@@ -13,12 +13,13 @@ backends do the same arithmetic and every worker holds the same weights.
   (`rendezvous`), where the other workers and the evaluator find it.
 - *A round*: one all_reduce (sum) of the pushed weights vector (with `--compress fp16`
   in float16, divided by the number of workers first so that the sum cannot overflow,
-  as DDP's fp16 hook does) and, in flight beside it (gloo runs the two at once), one
-  of a small float32 vector holding the buffers (BatchNorm statistics), each worker's
-  stop flag and its local steps (ESync with --normalize-deltas or --weight-by-steps).
-  A worker whose stop criterion (or, on worker 0, the evaluator's) says stop raises its
-  flag and leaves the reason in the store: all stop after that
-  round, as with the servers.
+  as DDP's fp16 hook does), after one of a small float32 vector holding the buffers
+  (BatchNorm statistics), each worker's stop flag and its local steps (ESync with
+  --normalize-deltas or --weight-by-steps). That small one goes first, alone: it
+  completes once every worker has come to the round's end, so its time is the round's
+  wait for the others (`waited`) and the weights' all-reduce the communication. A worker
+  whose stop criterion (or, on worker 0, the evaluator's) says stop raises its flag and
+  leaves the reason in the store: all stop after that round, as with the servers.
 - *The evaluator* pulls worker 0's model (esync.publish), whose address is part of the
   rendezvous.
 - *Failures*: an all-reduce cannot lose a member, so a dead worker ends the job: its
