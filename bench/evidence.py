@@ -39,6 +39,7 @@ to every job's main.py flags), e.g. --seeds 1 for a quick look.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -125,6 +126,29 @@ def job_flags(work: Workload, level: str) -> List[str]:
             "--time-limit", f"{work.time_limit:g}", "--skip-done"]
 
 
+def took(out: str, minutes: float) -> str:
+    """How long an experiment's jobs took, over all its runs (the experiment's
+    job_seconds.json), and this run's minutes."""
+    try:
+        with open(os.path.join(out, experiment.JOB_SECONDS), encoding="utf-8") as f:
+            seconds = json.load(f)
+    except (OSError, ValueError):
+        seconds = {}
+    jobs = sum(1 for path, _, files in os.walk(out) for f in files
+               if f.endswith(".json") and _is_summary(path, f))
+    unknown = max(0, jobs - len(seconds))
+    return (f"{sum(seconds.values()) / 60:.1f} min of jobs in all ({jobs} jobs"
+            + (f"; {unknown} without a recorded time" if unknown else "")
+            + f"), {minutes:.1f} min in this run (jobs done before are not run again).")
+
+
+def _is_summary(folder: str, name: str) -> bool:
+    """Whether FOLDER/NAME is a job's summary: OUT/<config>/seed<k>/<name>/<mode>/X.json
+    beside the job's host folders."""
+    parts = os.path.normpath(folder).split(os.sep)
+    return len(parts) >= 4 and parts[-3].startswith("seed") and name[0].isupper()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args, extra = build_parser().parse_known_args(argv)
     try:
@@ -151,8 +175,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             results = os.path.join(out, "results.md")
             table = open(results, encoding="utf-8").read() if os.path.isfile(results) \
                 else "(no results)\n"
-            sections.append(f"## {name} at {level}\n\n{minutes:.1f} min in this run "
-                            f"(jobs done before were not run again).\n\n"
+            sections.append(f"## {name} at {level}\n\n{took(out, minutes)}\n\n"
                             + table.split("\n", 1)[1].replace("\n## ", "\n### "))
     with open(os.path.join(args.out, "evidence.md"), "w", encoding="utf-8") as f:
         f.write("# Evidence\n\n" + "\n".join(sections))

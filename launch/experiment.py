@@ -23,7 +23,9 @@ seed, configuration by configuration, mode by mode, so that a slow spell of the 
 falls on every mode alike. Job logs go to OUT/<config>/seed<k>/<network>/<log folder>/;
 each is summarised (logs_tools.summary) after it ends, and at the end logs_tools.compare
 writes OUT/results.md (printed), OUT/results.json and the figures
-(accuracy-<config>.png, time_to_target-<config>.png, traffic-<config>.png).
+(accuracy-<config>.png, time_to_target-<config>.png, traffic-<config>.png). Each job's
+wall-clock seconds go to OUT/job_seconds.json as it ends, so that an experiment run in
+several goes (--skip-done) still says how long it took.
 
 Configurations: `plain` (loopback, no pacing) and `links` (each worker's link from
 --links-bandwidth and --links-latency, default: the two slow devices on 100 Mbit/s and
@@ -34,6 +36,7 @@ the jobs and a second one follows the running job (tqdm).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -232,6 +235,32 @@ def _script(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
         return list(argv), []
 
 
+#: OUT/JOB_SECONDS: {job: its wall-clock seconds, start-up and clean-up included}, the
+#: jobs this experiment ran (over interrupted runs too: how long the whole took)
+JOB_SECONDS = "job_seconds.json"
+
+
+def record_job_seconds(out: str, job: str, seconds: float) -> None:
+    """Add a job's wall-clock seconds to OUT/job_seconds.json (a bookkeeping file: one
+    that cannot be read or written is started afresh or left, not an error)."""
+    path = os.path.join(out, JOB_SECONDS)
+    try:
+        with open(path, encoding="utf-8") as f:
+            known = json.load(f)
+        if not isinstance(known, dict):
+            known = {}
+    except (OSError, ValueError):
+        known = {}
+    known[job] = round(seconds, 1)
+    try:
+        os.makedirs(out, exist_ok=True)
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(known, f, indent=1, sort_keys=True)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
+
+
 def _done(base: str, name: str, folder: str) -> bool:
     """Whether a job's summary is already written (BASE/NAME/FOLDER/<Name>.json)."""
     path = os.path.join(base, name, folder)
@@ -261,9 +290,11 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
                 progress.done_one()
                 continue
             progress.say(f"experiment: job {i} of {len(planned)}: {job}")
+            began = time.monotonic()
             code = local.run(job_argv, position=1, nested=progress.bar is not None,
                              script=script)
             progress.done_one()
+            record_job_seconds(args.out, job, time.monotonic() - began)
             if code == 130:
                 progress.say("experiment: interrupted")
                 return 130

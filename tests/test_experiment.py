@@ -72,12 +72,16 @@ def test_an_experiment_on_a_users_script_measures_its_loss_and_goes_on_where_it_
         # a distributed job has its evaluator; training alone evaluates itself
         assert devices == ({"w0", "w1-x2", "evaluator"} if mode == "async" else {"w0"})
     assert (tmp_path / "accuracy-plain.png").read_bytes()[:8] == PNG
+    seconds = json.loads((tmp_path / "job_seconds.json").read_text())
+    assert set(seconds) == {"plain/seed0/async", "plain/seed0/local"}
+    assert all(s > 0 for s in seconds.values()), seconds
     os.remove(tmp_path / "results.json")
     again = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stderr.count("done before") == 2, again.stderr
     assert "launch:" not in again.stderr + again.stdout  # no job started
     assert json.loads((tmp_path / "results.json").read_text())["configs"] == doc["configs"]
+    assert json.loads((tmp_path / "job_seconds.json").read_text()) == seconds
 
 
 def test_loss_targets_go_to_every_job_and_bad_ones_are_refused():
