@@ -114,7 +114,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "--out", out, *job_flags(work, level), *flags, *extra,
                          *work.script]
                 print(f"settings: {name} at {level}, {variant}", flush=True)
-                failed += experiment.main(argv_, prog="bench/esync_settings.py") != 0
+                code = experiment.main(argv_, prog="bench/esync_settings.py")
+                if code == 130:  # interrupted (Ctrl-C, SIGTERM): stop here, not go on
+                    return 130
+                failed += code != 0
                 results = os.path.join(out, "results.json")
                 if os.path.isfile(results):
                     doc = json.load(open(results, encoding="utf-8"))

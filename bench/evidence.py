@@ -171,6 +171,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             start = time.monotonic()
             code = experiment.main(argv_, prog="bench/evidence.py")
             minutes = (time.monotonic() - start) / 60
+            if code == 130:  # interrupted (Ctrl-C, SIGTERM): stop here, not go on
+                return 130
             failed += code != 0
             results = os.path.join(out, "results.md")
             table = open(results, encoding="utf-8").read() if os.path.isfile(results) \
