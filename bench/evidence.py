@@ -128,25 +128,14 @@ def job_flags(work: Workload, level: str) -> List[str]:
 
 def took(out: str, minutes: float) -> str:
     """How long an experiment's jobs took, over all its runs (the experiment's
-    job_seconds.json), and this run's minutes."""
+    job_seconds.json: the jobs it timed), and this run's minutes."""
     try:
         with open(os.path.join(out, experiment.JOB_SECONDS), encoding="utf-8") as f:
             seconds = json.load(f)
     except (OSError, ValueError):
         seconds = {}
-    jobs = sum(1 for path, _, files in os.walk(out) for f in files
-               if f.endswith(".json") and _is_summary(path, f))
-    unknown = max(0, jobs - len(seconds))
-    return (f"{sum(seconds.values()) / 60:.1f} min of jobs in all ({jobs} jobs"
-            + (f"; {unknown} without a recorded time" if unknown else "")
-            + f"), {minutes:.1f} min in this run (jobs done before are not run again).")
-
-
-def _is_summary(folder: str, name: str) -> bool:
-    """Whether FOLDER/NAME is a job's summary: OUT/<config>/seed<k>/<name>/<mode>/X.json
-    beside the job's host folders."""
-    parts = os.path.normpath(folder).split(os.sep)
-    return len(parts) >= 4 and parts[-3].startswith("seed") and name[0].isupper()
+    return (f"{sum(seconds.values()) / 60:.1f} min over the {len(seconds)} jobs timed, "
+            f"{minutes:.1f} min in this run (jobs done before are not run again).")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -46,6 +46,7 @@ from tqdm import tqdm
 
 import config
 from esync import registry
+from esync.data import METRIC_RECORD
 from launch import local
 from launch.run import split as split_script
 from logs_tools import compare, summary
@@ -54,8 +55,6 @@ PROG = "launch/experiment.py"
 PLAIN, LINKS = "plain", "links"
 CONFIGS = (PLAIN, LINKS)
 DEFAULT_MODES = ",".join(a.folder for a in registry.ALGORITHMS.values())
-#: --metric: main.py's name -> the log tools' name of what is measured
-METRICS = {"accuracy": "accuracy", "loss": "val_loss"}
 
 
 def jobs() -> Dict[str, List[str]]:
@@ -95,7 +94,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                         help=f"which configurations (default {','.join(CONFIGS)})")
     parser.add_argument("--seeds", type=_count, default=3,
                         help="runs of each job, with seeds 0..N-1 (default 3)")
-    parser.add_argument("--metric", choices=METRICS, default="accuracy",
+    parser.add_argument("--metric", choices=METRIC_RECORD, default="accuracy",
                         help="what the evaluator measures: accuracy (higher is better) or "
                              "loss (the validation loss of --loss, lower is better; "
                              "default accuracy); passed to every job")
@@ -164,7 +163,7 @@ def _target_flag(args) -> List[str]:
 
 def _parse_targets(args) -> None:
     """args.targets as numbers of args.metric; ValueError (one line) on bad input."""
-    metric = METRICS[args.metric]
+    metric = METRIC_RECORD[args.metric]
     if args.targets is None:
         if metric != "accuracy":
             raise ValueError("--metric loss needs --targets (validation losses, e.g. 1.8,1.65)")
@@ -263,8 +262,7 @@ def record_job_seconds(out: str, job: str, seconds: float) -> None:
 
 def _done(base: str, name: str, folder: str) -> bool:
     """Whether a job's summary is already written (BASE/NAME/FOLDER/<Name>.json)."""
-    path = os.path.join(base, name, folder)
-    return os.path.isdir(path) and any(f.endswith(".json") for f in os.listdir(path))
+    return os.path.isfile(summary.output_path(base, name, folder))
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
@@ -314,7 +312,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
     try:
         print(compare.compare(args.out, name, args.targets,
                               [c.strip() for c in args.configs.split(",") if c.strip()],
-                              metric=METRICS[args.metric]), end="")
+                              metric=METRIC_RECORD[args.metric]), end="")
     except compare.CompareError as e:
         print(f"{compare.PROG}: error: {e}", file=sys.stderr)
         compared = False
