@@ -1,4 +1,5 @@
 import fcntl
+import json
 import os
 import signal
 import sys
@@ -9,6 +10,55 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 torch.set_num_threads(1)
+
+#: each test file's seconds in a whole run (`python -m pytest --write-durations`), so
+#: that the longest files start first: pytest-xdist hands the files out in collection
+#: order (--no-loadscope-reorder in pytest.ini), and a long file handed out last keeps
+#: one process busy while the other has nothing left (longest-first scheduling)
+DURATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
+#: the weight of a file not in DURATIONS yet (a new one): about a file's median
+NEW_FILE_SECONDS = 10.0
+
+
+def pytest_addoption(parser):
+    parser.addoption("--write-durations", action="store_true",
+                     help=f"write each test file's seconds in this run to {DURATIONS}, "
+                          "which orders the files of later runs, longest first")
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        with open(DURATIONS, encoding="utf-8") as f:
+            seconds = json.load(f)
+    except (OSError, ValueError):
+        return
+    def weight(item):
+        return -float(seconds.get(item.nodeid.split("::")[0], NEW_FILE_SECONDS))
+    items.sort(key=weight)  # stable: a file's tests keep their order
+
+
+def pytest_configure(config):
+    if config.getoption("--write-durations") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_Durations(), "esync-durations")
+
+
+class _Durations:
+    """Sums each file's setup, call and teardown seconds (on the controlling process,
+    which receives every worker's reports) and writes them at the end of the run."""
+
+    def __init__(self):
+        self.seconds = {}
+
+    def pytest_runtest_logreport(self, report):
+        path = report.nodeid.split("::")[0]
+        self.seconds[path] = self.seconds.get(path, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        ordered = dict(sorted(((k, round(v, 1)) for k, v in self.seconds.items()),
+                              key=lambda kv: -kv[1]))
+        with open(DURATIONS, "w", encoding="utf-8") as f:
+            json.dump(ordered, f, indent=1)
+            f.write("\n")
 
 
 @pytest.fixture(scope="session")
