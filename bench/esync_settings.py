@@ -26,7 +26,6 @@ Interrupted, it goes on where it stopped (jobs with a summary are not run again)
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -35,7 +34,7 @@ from typing import Dict, List, Optional, Sequence
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.evidence import LEVELS, choose, job_flags, level_folder, workloads  # noqa: E402
+from bench.evidence import job_flags, level_folder, parse, workloads  # noqa: E402
 from launch import experiment  # noqa: E402
 from logs_tools.compare import target_label  # noqa: E402
 
@@ -92,14 +91,9 @@ def table(name: str, level: str, rows: Dict[str, dict], targets: Sequence[str]) 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/esync_settings.py",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=os.path.join("runs", "settings"))
-    parser.add_argument("--workloads", default="charlm,resnet")
-    parser.add_argument("--levels", default=";".join(LEVELS))
-    args, extra = parser.parse_known_args(argv)
     try:
-        names, levels = choose(args, "bench/esync_settings.py")
+        args, extra, names, levels = parse(argv, "bench/esync_settings.py", __doc__,
+                                           os.path.join("runs", "settings"))
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2

@@ -85,18 +85,29 @@ LEVELS = {"1,1,4,4": ("none,none,100,100", "0,0,5,5"),
           "1,1,1,16": ("none,none,none,100", "0,0,0,5")}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "bench/evidence.py", description: str = __doc__,
+                 out: str = os.path.join("runs", "evidence")) -> argparse.ArgumentParser:
+    """The flags of this script and of bench/esync_settings.py (their own prog, docstring
+    and default --out); any other flag goes to every experiment."""
     parser = argparse.ArgumentParser(
-        prog="bench/evidence.py", description=__doc__.split("\n\n")[0],
+        prog=prog, description=description.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=os.path.join("runs", "evidence"),
-                        help="base folder (default runs/evidence)")
+    parser.add_argument("--out", default=out, help=f"base folder (default {out})")
     parser.add_argument("--workloads", default="charlm,resnet",
                         help="which workloads, comma-separated (default charlm,resnet)")
     parser.add_argument("--levels", default=";".join(LEVELS),
                         help=f"heterogeneity levels, ';'-separated (default "
                              f"{';'.join(LEVELS)})")
     return parser
+
+
+def parse(argv: Optional[Sequence[str]], prog: str = "bench/evidence.py",
+          description: str = __doc__, out: str = os.path.join("runs", "evidence")):
+    """(args, the experiments' extra flags, workload names, levels); ValueError (one
+    line) for an unknown workload or level (see choose)."""
+    args, extra = build_parser(prog, description, out).parse_known_args(argv)
+    names, levels = choose(args, prog)
+    return args, extra, names, levels
 
 
 def level_folder(level: str) -> str:
@@ -139,9 +150,8 @@ def took(out: str, minutes: float) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args, extra = build_parser().parse_known_args(argv)
     try:
-        names, levels = choose(args, "bench/evidence.py")
+        args, extra, names, levels = parse(argv)
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2
