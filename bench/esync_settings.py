@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Sequence
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.evidence import job_flags, level_folder, parse, workloads  # noqa: E402
+from bench.evidence import job_flags, level_folder, parse  # noqa: E402
 from launch import experiment  # noqa: E402
 from logs_tools.compare import target_label  # noqa: E402
 
@@ -91,16 +91,10 @@ def table(name: str, level: str, rows: Dict[str, dict], targets: Sequence[str]) 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    try:
-        args, extra, names, levels = parse(argv, "bench/esync_settings.py", __doc__,
-                                           os.path.join("runs", "settings"))
-    except ValueError as e:
-        print(e, file=sys.stderr)
-        return 2
-    chosen = workloads(args.out)
+    args, extra, chosen, levels = parse(argv, "bench/esync_settings.py", __doc__,
+                                        os.path.join("runs", "settings"))
     sections, failed = [], 0
-    for name in names:
-        work = chosen[name]
+    for name, work in chosen.items():
         for level in levels:
             rows, labels = {}, []
             for variant, flags in variants(name, level).items():

@@ -103,11 +103,16 @@ def build_parser(prog: str = "bench/evidence.py", description: str = __doc__,
 
 def parse(argv: Optional[Sequence[str]], prog: str = "bench/evidence.py",
           description: str = __doc__, out: str = os.path.join("runs", "evidence")):
-    """(args, the experiments' extra flags, workload names, levels); ValueError (one
-    line) for an unknown workload or level (see choose)."""
+    """(args, the experiments' extra flags, {chosen workload: Workload}, levels); an
+    unknown workload or level: one line on stderr and SystemExit(2) (see choose)."""
     args, extra = build_parser(prog, description, out).parse_known_args(argv)
-    names, levels = choose(args, prog)
-    return args, extra, names, levels
+    try:
+        names, levels = choose(args, prog)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        raise SystemExit(2)
+    chosen = workloads(args.out)
+    return args, extra, {name: chosen[name] for name in names}, levels
 
 
 def level_folder(level: str) -> str:
@@ -150,15 +155,9 @@ def took(out: str, minutes: float) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    try:
-        args, extra, names, levels = parse(argv)
-    except ValueError as e:
-        print(e, file=sys.stderr)
-        return 2
-    chosen = workloads(args.out)
+    args, extra, chosen, levels = parse(argv)
     sections, failed = [], 0
-    for name in names:
-        work = chosen[name]
+    for name, work in chosen.items():
         for level in levels:
             bandwidth, latency = LEVELS[level]
             out = os.path.join(args.out, name, level_folder(level))
