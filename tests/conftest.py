@@ -22,7 +22,8 @@ NEW_FILE_SECONDS = 10.0
 
 def pytest_addoption(parser):
     parser.addoption("--write-durations", action="store_true",
-                     help=f"write each test file's seconds in this run to {DURATIONS}, "
+                     help=f"write each test file's seconds in this run into {DURATIONS} "
+                          "(the files not run keep theirs), "
                           "which orders the files of later runs, longest first")
 
 
@@ -54,8 +55,13 @@ class _Durations:
         self.seconds[path] = self.seconds.get(path, 0.0) + report.duration
 
     def pytest_sessionfinish(self, session, exitstatus):
-        ordered = dict(sorted(((k, round(v, 1)) for k, v in self.seconds.items()),
-                              key=lambda kv: -kv[1]))
+        try:  # a run of some files updates theirs and keeps the others'
+            with open(DURATIONS, encoding="utf-8") as f:
+                known = json.load(f)
+        except (OSError, ValueError):
+            known = {}
+        known.update((k, round(v, 1)) for k, v in self.seconds.items())
+        ordered = dict(sorted(known.items(), key=lambda kv: -kv[1]))
         with open(DURATIONS, "w", encoding="utf-8") as f:
             json.dump(ordered, f, indent=1)
             f.write("\n")
