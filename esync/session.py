@@ -251,11 +251,13 @@ class Session:
         self._round_end = ended
         for fields in self.round_fields:
             evaluated.update(fields())
+        # one reading for the record and the stop decision: a round stopped by the time
+        # limit records a total_time of at least that limit
+        elapsed = self.clock()
         self.recorder.write_round(self.round, self._times, self._round_samples, mean_loss,
                                   sent - self._traffic[0], received - self._traffic[1],
-                                  epoch=round(self.epochs_done(), 6), **evaluated,
+                                  at=elapsed, epoch=round(self.epochs_done(), 6), **evaluated,
                                   **self.algorithm.round_record())
-        elapsed = self.clock()
         if metric is not None:
             log.info("[%s] round %d iteration %d epoch %.2f loss %.4f %s %.4f time %.1fs",
                      self.algorithm.name, self.round, self.iterations, self.epochs_done(),
