@@ -36,10 +36,10 @@ BALANCE_BATCHES = False        # --balance-batches: ddp: each worker's batch in 
 MIN_BATCH = 8                  # --min-batch: the smallest batch --balance-batches gives
                                #   a worker (BatchNorm's statistics need a few samples)
 DCASGD_LAMDA = 0.04            # --dcasgd-lamda: the variance-control factor of DC-ASGD
-NORMALIZE_DELTAS = False       # --normalize-deltas: esync averages delta / local steps,
-                               #   scaled by the mean steps (FedNova)
-WEIGHT_BY_STEPS = False        # --weight-by-steps: esync averages the deltas weighted
-                               #   by each one's local steps
+AVERAGE = "steps"              # --average: how esync averages the round's deltas: mean
+                               #   (the paper's), steps (weighted by each one's local
+                               #   steps: won on both evidence workloads, docs/evidence.md)
+                               #   or normalized (FedNova)
 OUTER_MOMENTUM = 0.0           # --outer-momentum: esync's Nesterov momentum on the
                                #   averaged delta (0: the paper's plain average)
 

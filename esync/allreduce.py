@@ -15,7 +15,7 @@ backends do the same arithmetic and every worker holds the same weights.
   in float16, divided by the number of workers first so that the sum cannot overflow,
   as DDP's fp16 hook does), after one of a small float32 vector holding the buffers
   (BatchNorm statistics), each worker's stop flag and its local steps (ESync with
-  --normalize-deltas or --weight-by-steps). That small one goes first, alone: it
+  --average steps or normalized). That small one goes first, alone: it
   completes once every worker has come to the round's end, so its time is the round's
   wait for the others (`waited`) and the weights' all-reduce the communication. A worker
   whose stop criterion (or, on worker 0, the evaluator's) says stop raises its flag and

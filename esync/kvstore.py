@@ -219,7 +219,7 @@ class KVStore:
         """Push this round's gradient (or delta) and buffers; receive the new weights and
         buffers into `params_out` and `buffers_out` (which may be `buffers` itself).
         The weight chunks are compressed as `--compress` says; `steps` (ESync with
-        --normalize-deltas or --weight-by-steps) is the worker's number of local steps
+        --average steps or normalized) is the worker's number of local steps
         of the round."""
         header = {"type": "push", "round": round_}
         self.waited = 0.0

@@ -20,6 +20,7 @@ import config
 from esync.data import DATA_SPLITS, DATASETS, IN_MEMORY, METRICS, SHARDS_PREFIX, SHUFFLES
 from esync.errors import UserError
 from esync.models import NETWORKS
+from esync.registry import AVERAGES
 from esync.plugin import is_spec
 from esync.compress import Compression
 from esync.registry import BACKENDS, MODES
@@ -193,14 +194,11 @@ class Options:
                           type=_positive_int)
     dcasgd_lamda: float = _opt(["--dcasgd-lamda"], config.DCASGD_LAMDA,
                                "DC-ASGD's variance-control factor", type=_non_negative_float)
-    normalize_deltas: Switch = _opt(["--normalize-deltas"], config.NORMALIZE_DELTAS,
-                                    "esync: 1: average each delta divided by its local "
-                                    "steps, scaled by the mean steps (FedNova)",
-                                    type=_switch)
-    weight_by_steps: Switch = _opt(["--weight-by-steps"], config.WEIGHT_BY_STEPS,
-                                   "esync: 1: average the deltas weighted by each one's "
-                                   "local steps (a device's samples of the round), not "
-                                   "each the same", type=_switch)
+    average: str = _opt(["--average"], config.AVERAGE,
+                        "esync: how the round's deltas are averaged: mean (each the same, "
+                        "the paper's), steps (each weighted by its local steps, i.e. its "
+                        "samples of the round) or normalized (each divided by its local "
+                        "steps, scaled by the mean steps: FedNova)", choices=list(AVERAGES))
     outer_momentum: float = _opt(["--outer-momentum"], config.OUTER_MOMENTUM,
                                  "esync: Nesterov momentum of the outer step on the "
                                  "averaged delta, -gl its learning rate (DiLoCo); 0: the "
@@ -410,16 +408,12 @@ def check_aggregation(opts: Options, num_servers: Optional[int] = None) -> None:
     from esync import registry
 
     algorithm = registry.of_options(opts)
-    esync_only = {"--normalize-deltas": opts.normalize_deltas,
-                  "--weight-by-steps": opts.weight_by_steps,
+    esync_only = {f"--average {opts.average}": opts.average != config.AVERAGE,
                   "--outer-momentum": opts.outer_momentum,
                   "--round-time": opts.round_time is not None}
     given = [flag for flag, value in esync_only.items() if value]
     if given and not algorithm.state_server:
         raise UserError(f"{given[0]} applies to -m esync only, not -m {opts.mode}")
-    if opts.normalize_deltas and opts.weight_by_steps:
-        raise UserError("--weight-by-steps and --normalize-deltas are two ways to average "
-                        "the deltas: give one")
     if opts.balance_batches and algorithm.backend != "ddp":
         raise UserError(f"--balance-batches applies to -m ddp only, not -m {opts.mode}")
     if opts.balance_batches and opts.min_batch > opts.batch_size:

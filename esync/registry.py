@@ -19,6 +19,13 @@ NIID_SUMMARY_SUFFIX = "-Non-IID"
 #: display-name suffix of such a run in figures and tables: ESync (non-IID)
 NIID_DISPLAY_SUFFIX = " (non-IID)"
 
+#: --average: how ESync's rule averages the round's deltas -> the RuleConfig switches
+AVERAGES: Dict[str, Dict[str, bool]] = {
+    "mean": {},                    # each delta the same (the paper's)
+    "steps": {"by_steps": True},   # weighted by each delta's local steps (its samples)
+    "normalized": {"normalize": True},  # each divided by its steps, times the mean steps
+}
+
 
 @dataclass(frozen=True)
 class Algorithm:

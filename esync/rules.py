@@ -12,15 +12,16 @@ answer chunk i while chunk i+1 is still on the wire.
   without waiting for anyone).
 - `esync` (ESync, Li et al.): as `sync`, but workers push their model delta of the
   round (after their budget of local SGD steps), and the weights move by the mean delta
-  scaled by the global learning rate `lr` (`-gl`): w <- w + lr * mean(delta). Two
-  options, off by default: `normalize` (`--normalize-deltas`, FedNova's normalised
-  averaging): workers push delta / steps with their number of local steps (`steps` in
-  the push), and the mean is scaled by the mean number of steps; `by_steps`
-  (`--weight-by-steps`): workers push delta * steps with their steps, and the sum is
-  divided by the steps' sum, so that each delta weighs as its share of the round's
-  local iterations (of its samples, at one batch size); `momentum`
-  (`--outer-momentum M`): the mean delta is a pseudo-gradient g = -mean(delta) for SGD
-  with Nesterov momentum (DiLoCo's outer optimiser): v <- M v + g; w <- w - lr (g + M v).
+  scaled by the global learning rate `lr` (`-gl`): w <- w + lr * mean(delta). How the
+  mean is taken is `--average` (registry.AVERAGES): `mean`, each delta the same (the paper's);
+  `steps` (`by_steps`, the default): workers push delta * steps with their steps, and
+  the sum is divided by the steps' sum, so that each delta weighs as its share of the
+  round's local iterations (of its samples, at one batch size); `normalized`
+  (`normalize`, FedNova's normalised averaging): workers push delta / steps with their
+  number of local steps (`steps` in the push), and the mean is scaled by the mean
+  number of steps. `momentum` (`--outer-momentum M`): the mean delta is a
+  pseudo-gradient g = -mean(delta) for SGD with Nesterov momentum (DiLoCo's outer
+  optimiser): v <- M v + g; w <- w - lr (g + M v).
 - `dcasgd` (DC-ASGD, Zheng et al. 2017): as async, with the gradient compensated for
   delay: g + lamda * g * g * (w - w_backup[worker]), w_backup[worker] being the weights
   that worker last received.

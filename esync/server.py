@@ -15,7 +15,7 @@ Workers talk to it over one ROUTER socket:
   to end the job), which every later answer repeats. A weight chunk may come compressed
   (`codec`: fp16 or top-k indices and values, esync.compress; decoded, every index
   checked, before the rule sees it), and an ESync push may carry its `steps` (the
-  worker's local steps, for --normalize-deltas and --weight-by-steps).
+  worker's local steps, for --average steps and normalized).
 Every `weights` answer says how many times the shard's first chunk was updated
 (`updates`: rounds in SSGD and ESync, pushes in ASGD) and the seconds since training
 started (`age`; 0 until then): worker 0 marks the start with a pull carrying `start`

@@ -5,8 +5,8 @@ gradients must give the same result with either backend (tests/test_allreduce.py
 
     DMLC_ROLE=worker ... python -m tests.round_probe OUT.npy -m sync --backend ps ...
 
-Every flag after OUT is main.py's (esync.options); with `--normalize-deltas 1` (ESync's
-rule) worker k reports k+1 local steps.
+Every flag after OUT is main.py's (esync.options); with ESync's rule averaging by steps
+(`--average steps` or `normalized`) worker k reports k+1 local steps.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from esync.algorithms.base import Job
 from esync.algorithms.pushpull import PushPull
 from esync.models import build_network
 from esync.options import compression, parse_options
+from esync.registry import AVERAGES
 from esync.rules import RuleConfig
 from esync.transport.cluster import ClusterEnv
 from esync.transport.node import Node
@@ -41,13 +42,13 @@ def main(out: str, argv) -> int:
         job = Job.from_assignment(node, assignment)
         if opts.mode == "esync":  # the servers' ESync rule, without the state server
             rule = RuleConfig("esync", job.num_workers, opts.global_lr, opts.outer_momentum,
-                              normalize=opts.normalize_deltas)
+                              **AVERAGES[opts.average])
         else:
             rule = RuleConfig(opts.mode, job.num_workers, opts.learning_rate, opts.momentum,
                               opts.weight_decay)
         algorithm = Probe(rule, job, 0, True, backend=opts.backend,
                           compression=compression(opts))
-        if opts.normalize_deltas:
+        if rule.normalize or rule.by_steps:
             algorithm.steps = job.rank + 1
         torch.manual_seed(0)
         model = build_network(opts.network)

@@ -50,7 +50,7 @@ def probe(tmp_path, backend, flags):
 
 @pytest.mark.parametrize("flags, tolerance", [
     (["-m", "sync", "--momentum", "0.9", "--weight-decay", "0.01"], 1e-6),
-    (["-m", "esync", "-gl", "0.8", "--normalize-deltas", "1", "--outer-momentum", "0.9"],
+    (["-m", "esync", "-gl", "0.8", "--average", "normalized", "--outer-momentum", "0.9"],
      1e-6),
     # fp16 pushes: the servers round each worker's gradient, the all-reduce their mean;
     # 3 steps of lr 0.05 on gradients up to ~5 in fp16 (2**-11 relative) stay within 1e-3
@@ -126,12 +126,12 @@ def round_bytes(tmp_path, folder, worker="w0"):
 
 @pytest.mark.parametrize("args", [
     ["-m", "sync", "--backend", "allreduce", "--workers", "4", "--compress", "fp16"],
-    ["-m", "esync", "--backend", "allreduce", "--workers", "2", "--normalize-deltas", "1",
+    ["-m", "esync", "--backend", "allreduce", "--workers", "2", "--average", "normalized",
      "--round-time", "0.3"],
     ["-m", "esync", "--workers", "4", "--slowdown", "1,1,4,4", "--compress", "topk:0.01",
-     "--outer-momentum", "0.5", "--weight-by-steps", "1"],
+     "--outer-momentum", "0.5", "--average", "mean"],
 ], ids=["sync-allreduce-fp16", "esync-allreduce-normalized-round-time",
-        "esync-ps-topk-momentum-by-steps"])
+        "esync-ps-topk-momentum-mean"])
 def test_launcher_runs_backends_and_options_to_90_percent(tmp_path, args):
     code, output = launch(tmp_path, args)
     assert code == 0, output[-2000:]
@@ -202,11 +202,11 @@ def test_a_dead_worker_ends_an_allreduce_job(tmp_path, moment):
     (["-m", "sync"], {"DMLC_NUM_SERVER": "0"}, "pass --backend allreduce"),
     (["-m", "sync", "--backend", "allreduce"], {"DMLC_NUM_SERVER": "1"},
      "set DMLC_NUM_SERVER=0"),
-    (["-m", "sync", "--normalize-deltas", "1"], {}, "applies to -m esync only"),
-    (["-m", "async", "--weight-by-steps", "1"], {}, "applies to -m esync only"),
+    (["-m", "sync", "--average", "normalized"], {},
+     "--average normalized applies to -m esync only"),
+    (["-m", "async", "--average", "mean"], {}, "applies to -m esync only"),
     (["-m", "sync", "--round-time", "2"], {}, "applies to -m esync only"),
-    (["-m", "esync", "--weight-by-steps", "1", "--normalize-deltas", "1"], {},
-     "give one"),
+    (["-m", "esync", "--average", "median"], {}, "--average: invalid choice: 'median'"),
     (["-m", "local", "--compress", "fp16"], None, "applies to the parameter-server modes"),
     (["-m", "sync", "--compress", "topk:2"], {}, "expected none, fp16 or topk:R"),
 ])

@@ -44,10 +44,10 @@ class ESync(PushPull):
     def __init__(self, job: Job, state: StateClient, global_lr: float, max_local_steps: int,
                  eval_every: int, key: str, link: Optional[Link] = None,
                  backend: str = "ps", compression: Compression = Compression(),
-                 normalize_deltas: bool = False, outer_momentum: float = 0.0,
-                 weight_by_steps: bool = False, round_time: Optional[float] = None):
+                 average: str = "mean", outer_momentum: float = 0.0,
+                 round_time: Optional[float] = None):
         rule = RuleConfig(key, job.num_workers, lr=global_lr, momentum=outer_momentum,
-                          normalize=normalize_deltas, by_steps=weight_by_steps)
+                          **registry.AVERAGES[average])
         super().__init__(rule, job, eval_every, synchronous=True, link=link,
                          backend=backend, compression=compression)
         self.state = state
@@ -67,8 +67,7 @@ class ESync(PushPull):
             log.info("[esync] job %s; budgets at %s/jobs/%s/", job.id, state.url, job.id)
         return cls(job, state, opts.global_lr, opts.max_local_steps, opts.eval_every,
                    registry.of_options(opts).key, link_of(opts), opts.backend,
-                   compression(opts), opts.normalize_deltas, opts.outer_momentum,
-                   opts.weight_by_steps, opts.round_time)
+                   compression(opts), opts.average, opts.outer_momentum, opts.round_time)
 
     @staticmethod
     def learning_rate(opts) -> float:
@@ -133,8 +132,8 @@ class ESync(PushPull):
         return super().end_round(round_, model)
 
     def push_scale(self) -> float:
-        """The round's delta as it is (with --normalize-deltas divided by the round's
-        local steps, with --weight-by-steps multiplied by them): the servers' rule adds
+        """The round's delta as it is (with --average normalized divided by the round's
+        local steps, with --average steps multiplied by them): the servers' rule adds
         the mean delta times -gl."""
         steps = max(1, self._steps)
         return 1.0 / steps if self.rule.normalize else steps if self.rule.by_steps else 1.0

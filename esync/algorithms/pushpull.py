@@ -151,7 +151,7 @@ class PushPull(Algorithm):
         return -1.0 / self.rule.lr
 
     def pushed_steps(self) -> Optional[int]:
-        """The local steps the push reports (ESync with --normalize-deltas), or None."""
+        """The local steps the push reports (ESync averaging by steps), or None."""
         return None
 
     def end_round(self, round_: int, model: nn.Module) -> Phases:
