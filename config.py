@@ -98,8 +98,9 @@ STATE_SERVER_IP = "127.0.0.1"  # -ip
 STATE_SERVER_PORT = 10010      # -port; also where launch/hosts.py starts the state server
 ROUND_TIME = None              # --round-time: esync's seconds per round (None: the
                                #   slowest living device's time per iteration)
-MAX_LOCAL_STEPS = 16           # --max-local-steps: the most local iterations of a round
-                               #   (also the state server's, for a job created without it)
+MAX_LOCAL_STEPS = 64           # --max-local-steps: the most local iterations of a round
+                               #   (also the state server's, for a job created without it;
+                               #   16 left fast devices waiting at 1,1,1,16: docs/evidence.md)
 STATE_SERVER_PATIENCE = 60.0   # ESYNC_STATE_SERVER_PATIENCE: seconds a worker retries an
                                #   unreachable state server before it ends the job
 
