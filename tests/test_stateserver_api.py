@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+import config
+
 pytestmark = pytest.mark.django_db
 
 
@@ -96,7 +98,7 @@ def test_budget_is_capped_and_at_least_one(client):
     assert report(client, 1, 1, 1.0, job="capped").json()["budget"] == 1
     assert report(client, 0, 2, 0.001, job="capped").json()["budget"] == 3
     post(client, "/jobs/default-cap/", {"workers": 1})
-    assert state(client, "default-cap")["max_local_steps"] == 16
+    assert state(client, "default-cap")["max_local_steps"] == config.MAX_LOCAL_STEPS
 
 
 def test_one_noisy_round_does_not_swing_the_budget(client, job):

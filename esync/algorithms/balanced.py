@@ -52,7 +52,8 @@ def apportion(total: int, speeds: Sequence[float], floor: int) -> List[int]:
     """Whole batches in proportion to `speeds`, each at least `floor`, summing to
     `total` (which is at least `floor` times the number of ranks): a rank whose share
     would fall below the floor gets the floor and the others share the rest in
-    proportion; the samples left by rounding down go to the largest remainders."""
+    proportion; the samples left by rounding down go to the largest remainders, the
+    faster rank first where two are equal (speeds an ulp apart can give equal shares)."""
     if floor * len(speeds) > total:
         raise ValueError(f"{len(speeds)} batches of at least {floor} exceed {total}")
     floored: set = set()
@@ -66,7 +67,7 @@ def apportion(total: int, speeds: Sequence[float], floor: int) -> List[int]:
         floored |= low
     exact = [shares.get(i, float(floor)) for i in range(len(speeds))]
     batches = [int(x) for x in exact]
-    by_remainder = sorted(range(len(speeds)), key=lambda i: batches[i] - exact[i])
+    by_remainder = sorted(range(len(speeds)), key=lambda i: (batches[i] - exact[i], -speeds[i]))
     for i in by_remainder[:total - sum(batches)]:
         batches[i] += 1
     return batches
