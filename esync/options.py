@@ -20,10 +20,9 @@ import config
 from esync.data import DATA_SPLITS, DATASETS, IN_MEMORY, METRICS, SHARDS_PREFIX, SHUFFLES
 from esync.errors import UserError
 from esync.models import NETWORKS
-from esync.registry import AVERAGES
 from esync.plugin import is_spec
 from esync.compress import Compression
-from esync.registry import BACKENDS, MODES
+from esync.registry import AVERAGES, BACKENDS, MODES
 
 #: the variable in which esync-run hands a training script these flags (a JSON list of
 #: strings), for esync.init to parse
