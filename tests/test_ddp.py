@@ -193,12 +193,14 @@ def test_launched_ddp_reaches_90_percent_measured_by_the_evaluator(tmp_path):
 
 
 def test_a_rank_waiting_in_a_collective_does_not_log_the_wait_as_computing(tmp_path):
-    """Rank 0 acts 8x slower: rank 1 waits for it at the start of every forward, in the
+    """Rank 0 acts 16x slower: rank 1 waits for it at the start of every forward, in the
     broadcast of BatchNorm's buffers from rank 0 (DDP's default), and in the all-reduce.
     Both waits are communication: rank 1's logged computing stays that of its own batch
-    (about what rank 0 logs, computing the same), not the 7 computing times rank 0
-    sleeps; counted as computing, a slowdown would multiply it."""
-    job = DDPJob(tmp_path, [["--slowdown", "8"], []], ["--max-rounds", "20", "-e", "0"])
+    (about what rank 0 logs, computing the same), not the 15 computing times rank 0
+    sleeps; counted as computing, a slowdown would multiply it. (With 8x, CI's shared
+    cores once made rank 1's own batch take 2x rank 0's: 0.0223 s against a bound of
+    0.0221; 16x keeps the two outcomes far apart.)"""
+    job = DDPJob(tmp_path, [["--slowdown", "16"], []], ["--max-rounds", "20", "-e", "0"])
     job.check_ok()
     slow, fast = job.rounds(0)[2:], job.rounds(1)[2:]  # after 2 warming-up steps
 
@@ -206,7 +208,7 @@ def test_a_rank_waiting_in_a_collective_does_not_log_the_wait_as_computing(tmp_p
         return statistics.median(r["time"]["0"][phase] for r in rounds)
 
     slept = median(slow, "slowdown")
-    assert median(fast, "forward and backward") < 2 * median(slow, "forward and backward") + 0.005
+    assert median(fast, "forward and backward") < 4 * median(slow, "forward and backward") + 0.005
     assert median(fast, "forward and backward") < 0.25 * slept
     assert median(fast, "global aggregate") > 0.5 * slept  # it did wait, as communication
 

@@ -63,8 +63,12 @@ def test_an_experiment_on_a_users_script_measures_its_loss_and_goes_on_where_it_
     assert doc["network"] == "charlm_esync" and doc["metric"] == "val_loss"
     rows = doc["configs"]["plain"]["algorithms"]
     for name, mode in (("ASGD", "async"), ("Standalone", "local")):
-        assert rows[name]["final_val_loss"]["median"] <= 3.0, rows[name]
+        # the target was reached; the last evaluation may lie a little above it: the
+        # evaluator goes on evaluating while its stop reaches the workers, which go on
+        # pushing until then (in CI an ASGD job ended at 3.077 after reaching 3.0)
+        assert rows[name]["time_to_target"]["3.00"]["reached"] == 1, rows[name]
         assert rows[name]["time_to_target"]["3.00"]["median"] > 0
+        assert rows[name]["final_val_loss"]["median"] <= 3.2, rows[name]
         folder = tmp_path / "plain" / "seed0" / "charlm_esync" / mode
         summary = json.loads((folder / f"{'Async' if mode == 'async' else 'Local'}.json")
                              .read_text())
