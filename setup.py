@@ -37,8 +37,8 @@ setup(
     # pytest-xdist: `python -m pytest -q -n 2` runs the tests on two processes
     # (3.6.1: --no-loadscope-reorder);
     # hypothesis: property-based tests of the wire format
-    # ray: `esync-launch --ray` (launch/onray.py; and esync/remoteprep.py,
-    # only with --remote-prep), with Ray's
+    # ray: `esync-launch --ray` (launch/onray.py; and launch/rayprep.py, in a
+    # worker only with --remote-prep), with Ray's
     # state API and `ray list actors` (the [default] extra)
     extras_require={"dev": ["pytest>=7", "pytest-django>=4.5", "pytest-xdist>=3.6.1",
                             "hypothesis>=6.80", "tensorboard>=2.14",

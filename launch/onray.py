@@ -10,8 +10,9 @@ the same `main.py` (or `manage.py runserver`) as a child process, with the same 
 variables (DMLC_NODE_HOST: the actor's node address), through launch.supervisor (its own
 process group, killed with the actor), and the cluster's address, the job's namespace and
 runtime environment (ESYNC_RAY_ADDRESS, ESYNC_RAY_NAMESPACE, ESYNC_RAY_RUNTIME_ENV), by
-which a worker with --remote-prep joins the cluster to send its preprocessing to Ray tasks
-(esync.remoteprep, the one module of the runtime that imports ray, and only then).
+which a worker with --remote-prep joins the cluster to send its preprocessing to Ray tasks,
+and the tasks that do it (ESYNC_RAY_TASKS: launch/rayprep.py's; the runtime, esync.remoteprep
+included, never imports ray).
 
 Placement: one placement group for the whole job (all or nothing, strategy PACK), a
 bundle per process: a worker asks for `--num-threads` CPUs (1 unless given) and, with
@@ -63,7 +64,8 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from esync.remoteprep import ADDRESS_ENV, NAMESPACE_ENV, RUNTIME_ENV_ENV
+from esync.remoteprep import ADDRESS_ENV, NAMESPACE_ENV, RUNTIME_ENV_ENV, TASKS_ENV
+from launch import rayprep
 from launch.local import REPO, STATE_DB, Launcher, Plan, filler, inherited, last_line
 from launch.supervisor import (GRACE_S, ChildFailed, Outcome, Supervisor, ended_how,
                               fails_job)
@@ -172,10 +174,12 @@ class RoleActor:
 def cluster_variables() -> Dict[str, str]:
     """The variables by which a process of the job joins this Ray cluster itself
     (esync.remoteprep, for --remote-prep): its address, the job's namespace and runtime
-    environment (the shipped checkout)."""
+    environment (the shipped checkout), and the tasks that make its batches there
+    (launch/rayprep.py's)."""
     context = ray.get_runtime_context()
     return {ADDRESS_ENV: context.gcs_address, NAMESPACE_ENV: context.namespace or "",
-            RUNTIME_ENV_ENV: json.dumps(dict(context.runtime_env or {}))}
+            RUNTIME_ENV_ENV: json.dumps(dict(context.runtime_env or {})),
+            TASKS_ENV: f"{rayprep.__name__}:{rayprep.RayTasks.__name__}"}
 
 
 def _remove_orphans() -> None:

@@ -537,14 +537,14 @@ print(sorted(m for m in sys.modules if m == "ray" or m.startswith("ray.")))
 """
 
 
-#: the one module of the runtime that imports ray: inside its functions, for --remote-prep
-LAZY_RAY = os.path.join("esync", "remoteprep.py")
+#: the modules that import ray: the Ray launcher and its tasks for --remote-prep
+RAY_MODULES = {os.path.join("launch", "onray.py"), os.path.join("launch", "rayprep.py")}
 
 
-def test_nothing_but_launch_onray_imports_ray(tmp_path):
+def test_only_the_ray_launcher_and_its_tasks_import_ray(tmp_path):
     """Importing every module of esync (and the launchers but launch/onray.py) imports no
-    ray; of esync's sources only esync/remoteprep.py names it, in its functions (run
-    with --remote-prep only)."""
+    ray; no source of esync names it (--remote-prep's Ray tasks are launch/rayprep.py's,
+    named to the worker by launch/onray.py), and of launch's only onray.py and rayprep.py."""
     env = {k: v for k, v in os.environ.items() if k not in CLUSTER_VARIABLES}
     env["PYTHONPATH"] = REPO
     result = subprocess.run([sys.executable, "-c", NO_RAY], cwd=tmp_path, env=env,
@@ -552,11 +552,11 @@ def test_nothing_but_launch_onray_imports_ray(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "[]", result.stdout
     assert not os.listdir(tmp_path)  # nothing ran
-    importing = re.compile(r"^(\s*)(import ray\b|from ray[. ])", re.MULTILINE)
-    found = {}
-    for path in glob.glob(os.path.join(REPO, "esync", "**", "*.py"), recursive=True):
-        with open(path, encoding="utf-8") as f:
-            found.update({(os.path.relpath(path, REPO), m.group(0)): bool(m.group(1))
-                          for m in importing.finditer(f.read())})
-    assert {where for where, _ in found} == {LAZY_RAY}, sorted(found)
-    assert all(found.values()), sorted(found)  # indented: inside functions
+    importing = re.compile(r"^\s*(import ray\b|from ray[. ])", re.MULTILINE)
+    found = set()
+    for folder in ("esync", "launch", "logs_tools", "stateserver"):
+        for path in glob.glob(os.path.join(REPO, folder, "**", "*.py"), recursive=True):
+            with open(path, encoding="utf-8") as f:
+                if importing.search(f.read()):
+                    found.add(os.path.relpath(path, REPO))
+    assert found == RAY_MODULES, sorted(found)

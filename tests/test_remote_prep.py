@@ -157,6 +157,7 @@ def test_a_worker_killed_in_remote_mode_continues_at_its_exact_next_sample(head,
     worker of either is left."""
     env = {k: head.env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
     env["ESYNC_RAY_ADDRESS"] = head.address
+    env["ESYNC_RAY_TASKS"] = "launch.rayprep:RayTasks"  # as launch/onray.py names them
     before = set(head.cluster_pids())
     # leases of one block of 12 samples against batches of 16: rounds end inside leases
     args = ["-m", "sync", "--num-threads", "1", "--block-size", "12", "--data-split",
@@ -199,18 +200,38 @@ def test_a_worker_killed_in_remote_mode_continues_at_its_exact_next_sample(head,
 
 # --- no cluster ---------------------------------------------------------------------------
 
-def test_remote_prep_without_a_ray_cluster_is_one_line_at_start(shards, tmp_path):
+NO_CLUSTER = ("--remote-prep needs a Ray cluster: start the job with esync-launch --ray "
+              "(this worker has no ESYNC_RAY_ADDRESS or RAY_ADDRESS)")
+#: nothing listens on port 1
+NOWHERE = "127.0.0.1:1"
+
+
+@pytest.mark.parametrize("variables, message", [
+    ({}, NO_CLUSTER),
+    ({"RAY_ADDRESS": NOWHERE},
+     "--remote-prep needs ESYNC_RAY_TASKS, the module:function that sends batches to Ray "
+     "tasks (esync-launch --ray sets it)"),
+    ({"RAY_ADDRESS": NOWHERE, "ESYNC_RAY_TASKS": "launch.rayprep:RayTasks"},
+     f"--remote-prep: cannot reach the Ray cluster at {NOWHERE}: Connection refused"),
+    ({"ESYNC_RAY_ADDRESS": NOWHERE, "ESYNC_RAY_TASKS": "launch.rayprep:NoSuchTasks"},
+     "ESYNC_RAY_TASKS launch.rayprep:NoSuchTasks: launch.rayprep has no 'NoSuchTasks'"),
+], ids=["no-cluster", "no-tasks", "unreachable", "bad-tasks"])
+def test_a_worker_without_a_cluster_to_reach_is_one_line_at_start(shards, tmp_path,
+                                                                  variables, message):
+    """A worker not started by esync-launch --ray: with no cluster's address, without the
+    tasks that make its batches (RAY_ADDRESS set by hand), with a cluster that is not
+    there, or with tasks that do not exist, it stops at start with one line naming what
+    was wrong."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("DMLC_", "RAY_", "ESYNC_RAY_"))}
     done = subprocess.run([sys.executable, "main.py", "-m", "local", "--dataset",
                            f"shards:{shards}", "--remote-prep", "0.5", "--max-rounds", "1",
-                           "--log-dir", str(tmp_path / "logs")], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+                           "--log-dir", str(tmp_path / "logs")], cwd=REPO,
+                          env=dict(env, **variables), capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 2, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
-    assert errors == ["main.py: error: --remote-prep needs a Ray cluster: start the job with "
-                      "esync-launch --ray (this worker has no ESYNC_RAY_ADDRESS or "
-                      "RAY_ADDRESS)"], done.stderr
+    assert errors == [f"main.py: error: {message}"], done.stderr
     assert "Traceback" not in done.stderr
 
 
@@ -225,6 +246,5 @@ def test_a_users_script_gets_the_same_one_line(shards, script, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1] == (
-        f"{os.path.basename(script)}: error: --remote-prep needs a Ray cluster: start the "
-        f"job with esync-launch --ray (this worker has no ESYNC_RAY_ADDRESS or RAY_ADDRESS)")
+        f"{os.path.basename(script)}: error: {NO_CLUSTER}")
     assert "Traceback" not in done.stderr
