@@ -37,7 +37,7 @@ from typing import Dict, List, Optional, Sequence
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.evidence import job_flags, level_folder, parse  # noqa: E402
+from bench.evidence import gathered, job_flags, level_folder, parse  # noqa: E402
 from launch import experiment  # noqa: E402
 from logs_tools.compare import target_label  # noqa: E402
 
@@ -119,10 +119,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         rows[variant] = row
             if rows:
                 sections.append(table(name, level, rows, labels))
-    with open(os.path.join(args.out, "settings.md"), "w", encoding="utf-8") as f:
-        f.write("# ESync's settings\n\n" + "\n".join(sections))
-    print(f"settings: tables in {os.path.join(args.out, 'settings.md')}", flush=True)
-    return 1 if failed else 0
+    return gathered(args.out, "settings", "ESync's settings", sections, failed)
 
 
 if __name__ == "__main__":

@@ -154,6 +154,15 @@ def took(out: str, minutes: float) -> str:
             f"{minutes:.1f} min in this run (jobs done before are not run again).")
 
 
+def gathered(out: str, name: str, title: str, sections: Sequence[str], failed: int) -> int:
+    """Write a driver's tables to OUT/NAME.md under `title`; its exit status."""
+    path = os.path.join(out, f"{name}.md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"# {title}\n\n" + "\n".join(sections))
+    print(f"{name}: tables in {path}", flush=True)
+    return 1 if failed else 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args, extra, chosen, levels = parse(argv)
     sections, failed = [], 0
@@ -177,10 +186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 else "(no results)\n"
             sections.append(f"## {name} at {level}\n\n{took(out, minutes)}\n\n"
                             + table.split("\n", 1)[1].replace("\n## ", "\n### "))
-    with open(os.path.join(args.out, "evidence.md"), "w", encoding="utf-8") as f:
-        f.write("# Evidence\n\n" + "\n".join(sections))
-    print(f"evidence: tables in {os.path.join(args.out, 'evidence.md')}", flush=True)
-    return 1 if failed else 0
+    return gathered(args.out, "evidence", "Evidence", sections, failed)
 
 
 if __name__ == "__main__":
