@@ -100,18 +100,21 @@ class Tasks(Protocol):
         """The CPUs the cluster has free now."""
 
 
-def address(environ: Mapping[str, str] = os.environ) -> Optional[str]:
-    """The Ray cluster this worker was placed on (see the module), if any."""
-    return environ.get(ADDRESS_ENV) or environ.get("RAY_ADDRESS") or None
+def address(environ: Mapping[str, str] = os.environ) -> str:
+    """The Ray cluster this worker was placed on (see the module); UserError, naming
+    --remote-prep, if it has none."""
+    where = environ.get(ADDRESS_ENV) or environ.get("RAY_ADDRESS")
+    if not where:
+        raise UserError(f"{FLAG} needs a Ray cluster: start the job with esync-launch --ray "
+                        f"(this worker has no {ADDRESS_ENV} or RAY_ADDRESS)")
+    return where
 
 
 def open_tasks(dataset, collate: Callable[[List[Any]], Any],
                environ: Mapping[str, str] = os.environ) -> Tasks:
     """The tasks ESYNC_RAY_TASKS names, for `dataset`'s batches; UserError, naming
     --remote-prep, if this worker has no cluster to reach or no tasks named."""
-    if address(environ) is None:
-        raise UserError(f"{FLAG} needs a Ray cluster: start the job with esync-launch --ray "
-                        f"(this worker has no {ADDRESS_ENV} or RAY_ADDRESS)")
+    address(environ)
     spec = environ.get(TASKS_ENV)
     if not spec:
         raise UserError(f"{FLAG} needs {TASKS_ENV}, the module:function that sends batches "
@@ -179,7 +182,7 @@ class RemotePrep:
     def _free_cpus(self, fresh: bool = False) -> float:
         now = time.monotonic()
         if fresh or now - self._read_at >= REFRESH_S:
-            self._free = float(self.tasks.free_cpus())
+            self._free = self.tasks.free_cpus()
             self._read_at, self._running_at_read = now, self._running()
         return self._free
 

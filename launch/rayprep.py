@@ -78,8 +78,6 @@ def connect(environ: Mapping[str, str] = os.environ) -> None:
     if joined is not None and joined.is_initialized():  # the user's script's own
         return
     where = address(environ)
-    if where is None:
-        raise UserError(f"{FLAG} needs a Ray cluster: start the job with esync-launch --ray")
     try:
         import ray
     except ImportError:
