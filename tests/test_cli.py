@@ -130,23 +130,6 @@ def test_gpu_asked_where_there_is_none(tmp_path, capsys, monkeypatch):
     assert code == 0, err
 
 
-def test_readme_documents_every_flag_with_its_default():
-    from dataclasses import fields
-
-    from tests.helpers import REPO
-
-    readme = open(f"{REPO}/README.md").read()
-    # main.py's table, not the launchers' (which share some flag names)
-    readme = readme.split("\n## Command line\n", 1)[1].split("\n## ", 1)[0]
-    parser_flags = {a.dest: a.option_strings for a in build_parser()._actions}
-    for f in fields(Options):
-        cell = ", ".join(f"`{flag}`" for flag in parser_flags[f.name])
-        match = re.search(rf"^\| {re.escape(cell)} \| ([^|]*) \|", readme, re.M)
-        assert match, f"README's flag table lacks {cell}"
-        shown = {None: "none", "": "empty"}.get(f.default, str(f.default))
-        assert match.group(1).strip().strip("`") == shown, f"README's default of {cell}"
-
-
 CLUSTER = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9", "DMLC_NUM_SERVER": "1",
            "DMLC_NUM_WORKER": "1"}
 BAD_ENV = [
