@@ -44,3 +44,49 @@ class Device(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job.name}/{self.rank}"
+
+
+class LiveJob(models.Model):
+    """A job on the live page (/jobs/<job>/): made by the first report of any of its
+    processes, in any mode (budgets.live)."""
+
+    name = models.CharField(max_length=64, unique=True)
+    mode = models.CharField(max_length=32, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    reported_at = models.DateTimeField(auto_now=True)  # the latest report of any process
+
+    class Meta:
+        ordering = ["created_at", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Reporter(models.Model):
+    """A process of a live job (a worker, the evaluator, the launcher) and what it said
+    last: a checked report (budgets.report), as JSON."""
+
+    job = models.ForeignKey(LiveJob, related_name="reporters", on_delete=models.CASCADE)
+    role = models.CharField(max_length=16)
+    rank = models.IntegerField(default=0)  # a worker's; 0 for the others
+    figures = models.TextField(default="{}")
+    reports = models.PositiveIntegerField(default=0)
+    reported_at = models.DateTimeField(null=True)
+
+    class Meta:
+        ordering = ["job", "role", "rank"]
+        constraints = [models.UniqueConstraint(fields=["job", "role", "rank"],
+                                               name="one_row_per_process")]
+
+
+class Point(models.Model):
+    """One report's figures for the page's charts, at `seconds` after the job's first
+    report (the state server's clock: one clock for every process). Thinned out as they
+    grow (budgets.live.MAX_POINTS a process)."""
+
+    reporter = models.ForeignKey(Reporter, related_name="points", on_delete=models.CASCADE)
+    seconds = models.FloatField()
+    figures = models.TextField()
+
+    class Meta:
+        ordering = ["reporter", "seconds"]

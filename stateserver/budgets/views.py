@@ -337,8 +337,9 @@ def bad_request(request, exception=None) -> JsonResponse:
 
 
 def not_found(request, exception=None) -> JsonResponse:
-    return _error(f"no such endpoint: {_shown(request.path)}; see GET /status/, "
-                  f"POST /jobs/<job>/ and POST /jobs/<job>/budget/", 404)
+    return _error(f"no such endpoint: {_shown(request.path)}; see GET /status/, GET /jobs/, "
+                  f"POST /jobs/<job>/, POST /jobs/<job>/budget/ and "
+                  f"POST /jobs/<job>/report/", 404)
 
 
 def server_error(request) -> JsonResponse:

@@ -104,6 +104,9 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
 ]
 ROOT_URLCONF = "stateserver.urls"
+# the live page's templates (budgets/templates/); nothing else of Django's is rendered
+TEMPLATES = [{"BACKEND": "django.template.backends.django.DjangoTemplates", "APP_DIRS": True,
+              "OPTIONS": {"context_processors": []}}]
 WSGI_APPLICATION = "stateserver.wsgi.application"
 APPEND_SLASH = False  # a POST redirected to the slashed URL would lose its body
 
