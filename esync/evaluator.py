@@ -74,6 +74,7 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
     """Pull, evaluate and log every opts.eval_interval seconds until the job ends."""
     from esync.flat import FlatModel
     from esync.kvstore import KVStore
+    from esync.live import LiveReporter
     from esync.recorder import Recorder
     from esync.stop import StopCriteria
     from esync.task import load_task
@@ -90,8 +91,10 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
     name, label = METRIC_RECORD[opts.metric], METRIC_LINE[opts.metric]
     decided: Optional[str] = None  # the stop this evaluator asked for
     n, next_at = 0, time.monotonic()  # n: evaluations logged
+    live = LiveReporter.from_environ("evaluator", device=registry.EVALUATOR,
+                                     mode=registry.of_options(opts).key)
     with Recorder(opts.log_dir, socket.gethostname(), registry.EVALUATOR,
-                  tensorboard=opts.tensorboard) as recorder:
+                  tensorboard=opts.tensorboard, live=live) as recorder:
         log.info("[evaluator] evaluating %s on %s every %g s; logs in %s", opts.network,
                  opts.dataset, opts.eval_interval, recorder.path)
         try:

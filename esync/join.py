@@ -21,6 +21,7 @@ from esync import registry
 from esync.algorithms.base import Job
 from esync.data.order import DataSettings
 from esync.errors import UserError
+from esync.live import LiveReporter
 from esync.options import Options, check_aggregation, check_plugins
 from esync.recorder import Recorder
 from esync.session import Session
@@ -111,9 +112,11 @@ def join(plan: WorkerPlan, env: Union[ClusterEnv, DDPEnv, None],
         algorithm = plan.algorithm.worker_class().from_options(opts, job)
         ddp_rank = job.rank if job is not None and not plan.algorithm.parameter_server else None
         keep = job is not None and (job.rejoin or job.resume)  # its logs go on
-        recorder = Recorder(opts.log_dir, socket.gethostname(),
-                            device_label(opts, plan.device, ddp_rank), keep=keep,
-                            tensorboard=opts.tensorboard)
+        label = device_label(opts, plan.device, ddp_rank)
+        live = LiveReporter.from_environ("worker", rank=job.rank if job else 0, device=label,
+                                         mode=plan.algorithm.key)
+        recorder = Recorder(opts.log_dir, socket.gethostname(), label, keep=keep,
+                            tensorboard=opts.tensorboard, live=live)
     except BaseException as e:
         leave(e)
         raise

@@ -20,7 +20,8 @@ emptied its log folder, unless it continues a job (`keep`: a worker rejoining, o
 resumed from a checkpoint), whose logs go on from where they were.
 
 With `tensorboard` (--tensorboard DIR) each round also goes to TensorBoard
-(esync.scalars), into DIR/<host>/<device>/.
+(esync.scalars), into DIR/<host>/<device>/; with `live` (ESYNC_LIVE_URL), to the live
+job page (esync.live).
 
 A file that cannot be written or removed (a full disk, a read-only folder) is a
 UserError naming -ld/--log-dir and the file: the process ends with that one line (a
@@ -41,6 +42,7 @@ import time
 from typing import Mapping, Optional
 
 from esync.errors import UserError
+from esync.live import LiveReporter
 from esync.scalars import Scalars
 
 Phases = Mapping[str, float]
@@ -64,12 +66,14 @@ def _remove(path: str) -> None:
 
 class Recorder:
     """`tensorboard`: a folder where each round also goes as TensorBoard scalars
-    (esync.scalars), into <tensorboard>/<host>/<device>/."""
+    (esync.scalars), into <tensorboard>/<host>/<device>/; `live`: where each round's
+    figures also go to the live job page (closed with the recorder)."""
 
     def __init__(self, log_dir: str, host: str, device: str, keep: bool = False,
-                 tensorboard: Optional[str] = None):
+                 tensorboard: Optional[str] = None, live: Optional[LiveReporter] = None):
         self.path = os.path.join(log_dir, host, device)
         self.scalars: Optional[Scalars] = None
+        self.live = live
         try:
             os.makedirs(self.path, exist_ok=True)
             self._lock = open(os.path.join(self.path, ".lock"), "a+")
@@ -209,12 +213,17 @@ class Recorder:
             raise _log_dir_error("write", final, e) from None
         if self.scalars is not None:
             self.scalars.add(record)
+        if self.live is not None:
+            self.live.add(record)
         return final
 
     def close(self) -> None:
         if self.scalars is not None:
             self.scalars.close()
             self.scalars = None
+        if self.live is not None:
+            self.live.close()
+            self.live = None
         if not self._lock.closed:
             fcntl.flock(self._lock, fcntl.LOCK_UN)
             self._lock.close()

@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ import zmq
 
 import config
 from esync import ready
+from esync.live import JOB_ID_ENV
 from esync.errors import UserError
 from esync.registry import EVALUATOR
 from esync.transport.auth import Guard, job_key
@@ -208,6 +210,7 @@ class Scheduler:
 
     def run(self) -> int:
         """Serve the job until it ends: 0 when every worker finished, 1 when aborted."""
+        self._name_job()
         self._job_file()
         port = self._listen()
         log.info("[scheduler] listening on %s:%d for %d server(s) and %d worker(s)%s",
@@ -296,6 +299,17 @@ class Scheduler:
             os.replace(path + ".partial", path)
         except (OSError, ValueError) as e:
             log.warning("[scheduler] cannot keep the workers' ranks in %s: %s", path, e)
+
+    def _name_job(self, environ=os.environ) -> None:
+        """The job's id from ESYNC_JOB_ID where a launcher gave one (its live page is
+        named so too); else the one drawn. A job resumed takes its saved id instead."""
+        given = environ.get(JOB_ID_ENV, "")
+        if not given:
+            return
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", given):
+            raise UserError(f"{JOB_ID_ENV}={given[:80]!r}: expected 1 to 64 letters, "
+                            f"digits, '.', '_' or '-'")
+        self.job = given
 
     def _job_file(self) -> None:
         """With --checkpoint-dir: keep the job id there; with --resume, take it back."""
