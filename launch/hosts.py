@@ -127,6 +127,7 @@ import re
 import secrets
 import shlex
 import sys
+import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -135,6 +136,8 @@ from esync import registry
 from esync.errors import UserError
 from esync.options import check_aggregation, parse_options
 from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
+from esync.live import JOB_ID_ENV, page_url
+from esync.live import URL_ENV as LIVE_URL_ENV
 from launch.local import STATE_TOKEN_ENV, new_token
 
 ROLES = ("scheduler", "server", "worker", "stateserver")
@@ -418,6 +421,7 @@ def commands(hosts: Sequence[Host], args,
         raise UserError(f"{e} (a main.py flag after --)") from None
     num_workers = sum(h.workers for h in hosts)
     shorts = _short_names(hosts)
+    live = live_url(hosts, args)
     out: List[Tuple[str, str, str]] = []
 
     def node(host: Host, role: str, extra: Sequence[str] = ()) -> str:
@@ -426,6 +430,8 @@ def commands(hosts: Sequence[Host], args,
                f"DMLC_NUM_WORKER={num_workers}"]
         if host.iface:
             env.append(f"DMLC_INTERFACE={host.iface}")
+        if live is not None:
+            env += [f"{JOB_ID_ENV}={args.job_id}", f"{LIVE_URL_ENV}={live}"]
         words = [shlex.quote(w) for w in env]
         words.append(_quote_path(host.python))
         words += [shlex.quote(w) for w in ["main.py", *flags, *extra]]
@@ -578,6 +584,7 @@ def slurm_script(hosts: Sequence[Host], args, cmds: Sequence[Tuple[str, str, str
         "#!/bin/bash",
         "# An esync job as a Slurm batch job, written by",
         f"#   {' '.join(generated_by.splitlines())}",
+        *([f"# live page: {live_url(hosts, args)}"] if live_url(hosts, args) else []),
         "# Submit it with `sbatch job.sh` (sbatch's options on its command line win over the",
         "# #SBATCH lines: sbatch --time=2:00:00 --partition=NAME job.sh). It starts each",
         "# process of the job as a job step on its host, then waits: exit status 0 once the",
@@ -671,7 +678,29 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument("--no-auth", action="store_true",
                         help="no job key and no state server token (ZeroMQ traffic "
                              "unauthenticated and unencrypted, state server writes open)")
+    parser.add_argument("--job-id", type=_job_id, default=None,
+                        help="the job's id, its name on the state server: with a stateserver "
+                             "host every process gets ESYNC_JOB_ID and its live page's "
+                             "address, ESYNC_LIVE_URL, printed first (default: drawn, "
+                             "job-DATE-TIME-HEX)")
     return parser
+
+
+def _job_id(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", text):
+        raise argparse.ArgumentTypeError(f"expected 1 to 64 letters, digits, '.', '_' or "
+                                         f"'-', got {text!r}")
+    return text
+
+
+def live_url(hosts: Sequence[Host], args) -> Optional[str]:
+    """The job's live page (with a stateserver host and a --job-id), else None."""
+    state = next((h for h in hosts if "stateserver" in h.roles), None)
+    job_id = getattr(args, "job_id", None)
+    if state is None or not job_id:
+        return None
+    return page_url(state.address, getattr(args, "state_port", config.STATE_SERVER_PORT),
+                    job_id)
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
@@ -689,6 +718,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
             raise ValueError("empty")
     except ValueError as e:
         parser.error(f"argument --ssh: expected a command such as {DEFAULT_SSH!r} ({e})")
+    args.job_id = args.job_id or (f"job-{time.strftime('%Y%m%d-%H%M%S')}-"
+                                  f"{secrets.token_hex(2)}")
     try:
         hosts = parse_hostfile(args.hostfile)
         job = None if args.no_auth or args.slurm else JobSecrets.for_job(os.environ)
@@ -710,7 +741,11 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
 
 def _print_commands(args, cmds: Sequence[Tuple[str, str, str]], job: Optional[JobSecrets],
                     hosts: Sequence[Host]) -> None:
-    """The commands, `# HOST: ROLE` before each; first the job's key and token's."""
+    """The commands, `# HOST: ROLE` before each; first the live page's address and the
+    job's key and token's commands."""
+    live = live_url(hosts, args)
+    if live is not None:
+        print(f"# live page: {live}")
     for host, store, _ in (secret_commands(hosts, args, job) if job is not None else []):
         print(f"# {host}: the job's key and token (run first)")
         print(f"{job.printed()} | "

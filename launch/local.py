@@ -1,8 +1,9 @@
-"""Start a whole job on this machine with one command: the ESync state server (for
-`-m esync`), the scheduler, S servers, N workers and the evaluator, as child processes
-on loopback, each configured by the DMLC_* variables as on a real cluster (`-m ddp`: N
-ranks with torch.distributed's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, rank 0
-hosting the store on a free port it reports, and the evaluator). Unless `-e` is given,
+"""Start a whole job on this machine with one command: the state server (ESync's
+budgets, and every mode's live page), the scheduler, S servers, N workers and the
+evaluator, as child processes on loopback, each configured by the DMLC_* variables as
+on a real cluster (`-m ddp`: N ranks with torch.distributed's RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT, rank 0 hosting the store on a free port it reports, and the
+evaluator). Unless `-e` is given,
 workers get `-e 0` and the evaluator measures accuracy (`-m local`: by the clock, in
 process). `--bandwidth`/`--latency` give each worker its emulated link.
 
@@ -29,6 +30,12 @@ esync.registry); each process's output goes to a file beside them
 `<host>/<device>/worker.log`; a restarted process appends to its own). Worker k (in
 launch order) is labelled `w<k>` (`w<k>-x<F>` with a slowdown F), so that no two
 collide.
+
+Every job has a live page on its state server: the launcher prints its address
+(`live page: http://127.0.0.1:PORT/jobs/<job>/`) as the job starts, gives every process
+that address (ESYNC_LIVE_URL) and the job's id (ESYNC_JOB_ID, which the scheduler takes
+as its own), and reports there itself, every second or so, the job's state and its
+processes' (esync.live; stateserver/budgets/live.py).
 
 The scheduler and the state server bind free ports themselves and report them
 (esync.ready); servers and workers are then given those ports. While the job runs, a
@@ -72,6 +79,8 @@ import config
 from esync import registry
 from esync.data import METRIC_LINE
 from esync.errors import UserError
+from esync.live import JOB_ID_ENV, LiveReporter, page_url
+from esync.live import URL_ENV as LIVE_URL_ENV
 from esync.options import (ARGS_VARIABLE, Options, check_aggregation, check_plugins,
                            flags_given, parse_options)
 from esync.options import build_parser as options_parser
@@ -469,6 +478,18 @@ def filler(python: str, code: str, address: str, logs: str,
     return fill
 
 
+def process_state(child) -> str:
+    """A child's state on the live page: running, finished, exited N or killed by signal
+    N (a Supervisor's child, or launch.onray's role handle)."""
+    code = child.returncode
+    if code is None:
+        return "running" if not getattr(child, "restarts", 0) else \
+            f"running, restarted {child.restarts}"
+    if code == 0:
+        return "finished"
+    return f"killed by signal {-code}" if code < 0 else f"exited {code}"
+
+
 def last_line(path: Optional[str]) -> str:
     """The last line with text of a process's log ("" if none, or no log)."""
     try:
@@ -484,7 +505,8 @@ def inherited(environ: Mapping[str, str], auth: bool) -> Dict[str, str]:
     variables of another job (DMLC_*, torch.distributed's), nor, without `auth`, a key
     or token."""
     return {k: v for k, v in environ.items() if not k.startswith("DMLC_")
-            and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
+            and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK",
+                          LIVE_URL_ENV, JOB_ID_ENV)
             and (auth or k not in AUTH_VARIABLES)}
 
 
@@ -533,6 +555,10 @@ class Launcher:
     _started_at: float = 0.0  # wall clock (file times), a little before the first child
     _training: bool = False   # a round of this run was logged
     _secrets: Dict[str, str] = field(default_factory=dict)  # the job's key and token
+    #: the job's id and, once its state server listens, its live page (ESYNC_JOB_ID,
+    #: ESYNC_LIVE_URL): every process's
+    _job_vars: Dict[str, str] = field(default_factory=dict)
+    live: Optional[LiveReporter] = None  # this launcher's reports to the live page
     #: whether its processes inherit this process's variables (the exported key and
     #: token among them); RayLauncher's actors do not (their nodes' own apply)
     inherits: ClassVar[bool] = True
@@ -541,6 +567,9 @@ class Launcher:
         self.supervisor = Supervisor(grace=GRACE_S, say=lambda line: self.say(line))
         if self.plan.auth:  # drawn once: a restarted process gets the same
             self._secrets = job_secrets(os.environ, exported=not self.inherits)
+        self.job_id = (f"{os.path.basename(self.plan.folder)}-"
+                       f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
+        self._job_vars = {JOB_ID_ENV: self.job_id}
 
     def say(self, line: str) -> None:
         """A line of its own (above any progress bar on the same stream)."""
@@ -557,7 +586,8 @@ class Launcher:
         `extra` (its role's)."""
         threads = str(self.plan.threads)
         return dict(inherited(os.environ, self.plan.auth) if self.inherits else {},
-                    **self._secrets, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
+                    **self._secrets, **self._job_vars, OMP_NUM_THREADS=threads,
+                    MKL_NUM_THREADS=threads,
                     PYTHONUNBUFFERED="1", **extra)
 
     def _fatal(self, child: Child) -> bool:
@@ -617,6 +647,21 @@ class Launcher:
             self._start_role("evaluator", [*main, "-m", p.mode, *p.worker_args, "-ld", LOGS],
                              env, f"{registry.EVALUATOR}.log")
 
+        # every mode's live page; ESync's budgets too
+        state = self._start_role(
+            "stateserver", [PYTHON, "manage.py", "runserver", "--noreload", f"{ADDRESS}:0"],
+            {"ESYNC_STATE_DB": os.path.join(LOGS, HOST, STATE_DB)}, "stateserver.log",
+            cwd=os.path.join(CODE, "stateserver"), essential=False, ready=True)
+        scheduler = None
+        cluster = {"DMLC_NUM_SERVER": str(p.servers), "DMLC_NUM_WORKER": str(p.workers)}
+        if p.algorithm.parameter_server:  # starts while the state server does
+            scheduler = self._start_role("scheduler", p.scheduler_argv(main),
+                                         dict(cluster, DMLC_ROLE="scheduler",
+                                              DMLC_PS_ROOT_URI=ADDRESS, DMLC_PS_ROOT_PORT="0"),
+                                         "scheduler.log", ready=True)
+        state_address = (self._address(state), sup.wait_ready(state))
+        self._job_vars[LIVE_URL_ENV] = page_url(*state_address, self.job_id)
+        self._report_live()
         if not p.algorithm.distributed:
             worker(0, {})
             return
@@ -630,20 +675,9 @@ class Launcher:
             if p.evaluator:
                 evaluator(dict(ddp, DMLC_ROLE="evaluator"))
             return
-        state = None
-        if p.algorithm.state_server:
-            state = self._start_role(
-                "stateserver", [PYTHON, "manage.py", "runserver", "--noreload", f"{ADDRESS}:0"],
-                {"ESYNC_STATE_DB": os.path.join(LOGS, HOST, STATE_DB)}, "stateserver.log",
-                cwd=os.path.join(CODE, "stateserver"), essential=False, ready=True)
-        cluster = {"DMLC_NUM_SERVER": str(p.servers), "DMLC_NUM_WORKER": str(p.workers)}
-        scheduler = self._start_role("scheduler", p.scheduler_argv(main),
-                                     dict(cluster, DMLC_ROLE="scheduler",
-                                          DMLC_PS_ROOT_URI=ADDRESS, DMLC_PS_ROOT_PORT="0"),
-                                     "scheduler.log", ready=True)
         state_args: List[str] = []
-        if state is not None:
-            state_args = ["-ip", self._address(state), "-port", str(sup.wait_ready(state))]
+        if p.algorithm.state_server:
+            state_args = ["-ip", state_address[0], "-port", str(state_address[1])]
         cluster.update(DMLC_PS_ROOT_URI=self._address(scheduler),
                        DMLC_PS_ROOT_PORT=str(sup.wait_ready(scheduler)))
         if p.evaluator:
@@ -653,6 +687,29 @@ class Launcher:
                              dict(cluster, DMLC_ROLE="server"), f"server{s}.log", **member)
         for k in range(p.workers):
             worker(k, dict(cluster, DMLC_ROLE="worker"), state_args)
+
+    # --- the live page -----------------------------------------------------------------
+    def _report_live(self) -> None:
+        """Say where the job's live page is, and report there from now on."""
+        url = self._job_vars[LIVE_URL_ENV]
+        self.say(f"live page: {url}")
+        self.live = LiveReporter(url, {"role": "launcher", "mode": self.plan.algorithm.key,
+                                       "workers": self.plan.workers, "state": "running"},
+                                 token=self._env().get(STATE_TOKEN_ENV))
+        self._update_live()
+
+    def _update_live(self) -> None:
+        """The processes' states for the next report (the state server's own aside)."""
+        if self.live is not None:
+            self.live.update(processes={c.name: process_state(c) for c in self.children
+                                        if c.name != "stateserver"})
+
+    def _close_live(self, code: int) -> None:
+        """The last report: how the job ended (before the state server stops)."""
+        if self.live is not None:
+            self._update_live()
+            self.live.close({0: "finished", 130: "interrupted"}.get(code, "failed"))
+            self.live = None
 
     # --- watching ---------------------------------------------------------------------
     def describe(self, child: Child) -> str:
@@ -726,6 +783,7 @@ class Launcher:
         """Until the job ends or a child fails; returns the exit status."""
         while True:
             outcome = self.supervisor.wait(timeout=bar.refresh_s)
+            self._update_live()
             if outcome is None:
                 status = self.status()
                 bar.show(*status, self.status_line(status))
@@ -776,6 +834,7 @@ class Launcher:
                     code = 1
                 finally:
                     bar.close()
+                    self._close_live(code)
                     self.supervisor.close()
         except KeyboardInterrupt:  # a second one while stopping: the stop went on
             code = 130

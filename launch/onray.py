@@ -204,9 +204,7 @@ def bundles(plan: Plan) -> Dict[str, Dict[str, float]]:
         service[HEAD_RESOURCE] = PLACE_AMOUNT
     elif where.startswith("resource:"):
         service[where.split(":", 1)[1]] = PLACE_AMOUNT
-    names = []
-    if plan.algorithm.state_server:
-        names.append("stateserver")
+    names = ["stateserver"]  # every mode's live page; ESync's budgets too
     if plan.algorithm.parameter_server:
         names += ["scheduler", *(f"server{s}" for s in range(plan.servers))]
     if plan.evaluator:

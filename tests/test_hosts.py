@@ -64,10 +64,16 @@ TRAIN = ["-m", "esync", "-n", "resnet18-v1", "--dataset", "fashion-mnist",
          "-dd", "/data/my sets"]
 
 
+#: the job's id (--job-id) and so its live page on the state server's host
+JOB_ID = "demo-1"
+LIVE_PAGE = "http://head.example.org:10020/jobs/demo-1/"
+
+
 def _env_words(role, iface=None):
     words = [f"DMLC_ROLE={role}", "DMLC_PS_ROOT_URI=head.example.org", "DMLC_PS_ROOT_PORT=9200",
              "DMLC_NUM_SERVER=1", "DMLC_NUM_WORKER=4"]
-    return words + ([f"DMLC_INTERFACE={iface}"] if iface else [])
+    return words + ([f"DMLC_INTERFACE={iface}"] if iface else []) + \
+        [f"ESYNC_JOB_ID={JOB_ID}", f"ESYNC_LIVE_URL={LIVE_PAGE}"]
 
 
 def _worker(short, k, gpu, slowdown=None):
@@ -103,10 +109,11 @@ def cluster_file(tmp_path):
 def test_printed_commands(cluster_file):
     # --no-auth: the commands as they were; with the job's key and token: test_launch_restart
     result = hosts_py(cluster_file, "--port", "9200", "--state-port", "10020", "--no-auth",
-                      "--", *TRAIN)
+                      "--job-id", JOB_ID, "--", *TRAIN)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
-    lines = result.stdout.splitlines()
+    first, *lines = result.stdout.splitlines()
+    assert first == f"# live page: {LIVE_PAGE}"
     assert len(lines) == 2 * len(EXPECTED)
     for i, (comment, words) in enumerate(EXPECTED):
         assert lines[2 * i] == comment
@@ -121,9 +128,10 @@ def test_printed_commands(cluster_file):
 
 def test_ssh_form_is_the_same_command_behind_ssh(cluster_file):
     result = hosts_py(cluster_file, "--port", "9200", "--state-port", "10020", "--ssh-form",
-                      "--ssh", "ssh -p 2222 -o BatchMode=yes", "--no-auth", "--", *TRAIN)
+                      "--ssh", "ssh -p 2222 -o BatchMode=yes", "--no-auth", "--job-id", JOB_ID,
+                      "--", *TRAIN)
     assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    lines = result.stdout.splitlines()[1:]  # after the live page's address
     for i, (comment, words) in enumerate(EXPECTED):
         host = comment[2:].split(":")[0]
         assert lines[2 * i] == comment
@@ -233,7 +241,7 @@ def test_help_documents_the_format():
 #: plug-ins' form (esync.plugin: no import of a plug-in)
 ALLOWED = {"esync", "esync.options", "esync.registry", "esync.errors", "esync.data",
            "esync.models", "esync.plugin", "esync.ready", "esync.transport", "esync.transport.auth",
-           "esync.stateclient", "esync.compress"}
+           "esync.stateclient", "esync.compress", "esync.live"}
 
 
 def test_api_and_no_runtime_import(cluster_file, tmp_path):
@@ -249,7 +257,7 @@ def test_api_and_no_runtime_import(cluster_file, tmp_path):
     assert [(h.name, h.line, h.workers) for h in hosts] == [
         ("head.example.org", 2, 0), ("gpu1.example.org", 4, 2), ("gpu2.example.org", 5, 2)]
     args = module.build_parser().parse_args([cluster_file, "--port", "9200",
-                                             "--state-port", "10020"])
+                                             "--state-port", "10020", "--job-id", JOB_ID])
     args.flags = TRAIN
     cmds = module.commands(hosts, args)
     assert [(h, r) for h, r, _ in cmds] == [(c[2:].split(": ")[0], c.split(": ")[1].split()[0])
@@ -316,6 +324,7 @@ def test_slurm_script_from_the_host_file(cluster_file, tmp_path):
     env = dict({k: v for k, v in _env().items() if k not in AUTH}, ESYNC_JOB_KEY=key,
                ESYNC_STATE_TOKEN=token)
     script = _slurm(cluster_file, "--port", "9200", "--state-port", "10020", "--slurm",
+                    "--job-id", JOB_ID,
                     "--", *TRAIN, env=env)
     _bash_n(script, tmp_path)
     assert script.startswith("#!/bin/bash\n# An esync job as a Slurm batch job, written by\n"
