@@ -74,7 +74,7 @@ def line_chart(title: str, series: Sequence[Series], unit: str = "",
         x = LEFT + (tick - x0) / (x1 - x0) * inner_w
         parts.append(f'<text x="{x:.1f}" y="{HEIGHT - BOTTOM + 14}" class="xtick">'
                      f'{_label(tick)}</text>')
-    parts.append(f'<text x="{LEFT + inner_w}" y="{HEIGHT - 2}" class="xtick">seconds</text>')
+    parts.append(f'<text x="{LEFT + inner_w}" y="{HEIGHT - 2}" class="xlabel">seconds</text>')
     for i, (label, points) in enumerate(drawn):
         colour = COLOURS[i % len(COLOURS)]
         path = " ".join(at(x, y) for x, y in points)
