@@ -42,9 +42,15 @@ setup(
     # state API and `ray list actors` (the [default] extra)
     extras_require={"dev": ["pytest>=7", "pytest-django>=4.5", "pytest-xdist>=3.6.1",
                             "hypothesis>=6.80", "tensorboard>=2.14",
-                            "webdataset>=0.2"],  # shards read by WebDataset (interop test)
+                            "webdataset>=0.2",  # shards read by WebDataset (interop test)
+                            # the live job page's browser tests (Debian's chromium and
+                            # chromedriver, which .ci/run installs)
+                            "selenium>=4.20"],
                     "ray": ["ray[default]>=2.49"],
-                    "tensorboard": ["tensorboard>=2.14"]},
+                    "tensorboard": ["tensorboard>=2.14"],
+                    # the manual (docs/, mkdocs.yml): `mkdocs serve`
+                    "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5",
+                             "mkdocstrings[python]>=0.26", "mkdocs-gen-files>=0.5"]},
     entry_points={"console_scripts": [
         "esync = esync.cli:console_main",
         "esync-launch = launch.local:console_main",
