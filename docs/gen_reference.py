@@ -3,13 +3,12 @@
 Run by the mkdocs-gen-files plugin (mkdocs.yml) on every `mkdocs build` and `mkdocs
 serve`; the pages exist only in the build, never in the repository, so the flags the
 manual lists are the flags the commands take. Each command's parser is the one the
-command itself builds (a module's `build_parser`, or, where a module builds its parser
-inside the function that parses, that parser caught as it parses); each page lists every
+command itself builds (its module's `build_parser(prog)`); each page lists every
 action of the parser with its option strings, value, default, choices and help, by
 argument group, with mutually exclusive groups and subcommands.
 
-Besides the commands, the state server's HTTP API page is written here, because the
-live page's module (stateserver/budgets/live.py) is rendered only where it exists.
+Besides the commands, the state server's HTTP API page is written here: its modules'
+docstrings (the budget API, the live page, a live report's fields), by mkdocstrings.
 
     python docs/gen_reference.py [COMMAND]     # print the pages (or one) to stdout
 """
@@ -18,11 +17,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import inspect
 import os
 import re
 import sys
-from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:  # the build runs from the repository root; a test may not
@@ -39,8 +37,6 @@ class Command(NamedTuple):
     module: str         # where its parser is built
     what: str           # one line: what the command is for (markdown)
     guide: str          # the manual's page that explains it, relative to FOLDER
-    parse: str = ""     # a function that builds its parser inside itself, where the
-                        # module has no build_parser: its parser is caught as it parses
     notes: str = ""     # markdown after the flags: where the other flags come from
 
 
@@ -107,11 +103,11 @@ COMMANDS: List[Command] = [
             "../../how-to/logs-and-figures.md"),
     Command("esync-draw", "logs_tools.drawer",
             "The figures and the speedup table of one run folder's summaries.",
-            "../../how-to/logs-and-figures.md", parse="parse_args"),
+            "../../how-to/logs-and-figures.md"),
     Command("esync-compare", "logs_tools.compare",
             "Medians and spreads over the seeds and configurations of an experiment: "
             "`results.md`, `results.json` and figures.",
-            "../../how-to/logs-and-figures.md", parse="parse_args"),
+            "../../how-to/logs-and-figures.md"),
     Command("esync-pack", "esync.data.pack",
             "A data set written as WebDataset shards with their index, or existing "
             "shards indexed.",
@@ -119,41 +115,9 @@ COMMANDS: List[Command] = [
 ]
 
 
-class _Caught(Exception):
-    def __init__(self, parser: argparse.ArgumentParser):
-        super().__init__(parser.prog)
-        self.parser = parser
-
-
-def _caught_parser(parse: Callable, prog: str) -> argparse.ArgumentParser:
-    """The parser `parse(argv, prog)` builds and parses with, caught as it starts parsing
-    (nothing is parsed; argparse is as it was afterwards)."""
-    original = argparse.ArgumentParser.parse_args
-
-    def catch(self, *args, **kwargs):
-        raise _Caught(self)
-
-    argparse.ArgumentParser.parse_args = catch
-    try:
-        parse([], prog)
-    except _Caught as caught:
-        return caught.parser
-    finally:
-        argparse.ArgumentParser.parse_args = original
-    raise RuntimeError(f"{parse.__module__}.{parse.__name__} built no parser")
-
-
 def parser_of(command: Command) -> argparse.ArgumentParser:
     """The parser `command` parses its command line with, its prog the command's name."""
-    module = importlib.import_module(command.module)
-    build = getattr(module, "build_parser", None)
-    if build is None:
-        return _caught_parser(getattr(module, command.parse), command.name)
-    if "prog" in inspect.signature(build).parameters:
-        return build(prog=command.name)
-    parser = build()
-    parser.prog = command.name
-    return parser
+    return importlib.import_module(command.module).build_parser(prog=command.name)
 
 
 def default_of(parser: argparse.ArgumentParser, action: argparse.Action):
@@ -351,11 +315,9 @@ def http_page() -> str:
              "How the budgets are computed, the limits on a request and examples with "
              "`curl` are in [Budgets and the state server]"
              "(../explanation/state-server.md); the live page is explained in "
-             "[Watch a running job](../how-to/live-page.md).", "",
-             "::: budgets.views", "    options:", "      members: false",
-             "      show_root_heading: true", ""]
-    if os.path.exists(os.path.join(REPO, "stateserver", "budgets", "live.py")):
-        lines += ["::: budgets.live", "    options:", "      members: false",
+             "[Watch a running job](../how-to/live-page.md).", ""]
+    for module in ("budgets.views", "budgets.live", "budgets.report"):
+        lines += [f"::: {module}", "    options:", "      members: false",
                   "      show_root_heading: true", ""]
     return "\n".join(lines)
 

@@ -52,9 +52,9 @@ def _list(kind, name: str, low: float):
     return parse
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, allow_abbrev=False,
+        prog=prog, allow_abbrev=False,
         description="Measure each device of a job in short runs alone and predict its "
                     "stalls and what would remove them. The job's flags are esync-launch's "
                     "(-m, --workers, --slowdown, --bandwidth, --latency, --devices) and "

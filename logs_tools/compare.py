@@ -698,7 +698,8 @@ def _folder_names(text):
     return list(dict.fromkeys(names))
 
 
-def parse_args(argv, prog=PROG):
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The command's parser (also the manual's flag reference: docs/gen_reference.py)."""
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True,
                    help="the experiment's folder: OUT/<config>/seed<k>/NETWORK/<mode>/")
@@ -715,7 +716,11 @@ def parse_args(argv, prog=PROG):
                         "folder of OUT with seed<k>/NETWORK/, sorted)")
     p.add_argument("--linear-time", action="store_true",
                    help="linear time axis in the accuracy figures (default: log scale)")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv, prog=PROG):
+    return build_parser(prog).parse_args(argv)
 
 
 def metric_and_targets(args):

@@ -711,7 +711,8 @@ def draw(base, network, outdir=None, target=0.8, show=False, linear_time=False,
     return write_speedup(data, target, network, outdir, metric)
 
 
-def parse_args(argv, prog=PROG):
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The command's parser (also the manual's flag reference: docs/gen_reference.py)."""
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("-b", "--base", required=True, help="folder holding NETWORK/")
     p.add_argument("-n", "--network", required=True, help="network (model) folder name")
@@ -724,7 +725,11 @@ def parse_args(argv, prog=PROG):
     p.add_argument("--linear-time", action="store_true",
                    help="linear time axis in the accuracy figures (default: log scale)")
     p.add_argument("--show", action="store_true", help="also open the figures in windows")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv, prog=PROG):
+    return build_parser(prog).parse_args(argv)
 
 
 def main(argv=None, prog=PROG) -> int:
