@@ -383,7 +383,8 @@ def test_printed_commands_read_the_key_and_token_from_files_on_each_host(tmp_pat
                ESYNC_JOB_KEY=key, ESYNC_STATE_TOKEN=token)
     result = _hosts(hostfile, "--", "-m", "esync", env=env)
     assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    live, *lines = result.stdout.splitlines()
+    assert re.fullmatch(r"# live page: http://head:10010/jobs/job-[0-9-]+-[0-9a-f]{4}/", live)
     assert lines[0::2][:2] == ["# head: the job's key and token (run first)",
                                "# node: the job's key and token (run first)"]
     stores, commands = lines[1:4:2], lines[5::2]
@@ -408,12 +409,13 @@ def test_printed_commands_read_the_key_and_token_from_files_on_each_host(tmp_pat
     assert shown.stdout == f"{key}\n{token}\n", shown
     # --ssh-form: the store line feeds ssh -T
     result = _hosts(hostfile, "--ssh-form", "--", "-m", "sync", env=env)
-    store = result.stdout.splitlines()[1]
+    store = result.stdout.splitlines()[2]  # after the live page and the first comment
     assert store.startswith(f"printf '%s\\n' {shlex.quote(key)} {token} | ssh -o BatchMode=yes "
                             f"-T head "), store
     # --no-auth: none of it
     result = _hosts(hostfile, "--no-auth", "--", "-m", "esync")
-    assert "ESYNC" not in result.stdout and "key and token" not in result.stdout
+    assert "ESYNC_JOB_KEY" not in result.stdout and "ESYNC_STATE_TOKEN" not in \
+        result.stdout and "key and token" not in result.stdout
 
 
 def test_bad_key_for_hosts_is_one_line(tmp_path):

@@ -333,7 +333,9 @@ def test_sync_on_ray_reaches_90_percent_and_summarizes(head, tmp_path):
     with Launch(head, ["-m", "sync", "--workers", "2", *TO_TARGET,
                        "--ray-servers-on", f"resource:{PS_RESOURCE}"], out) as job:
         assert job.wait(timeout=150) == 0, job.output[-3000:]
-    assert "launch: placed on the Ray cluster: 5 process(es)" in job.output
+    # state server (every job's live page), scheduler, server, evaluator, 2 workers
+    assert "launch: placed on the Ray cluster: 6 process(es)" in job.output
+    assert re.search(r"launch: live page: http://[0-9.]+:[0-9]+/jobs/sync-", job.output)
     assert "launch: done:" in job.output
     assert evaluator_accuracy(out, "sync") >= 0.90
     host = the_host(out, "sync")
@@ -368,7 +370,7 @@ def test_esync_run_starts_a_users_script_as_the_workers_on_ray(head, tmp_path):
                 program=os.path.join(REPO, "launch", "run.py"),
                 script=[os.path.join(REPO, "tests", "api_script.py"), str(seen)]) as job:
         assert job.wait(timeout=150) == 0, job.output[-3000:]
-    assert "launch: placed on the Ray cluster: 4 process(es)" in job.output  # no evaluator
+    assert "launch: placed on the Ray cluster: 5 process(es)" in job.output  # no evaluator
     w0, w1 = (json.load(open(seen / f"{device}.json")) for device in ("w0", "w1"))
     assert w0["rounds"] == w1["rounds"] > 10
     assert w0["weights"] == pytest.approx(w1["weights"], rel=1e-6, abs=1e-7)
@@ -414,14 +416,14 @@ def test_a_killed_worker_actor_ends_the_job_and_nothing_is_left(head, tmp_path):
         namespace = job.namespace()
         job.training("sync")
         pids = head.job_pids()
-        assert len(pids) == 6, pids  # scheduler, server, evaluator, 3 workers
+        assert len(pids) == 7, pids  # state server, scheduler, server, evaluator, 3 workers
         # worker1's main.py: its own device name (the scheduler numbers workers by
         # registration, so its "worker N" need not be the launcher's worker1)
         (worker1,) = [p for p in pids
                       if "\0--device-name\0w1\0" in "\0".join(["", *_cmdline(p), ""])]
         before = head.ray("kill:worker1", namespace)
-        assert before == sorted(["scheduler", "server0", "evaluator", "worker0", "worker1",
-                                 "worker2"]), before
+        assert before == sorted(["scheduler", "server0", "evaluator", "stateserver", "worker0",
+                                 "worker1", "worker2"]), before
         killed = time.monotonic()
         code = job.wait(timeout=60)
         took = time.monotonic() - killed
@@ -447,9 +449,7 @@ def test_the_launchers_end_stops_every_actor_and_process(head, tmp_path, how):
         namespace = job.namespace()
         job.training(mode)
         pids = head.job_pids()
-        roles = ["evaluator", "scheduler", "server0", "worker0", "worker1"]
-        if mode == "esync":
-            roles.append("stateserver")
+        roles = ["evaluator", "scheduler", "server0", "stateserver", "worker0", "worker1"]
         assert len(pids) == len(roles), pids
         assert head.ray("alive", namespace) == sorted(roles)
         start = time.monotonic()
@@ -474,7 +474,7 @@ def test_the_launchers_end_stops_every_actor_and_process(head, tmp_path, how):
      "3 GPU worker(s) asked, the cluster has 1 GPU(s)"),
     (["--ray-servers-on", "resource:nowhere"],
      "--ray-servers-on resource:nowhere: no alive node is given the resource 'nowhere'"),
-    (["--workers", "12"], "15 CPUs asked (12 for 12 worker(s) of 1 thread(s), 3 for the "
+    (["--workers", "12"], "16 CPUs asked (12 for 12 worker(s) of 1 thread(s), 4 for the "
                           "scheduler, servers, state server and evaluator), the cluster has 10"),
     (["--ray-servers-on", f"label:{LABEL[0]}=other"],
      f"--ray-servers-on label:{LABEL[0]}=other: no alive node is labelled {LABEL[0]}=other"),

@@ -28,8 +28,9 @@ from tests.test_shard_data import write_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 
-#: the head's logical CPUs: a job of scheduler, server and one worker leaves one free
-CPUS = 4
+#: the head's logical CPUs: a job of state server, scheduler, server and one worker
+#: leaves one free
+CPUS = 5
 #: ms of sleep per sample in the transform: a batch of 16 takes about 0.16 s to make
 DELAY_MS = "10"
 
