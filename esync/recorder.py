@@ -1,31 +1,68 @@
-"""Per-device iteration logs: LOG_DIR/<host>/<device>/iter-<n>.json, one file per round.
+"""Per-device iteration logs: LOG_DIR/<host>/<device>/iter-<n>.json, one file per round,
+extending the original ESync's `iter-<n>.txt` (read by logs_tools/summary.py). This
+docstring is the manual's log format reference.
 
-The format (documented in README.md, read by logs_tools/summary.py) extends the
-original ESync's `iter-<n>.txt`:
+Every training process writes one JSON file per round (communication round; in `local`
+mode, per evaluation interval of `-e` iterations) to
+`LOG_DIR/<host>/<device>/iter-<n>.json`, `n` counting from 1. `<host>` is the machine's
+host name, `<device>` is `--device-name` or else `cpu` / `gpu<N>`.
 
-    {"num_iters": n,                          # the round (global iteration), from 1
-     "time": {"0": {"get_batch": s, "forward and backward": s, "local update": s, ...},
-              "1": {...}, ...},               # local iteration -> phase -> seconds
-     "num_samples": k,                        # samples trained on in this round
-     "total_time": s,                         # seconds since training started
-     "loss": x,                               # mean training loss of the round (null: NaN/inf)
-     "bytes_sent": b, "bytes_received": b,    # real network bytes of the round
-     "accuracy": a}                           # only in rounds that evaluated
+```json
+{"num_iters": 3,
+ "time": {"0": {"get_batch": 0.0002, "forward and backward": 0.0055, "local update": 0.0004}},
+ "num_samples": 64,
+ "total_time": 0.1105,
+ "loss": 2.2958,
+ "bytes_sent": 0,
+ "bytes_received": 0,
+ "epoch": 0.1335,
+ "accuracy": 0.1142}
+```
 
-One process owns a folder at a time: it holds an exclusive lock on `.lock` in it for
-its lifetime, and a second process given the same host and device label stops with a
-clear error instead of overwriting the first one's files. A new run in a folder that
-no running process holds replaces the `iter-*.json` files left there, as the original
-emptied its log folder, unless it continues a job (`keep`: a worker rejoining, or a job
-resumed from a checkpoint), whose logs go on from where they were.
+| field | meaning |
+|---|---|
+| `num_iters` | the round (global iteration) this file describes |
+| `time` | local iteration index (from `"0"`) -> phase -> seconds. Phases: `get_batch`, `forward and backward`, `local update`, `slowdown` (only with `--slowdown`); phases of a whole round are recorded in the round's first local iteration (before the local iterations: `state server`, ESync's wait for its budget) or its last (after them: `global aggregate` in SSGD/ASGD/DC-ASGD, `global update` in ESync: push, wait for the others, pull; both include the wait for an emulated link, `--bandwidth`/`--latency`). In DDP, `global aggregate` is the broadcast of the buffers at the start of forward and the all-reduce inside backward, both taken out of `forward and backward`; balanced DDP adds `balance batches`, the all-gather of the workers' speeds every 10 steps |
+| `num_samples` | samples trained on in this round |
+| `total_time` | seconds since training started, when the round's file was written |
+| `loss` | mean training loss over the round's local iterations; `null` if it was not finite |
+| `bytes_sent`, `bytes_received` | network bytes of this round (0 in `local` mode; DDP: estimated, 2(W-1)/W of the gradient's bytes each way per step, as a ring all-reduce moves) |
+| `epoch` | passes over the partition so far (fractional) |
+| `accuracy` | test accuracy, present only in rounds that evaluated |
+| `val_loss` | with `--metric loss`, in place of `accuracy`: the loss on the test set (lower is better), present only in rounds that evaluated; a record has `accuracy` or `val_loss`, never both |
+| `budget` | ESync only: the local iterations the state server gave this round (= the number of entries in `time`; 1 where its answer was refused) |
+| `state_server_request` | ESync only: seconds the budget request of this round took over HTTP (it runs during the previous round's aggregation; `state server` is what the round waited for it) |
+| `batch_sizes` | balanced DDP only: every worker's batch in this round, by rank (their sum is `-b` times the workers) |
+| `data` | shards only: the prepared loader's state as of the round's last batch (torchdata's `StatefulDataLoader` state: the lease in progress, its position, the epoch), `split` (`static` or `leased`) and the worker's `rank`; a worker continuing the job goes on from it (from `data-<n>.json`, the same state written before the round's push, where it exists). With `--remote-prep`, `sampler` (the block sampler's state as of that batch) in place of `loader` |
+| `remote_batches` | with `--remote-prep`: batches of the round made by Ray tasks |
+| `breakdown` | where the round's time went, in seconds, from the end of the previous round: `fetch` (blocked on block reads of shards), `prep` (blocked on decoding, the transform and collation, wherever they ran), `compute` (forward, backward, local update, and a `--slowdown`'s wait), `communication` (push and pull, or the all-reduce), `wait` (waiting for the other workers: a push's wait at the servers, as they measured it, or the all-reduce's first, small vector; DDP waits inside its all-reduce, so its `wait` is 0 and communication holds it), `state_server` (ESync: waiting for the budget), `other` (the rest: the user's code between steps, hooks, an evaluation in the process). They add up to the round's wall time (`esync/breakdown.py`) |
+| `prep_seconds` | the decoding work of the round's batches, timed where it ran (DataLoader workers, Ray tasks or the training process) and carried back with each batch: work, not stall |
+| `read_bytes`, `read_seconds` | shards only: bytes of the blocks read from disk in this round and the seconds the reads took (an emulated `--disk-bandwidth` included) |
+| `cache_hits`, `cache_bytes` | with `--cache-fraction`: samples the cache served in this round, and their bytes in the shards (not read) |
+| `skipped_samples` | shards only, where it happened: samples of blocks that could not be read (a corrupt shard, named in a warning) |
+| `sample_ids` | with `--log-samples 1` (shards): `{"<epoch>": [sample id, ...]}`, the samples of the round's batches by the epoch of their lease |
+
+**The evaluator's log** is the device folder `evaluator`, one file per evaluation (`n`
+counts evaluations): `time` has the phases `pull` and `evaluate`, `num_samples` is 0,
+`loss` null, `total_time` is the training time the evaluated model had behind it (from
+the servers' or DDP rank 0's clock), `round` the model's round (updates of the servers'
+first chunk: rounds in SSGD and ESync, pushes in ASGD; DDP: steps), and `accuracy` (with
+`--metric loss`, `val_loss`) is always present.
+
+Files are written atomically (a reader never sees half a file). One process owns a log
+folder at a time: a second process started with the same host and device label stops
+with `log folder ... is in use by another running process (pid N); give each process on
+a host its own --device-name`, and the first one's files stay intact. A new run in a
+folder that no running process holds replaces the `iter-*.json` (and `data-*.json`) files there, as the
+original emptied its log folder. A log file that cannot be written or removed (a full
+disk, a read-only folder) stops the process with one line,
+`-ld/--log-dir: cannot write LOG_DIR/.../iter-3.json: No space left on device` (exit
+status 2; a worker of a job tells the scheduler, which ends the job).
 
 With `tensorboard` (--tensorboard DIR) each round also goes to TensorBoard
 (esync.scalars), into DIR/<host>/<device>/; with `live` (ESYNC_LIVE_URL), to the live
-job page (esync.live).
-
-A file that cannot be written or removed (a full disk, a read-only folder) is a
-UserError naming -ld/--log-dir and the file: the process ends with that one line (a
-worker of a job tells the scheduler, which ends the job), not a traceback.
+job page (esync.live). A continuing job (`keep`: a worker rejoining, or a job resumed
+from a checkpoint) keeps its logs and goes on from where they were.
 
 Beside the records, a worker over shards keeps data-<n>.json: where its loader was when
 round n's synchronisation began (write_data), which a worker continuing the job from
