@@ -7,8 +7,9 @@ Everything before the script (the first argument ending in `.py`) is esync-launc
 its own flags (--workers, --servers, --slowdown, --devices, --bandwidth, --latency,
 --ray, --out, --no-auth, --restart-failed...) and main.py's, which set the job (-m,
 --backend, --compress, stop criteria, checkpoints...); everything after it is the
-script's own. The launcher starts the state server (esync), the scheduler, the servers
-and the evaluator as for main.py, and N copies of the script, each with its role's
+script's own. The launcher starts the state server (ESync's budgets and every mode's
+live page, whose address it prints), the scheduler, the servers and the evaluator as
+for main.py, and N copies of the script, each with its role's
 variables and main.py's flags in ESYNC_ARGS, where `esync.init()` finds them;
 supervision, logs (OUT/<script name>/<mode>/...), progress line and clean-up are
 esync-launch's.

@@ -3,7 +3,7 @@
     python logs_tools/summary.py -b BASE -n NETWORK -m MODE
 
 reads every `BASE/NETWORK/MODE/<host>/<device>/iter-<n>.json` (the framework's log
-format, see the project README; a run logs there with `-ld BASE/NETWORK/MODE`), with
+format, see the manual's log format page; a run logs there with `-ld BASE/NETWORK/MODE`), with
 hosts and devices discovered from the folders, and writes `BASE/NETWORK/MODE/<Name>.json`:
 
     {host: {device: {"accuracy_list":      [...],  # accuracy, or null: round did not evaluate

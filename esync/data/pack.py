@@ -48,7 +48,7 @@ PROG = "esync-pack"
 FORMATS = ("auto", "folder", "idx", "cifar10", "npy", "text") + BUILTINS
 ORDERS = ("stored", "interleave", "shuffle")
 #: the command's order: shuffled when packed, as WebDataset advises, since CorgiPile's
-#: blocks mix little on shards written class by class (README: Shards on disk)
+#: blocks mix little on shards written class by class (the manual: docs/how-to/data-and-networks.md)
 DEFAULT_ORDER = "shuffle"
 DEFAULT_SHARD_BYTES = 64 << 20
 DEFAULT_WINDOW = 256

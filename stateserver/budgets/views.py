@@ -1,4 +1,4 @@
-"""The budget API: JSON over HTTP (documented in the project README).
+"""The budget API: JSON over HTTP (explained in the manual: docs/explanation/state-server.md).
 
     GET  /  or  /status/       the jobs' states, a page at a time (?limit=N&offset=M)
     POST /jobs/<job>/          {"workers": N, "max_local_steps": M, "round_time": S or
