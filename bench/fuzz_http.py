@@ -92,9 +92,16 @@ class Builder:
 
     def job_path(self) -> str:
         job = self.rng.choice(self.jobs)
-        return self.rng.choice([f"/jobs/{job}/", f"/jobs/{job}/budget/"])
+        return self.rng.choice([f"/jobs/{job}/", f"/jobs/{job}/budget/",
+                                f"/jobs/{job}/report/", f"/jobs/{job}/live/"])
 
     def valid_body(self, path: str) -> dict:
+        if path.endswith("/report/"):  # the live page's (stateserver/budgets/report.py)
+            return {"role": "worker", "rank": self.rng.randrange(4), "mode": "esync",
+                    "round": self.rng.randrange(1, 50), "budget": self.rng.randrange(1, 9),
+                    "samples": self.rng.randrange(10_000), "samples_per_second": 123.4,
+                    "breakdown": {"compute": 0.1, "wait": 0.02}, "bytes_sent": 1000,
+                    "bytes_received": 2000, "loss": 0.5}
         if path.endswith("/budget/"):
             return {"rank": self.rng.randrange(4), "round": self.rng.randrange(1, 50),
                     "time_per_iteration": self.rng.choice([None, 0.01, 0.05, 0.2])}
@@ -279,7 +286,8 @@ class Builder:
         path = self.job_path()
         if self.rng.random() < 0.3:
             return Case("valid read", self.request("GET", self.rng.choice(
-                ["/status/", "/", path.replace("budget/", "")])))
+                ["/status/", "/", "/jobs/", path.replace("budget/", "")
+                 .replace("report/", "live/")])))
         return Case("valid write", self.request("POST", path,
                                                 json.dumps(self.valid_body(path)).encode()))
 
