@@ -74,7 +74,7 @@ class LiveReporter:
         self.figures: Dict[str, Any] = {k: v for k, v in identity.items() if v is not None}
         self._lock = threading.Lock()
         self._samples_sent_at = (0, time.monotonic())  # samples, when: the rate's start
-        self._complained: Optional[str] = None
+        self._complained: Any = None  # the kind of failure last said (None: none)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="esync-live", daemon=True)
         self._thread.start()
@@ -155,17 +155,19 @@ class LiveReporter:
             finally:
                 conn.close()
         except (OSError, http.client.HTTPException) as e:
-            self._complain(f"cannot reach it ({e or type(e).__name__})")
+            self._complain("unreachable", f"cannot reach it ({e or type(e).__name__})")
             return
         if status in (401, 403):
-            self._complain(f"HTTP {status}: its token is not this process's "
-                           f"ESYNC_STATE_TOKEN")
+            self._complain(status, f"HTTP {status}: its token is not this process's "
+                                   f"ESYNC_STATE_TOKEN")
         elif status >= 300:
-            self._complain(f"HTTP {status}: {answer.decode(errors='replace')[:200]}")
+            self._complain(status, f"HTTP {status}: "
+                                   f"{answer.decode(errors='replace')[:200]}")
+        else:
+            self._complained = None  # sent again: a later failure is said again
 
-    def _complain(self, problem: str) -> None:
-        """A warning for the first failure of each kind; training goes on."""
-        kind = problem.split(":")[0]
+    def _complain(self, kind, problem: str) -> None:
+        """A warning for the first failure of a kind in a row; training goes on."""
         if kind != self._complained:
             self._complained = kind
             log.warning("live page %s: %s; training goes on, reports are tried again "

@@ -228,3 +228,31 @@ def test_a_job_of_1000_workers_renders_in_under_a_second(client):
     assert html.count('<tr class="device"') == workers
     assert f"{live.CHART_DEVICES} of {workers} devices" in html
     assert min(timings) < 1.0, timings
+
+
+# --- any body at all: a 4xx or an accepted report, never a 5xx --------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from budgets.report import FIELDS  # noqa: E402
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=80),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=20), inner,
+                                                                max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.dictionaries(st.sampled_from(sorted(FIELDS)) | st.text(max_size=12), _values,
+                            max_size=8),
+       role=st.sampled_from(["worker", "evaluator", "launcher", None]))
+def test_any_report_is_taken_or_refused_with_a_4xx(client, body, role):
+    if role is not None:
+        body = dict(body, role=role)
+    response = post(client, "fuzzed", body)
+    assert response.status_code in (202, 400), (response.status_code, body)
+    if response.status_code == 202:  # what was kept renders
+        assert client.get("/jobs/fuzzed/", **HTML).status_code == 200
+        assert client.get("/jobs/fuzzed/live/").status_code == 200

@@ -38,10 +38,10 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from budgets import charts
+from budgets import charts, rule, views
 from budgets.models import Device, Job, LiveJob, Point, Reporter
 from budgets.report import BadReport, read_report
-from budgets.templatetags.live import OTHER, PHASE_COLOURS
+from budgets.templatetags.livepage import OTHER, PHASE_COLOURS
 from budgets.views import BadRequest, _body, _job_name, _query_integer, api
 
 #: seconds after which a process that stopped reporting is "silent" (it reports every
@@ -135,8 +135,6 @@ def _reporter_row(reporter: Reporter, now, processes: Dict[str, str]) -> Dict[st
 
 def _budget_rows(job: Job) -> List[Dict[str, Any]]:
     """An ESync job's devices as the budget API knows them (nobody reports for it)."""
-    from budgets import rule
-
     rows = []
     for device in Device.objects.filter(job=job).order_by("rank"):
         living = rule.living(device.round, job.round)
@@ -215,7 +213,7 @@ def wants_html(request: HttpRequest) -> bool:
 def _charts(state: Dict[str, Any]) -> List[str]:
     series = state.get("series", {})
     workers = state["workers"]
-    shown = [w for w in workers[:CHART_DEVICES]]
+    shown = workers[:CHART_DEVICES]
     note = f"{len(shown)} of {len(workers)} devices" if len(workers) > len(shown) else ""
     label = {f"worker{w['rank']}": f"{w['rank']}: {w['figures'].get('device', '')}"
              for w in shown}
@@ -297,8 +295,6 @@ def jobs(request: HttpRequest) -> HttpResponse:
 
 def job(request: HttpRequest, job: str) -> HttpResponse:
     """/jobs/<job>/: a browser's GET gets the page; everything else the budget API."""
-    from budgets import views
-
     if request.method == "GET" and wants_html(request):
         return page(request, job)
     return views.job(request, job=job)
