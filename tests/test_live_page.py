@@ -91,6 +91,9 @@ def test_a_browser_gets_the_page_and_everyone_else_the_budget_api(client):
     # nobody reports for this ESync job: its page shows the budget API's devices
     html = client.get("/jobs/b1/", **HTML).content.decode()
     assert html.count('<tr class="device"') == 2 and 'data-budget="1"' in html
+    state = live_state(client, "b1")  # rank 0 asks for budgets, rank 1 has not yet
+    assert [w["state"] for w in state["workers"]] == ["running", "silent"]
+    assert state["state"] == "running"
     assert [j["job"] for j in client.get("/jobs/").json()["jobs"]] == ["b1"]
 
 

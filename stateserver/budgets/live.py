@@ -133,16 +133,18 @@ def _reporter_row(reporter: Reporter, now, processes: Dict[str, str]) -> Dict[st
             "shares": [(k, v, 100.0 * v / whole) for k, v in phases.items()] if whole else []}
 
 
-def _budget_rows(job: Job) -> List[Dict[str, Any]]:
-    """An ESync job's devices as the budget API knows them (nobody reports for it)."""
+def _budget_rows(job: Job, now) -> List[Dict[str, Any]]:
+    """An ESync job's devices as the budget API knows them (nobody reports for it): a
+    device is running while it asks for budgets, in step with the others."""
     rows = []
     for device in Device.objects.filter(job=job).order_by("rank"):
-        living = rule.living(device.round, job.round)
+        age = (now - device.reported_at).total_seconds() if device.reported_at else None
+        running = age is not None and age <= STALE_S and rule.living(device.round, job.round)
         rows.append({"role": "worker", "rank": device.rank, "reports": device.reports,
                      "figures": {"round": device.round, "budget": device.budget,
                                  "mode": "esync"},
-                     "seconds_since_report": None, "shares": [],
-                     "state": "running" if living else "silent"})
+                     "seconds_since_report": None if age is None else round(age, 3),
+                     "shares": [], "state": "running" if running else "silent"})
     return rows
 
 
@@ -162,14 +164,14 @@ def live_state(name: str, points: bool = True) -> Dict[str, Any]:
     rows = [_reporter_row(r, now, processes) for r in reporters]
     workers = sorted((r for r in rows if r["role"] == "worker"), key=lambda r: r["rank"])
     if not rows and budget_job is not None:
-        workers = _budget_rows(budget_job)
+        workers = _budget_rows(budget_job, now)
     launcher = next((r for r in rows if r["role"] == "launcher"), None)
     evaluator = next((r for r in rows if r["role"] == "evaluator"), None)
     created = live.created_at if live is not None else budget_job.created_at
     state = {
         "job": name,
         "mode": (live.mode if live is not None else "") or ("esync" if budget_job else ""),
-        "state": _job_state(launcher, rows) if rows else "stopped",
+        "state": _job_state(launcher, rows or workers),
         "seconds": round((now - created).total_seconds(), 3),
         "workers": workers, "evaluator": evaluator, "launcher": launcher,
         "metric": _metric(evaluator, workers),
