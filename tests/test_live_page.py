@@ -191,7 +191,9 @@ def test_states_follow_the_reports(client):
     _age(Reporter.objects.get(role="launcher"), live.STALE_S + 1)
     assert live_state(client, "s1")["state"] == "stopped"
     post(client, "s1", {"role": "launcher", "state": "finished"})
-    assert live_state(client, "s1")["state"] == "finished"
+    finished = live_state(client, "s1")
+    assert finished["state"] == "finished"
+    assert live_state(client, "s1")["seconds"] == finished["seconds"]  # it ran that long
     # without a launcher: running while anyone reports
     post(client, "s2", worker(0))
     assert live_state(client, "s2")["state"] == "running"

@@ -168,11 +168,15 @@ def live_state(name: str, points: bool = True) -> Dict[str, Any]:
     launcher = next((r for r in rows if r["role"] == "launcher"), None)
     evaluator = next((r for r in rows if r["role"] == "evaluator"), None)
     created = live.created_at if live is not None else budget_job.created_at
+    job_state = _job_state(launcher, rows or workers)
+    # a job that ended: how long it ran (to its last report), not how long ago it began
+    last = live.reported_at if live is not None else budget_job.updated_at
     state = {
         "job": name,
         "mode": (live.mode if live is not None else "") or ("esync" if budget_job else ""),
-        "state": _job_state(launcher, rows or workers),
-        "seconds": round((now - created).total_seconds(), 3),
+        "state": job_state,
+        "seconds": round(((now if job_state == "running" else last) - created)
+                         .total_seconds(), 3),
         "workers": workers, "evaluator": evaluator, "launcher": launcher,
         "metric": _metric(evaluator, workers),
     }
