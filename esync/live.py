@@ -37,7 +37,11 @@ INTERVAL_S = 1.0
 TIMEOUT_S = 3.0
 #: the metrics a round record may carry (esync.data.METRIC_RECORD's values)
 METRICS = ("accuracy", "val_loss")
-_URL = re.compile(r"/jobs/([A-Za-z0-9_.-]{1,64})/")
+#: what a job's id may be: its name on the state server and in a live page's URL
+JOB_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: what a job's id must look like, said in its errors
+JOB_ID_FORM = "1 to 64 letters, digits, '.', '_' or '-'"
+_URL = re.compile(rf"/jobs/({JOB_ID.pattern})/")
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +62,7 @@ def parse_url(url: str) -> tuple:
         port = None
     if parts.scheme != "http" or not parts.hostname or port is None or match is None:
         raise UserError(f"{URL_ENV}={url!r}: expected http://HOST:PORT/jobs/<job>/ (a job id "
-                        f"of 1 to 64 letters, digits, '.', '_' or '-')")
+                        f"of {JOB_ID_FORM})")
     return parts.hostname, port, match.group(1)
 
 

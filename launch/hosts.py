@@ -136,7 +136,7 @@ from esync import registry
 from esync.errors import UserError
 from esync.options import check_aggregation, parse_options
 from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
-from esync.live import JOB_ID_ENV, page_url
+from esync.live import JOB_ID, JOB_ID_ENV, JOB_ID_FORM, page_url
 from esync.live import URL_ENV as LIVE_URL_ENV
 from launch.local import STATE_TOKEN_ENV, new_token
 
@@ -687,9 +687,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 
 def _job_id(text: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", text):
-        raise argparse.ArgumentTypeError(f"expected 1 to 64 letters, digits, '.', '_' or "
-                                         f"'-', got {text!r}")
+    if not JOB_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"expected {JOB_ID_FORM}, got {text!r}")
     return text
 
 

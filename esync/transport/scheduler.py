@@ -49,7 +49,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -59,7 +58,7 @@ import zmq
 
 import config
 from esync import ready
-from esync.live import JOB_ID_ENV
+from esync.live import JOB_ID, JOB_ID_ENV, JOB_ID_FORM
 from esync.errors import UserError
 from esync.registry import EVALUATOR
 from esync.transport.auth import Guard, job_key
@@ -306,9 +305,8 @@ class Scheduler:
         given = environ.get(JOB_ID_ENV, "")
         if not given:
             return
-        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", given):
-            raise UserError(f"{JOB_ID_ENV}={given[:80]!r}: expected 1 to 64 letters, "
-                            f"digits, '.', '_' or '-'")
+        if not JOB_ID.fullmatch(given):
+            raise UserError(f"{JOB_ID_ENV}={given[:80]!r}: expected {JOB_ID_FORM}")
         self.job = given
 
     def _job_file(self) -> None:
