@@ -95,21 +95,33 @@ def job(tmp_path):
         j.stop()
 
 
+#: the page as it is now, read in one script: the page replaces its live part every 2 s,
+#: so elements found by one WebDriver call may be gone by the next (a stale element)
+SNAPSHOT = """
+const rows = [...document.querySelectorAll("#devices tr.device")].map(row => ({
+    rank: Number(row.dataset.rank), device: row.cells[1].textContent,
+    state: row.dataset.state, budget: row.dataset.budget, round: row.dataset.round,
+    rate: row.dataset.rate, budget_cell: row.querySelector("td.budget").textContent}));
+const metric = document.getElementById("metric");
+const charts = [...document.querySelectorAll("svg.chart")];
+return {devices: rows, metric: metric ? metric.dataset.value : null,
+        charts: charts.map(c => c.getAttribute("aria-label")),
+        lines: document.querySelectorAll("svg.chart polyline").length};
+"""
+
+
+def snapshot(browser):
+    """The page's devices (rank, device, state, budget, round, rate, budget_cell), its
+    metric, its charts' labels and their number of lines, all as of one moment."""
+    return browser.execute_script(SNAPSHOT)
+
+
 def devices(browser):
-    """The device rows as the page shows them now: (rank, device, budget, round, rate)."""
-    rows = []
-    for row in browser.find_elements("css selector", "#devices tr.device"):
-        cells = row.find_elements("tag name", "td")
-        rows.append({"rank": int(row.get_attribute("data-rank")), "device": cells[1].text,
-                     "state": row.get_attribute("data-state"),
-                     "budget": row.get_attribute("data-budget"),
-                     "round": row.get_attribute("data-round"),
-                     "rate": row.get_attribute("data-rate")})
-    return rows
+    return snapshot(browser)["devices"]
 
 
 def metric(browser):
-    value = browser.find_element("id", "metric").get_attribute("data-value")
+    value = snapshot(browser)["metric"]
     return float(value) if value else None
 
 
@@ -153,22 +165,19 @@ def check_page(browser, job, tmp_path, name, with_budgets):
         budgets.__name__ = "budgets of about 4 and 1"
         loaded(browser, job.url, budgets)
     else:
-        assert all(r["budget"] == "" for r in devices(browser))
-        assert {c.text for c in browser.find_elements("css selector", "td.budget")} == {"-"}
-        assert "round" in browser.find_elements("css selector", "svg.chart")[2] \
-            .get_attribute("aria-label")
+        page = snapshot(browser)
+        assert all(r["budget"] == "" for r in page["devices"])
+        assert {r["budget_cell"] for r in page["devices"]} == {"-"}
+        assert "round" in page["charts"][2]
     assert all(float(r["rate"]) > 0 for r in devices(browser))
     # the live part reloads by itself: rounds move on with no load of the page
     before = {r["rank"]: int(r["round"]) for r in devices(browser)}
 
     def moved():
-        try:
-            now = {r["rank"]: int(r["round"]) for r in devices(browser)}
-        except Exception:  # an element replaced while read
-            return None
+        now = {r["rank"]: int(r["round"]) for r in devices(browser)}
         return now if now != before and all(now[k] >= before[k] for k in now) else None
     wait_until(moved, "the page's own reload", timeout=60, poll=0.3)
-    assert len(browser.find_elements("css selector", "svg.chart polyline")) >= 4
+    assert snapshot(browser)["lines"] >= 4
     shot = tmp_path / f"{name}.png"
     assert browser.save_screenshot(str(shot))
     assert shot.stat().st_size > 20_000
