@@ -3,6 +3,7 @@ make jobs, writes need the token, bad reports get a 4xx naming the field and cha
 nothing, states (silent, dead, done, stopped) follow the reports, and a job of 1,000
 reported workers renders in under a second."""
 import json
+import re
 import time
 from datetime import timedelta
 
@@ -62,6 +63,10 @@ def test_reports_make_the_job_and_its_page_shows_every_device(client):
     assert 'id="metric" data-value="0.91"' in html
     assert html.count("<svg") == 4  # metric, samples per second, budget, traffic
     assert "http://" not in html.replace("http://www.w3.org", "")  # no asset from elsewhere
+    # each line's legend in the line's colour (a style, which the page's CSS cannot grey)
+    strokes = re.findall(r'stroke="(#[0-9a-f]{6})" class="line"', html)
+    legends = re.findall(r'style="fill:(#[0-9a-f]{6})" class="legend"', html)
+    assert len(strokes) == len(legends) >= 4 and set(legends) == set(strokes)
     # its live part alone, as the page's script fetches it
     part = client.get("/jobs/j1/?part=live", **HTML).content.decode()
     assert "<html" not in part and part.count('<tr class="device"') == 4

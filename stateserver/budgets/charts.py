@@ -80,8 +80,8 @@ def line_chart(title: str, series: Sequence[Series], unit: str = "",
         path = " ".join(at(x, y) for x, y in points)
         parts.append(f'<polyline points="{path}" stroke="{colour}" class="line">'
                      f'<title>{escape(label)}</title></polyline>')
-        if len(drawn) <= 8:  # a legend while it fits
+        if len(drawn) <= 8:  # a legend while it fits (a style: the page's CSS greys text)
             parts.append(f'<text x="{LEFT + 6 + (i % 4) * 90}" y="{TOP + 12 + (i // 4) * 12}" '
-                         f'fill="{colour}" class="legend">{escape(label)}</text>')
+                         f'style="fill:{colour}" class="legend">{escape(label)}</text>')
     parts.append("</svg>")
     return "".join(parts)
