@@ -13,13 +13,20 @@ backends do the same arithmetic and every worker holds the same weights.
   (`rendezvous`), where the other workers and the evaluator find it.
 - *A round*: one all_reduce (sum) of the pushed weights vector (with `--compress fp16`
   in float16, divided by the number of workers first so that the sum cannot overflow,
-  as DDP's fp16 hook does), after one of a small float32 vector holding the buffers
-  (BatchNorm statistics), each worker's stop flag and its local steps (ESync with
-  --average steps or normalized). That small one goes first, alone: it
+  as DDP's fp16 hook does; with `partial:K` of the round's slice only), after one of a
+  small float32 vector holding the buffers (BatchNorm statistics), each worker's stop
+  flag and its local steps (ESync with --average steps or normalized). That small one
+  goes first, alone: it
   completes once every worker has come to the round's end, so its time is the round's
   wait for the others (`waited`) and the weights' all-reduce the communication. A worker
   whose stop criterion (or, on worker 0, the evaluator's) says stop raises its flag and
   leaves the reason in the store: all stop after that round, as with the servers.
+- *Sparse codecs* (`topk:R`, `threshold:T`): each worker picks its values of the whole
+  weights vector (with its error feedback, as esync.compress does per chunk for the
+  servers), says how many in the control vector, and the workers all_gather their int32
+  indices and float32 values, padded to the most any sent (index 0, value 0), as
+  torch's top-k and PowerSGD communication hooks gather rather than reduce; each adds
+  them all up into the dense sum the rule takes.
 - *The evaluator* pulls worker 0's model (esync.publish), whose address is part of the
   rendezvous.
 - *Failures*: an all-reduce cannot lose a member, so a dead worker ends the job: its
@@ -28,7 +35,8 @@ backends do the same arithmetic and every worker holds the same weights.
   aborts the job. Checkpoints, `--resume` and rejoining need the servers.
 
 Traffic is estimated, as gloo and nccl do not count bytes: a ring all-reduce of n bytes
-sends (and receives) 2(W-1)/W * n per worker.
+sends (and receives) 2(W-1)/W * n per worker, a ring all-gather of n bytes from each
+(W-1) * n.
 """
 from __future__ import annotations
 
@@ -36,7 +44,7 @@ import contextlib
 import logging
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -55,18 +63,17 @@ log = logging.getLogger(__name__)
 
 #: the store's key under which a worker leaves the reason it stops the job
 STOP_KEY = "esync/stop/{rank}"
+#: a sparse push's count travels in the float32 control vector as two parts below this
+COUNT_BASE = 1 << 20
 
 
 class AllReduce:
     """`flat` is the worker's model; `rule` the aggregation rule (as the servers would
-    get it); `compression` as `--compress` says (none or fp16)."""
+    get it); `compression` as `--compress` says."""
 
     def __init__(self, job: "Job", flat: FlatModel, rule: RuleConfig,
                  compression: Compression = Compression(), link: Optional[Link] = None,
                  timeout: float = config.ALLREDUCE_TIMEOUT):
-        if compression.kind not in ("none", "fp16"):
-            raise ValueError(f"--compress {compression} works with the parameter servers "
-                             f"only")
         self.node, self.rank, self.world = job.node, job.rank, job.num_workers
         self.host = job.host
         self.flat, self.config, self.compression = flat, rule, compression
@@ -81,6 +88,8 @@ class AllReduce:
         self.waited = 0.0  # seconds the last round waited for the others (push_pull)
         self._started = time.monotonic()
         self._half: Optional[torch.Tensor] = None  # --compress fp16: the sent copy
+        self._residual: Optional[torch.Tensor] = None  # sparse codecs: error feedback
+        self.pushed_values = 0  # the weights' values the last round sent
 
     # --- joining -----------------------------------------------------------------------
     def start(self, model: torch.nn.Module) -> None:
@@ -155,10 +164,15 @@ class AllReduce:
             pushed = pushed.cpu()
             flat.host_state()
         buffers = self.rule.buffers
-        control = torch.zeros(len(buffers) + world + 1, dtype=torch.float32,
+        sparse = self._sparse(pushed) if self.compression.sparse else None
+        counts = 2 * world if sparse else 0  # each worker's count, in two parts
+        control = torch.zeros(len(buffers) + world + counts + 1, dtype=torch.float32,
                               device=pushed.device)
         control[:len(buffers)] = buffers
         control[len(buffers) + self.rank] = 1.0 if stop is not None else 0.0
+        if sparse:
+            at = len(buffers) + world + 2 * self.rank  # exact in float32 below 2**44
+            control[at:at + 2] = torch.tensor(divmod(len(sparse[0]), COUNT_BASE))
         control[-1] = float(steps or 1)
         with _failures(self.node):
             # the small control vector first: it completes once every worker has come
@@ -167,7 +181,12 @@ class AllReduce:
             started = time.perf_counter()
             self._all_reduce(control)
             self.waited = time.perf_counter() - started
-            total = self._sum_weights(pushed)
+            if sparse:
+                parts = control[len(buffers) + world:-1].view(world, 2)
+                most = int((parts[:, 0] * COUNT_BASE + parts[:, 1]).max())
+                total = self._gather_sparse(*sparse, most, out=pushed)
+            else:
+                total = self._sum_weights(pushed, round_)
         self.rule.mean_steps = float(control[-1]) / world
         self.rule.aggregate((WEIGHTS, 0), total, world)
         if len(buffers):
@@ -181,8 +200,16 @@ class AllReduce:
         if self.publisher is not None:
             self.publisher.offer(self.rule.updates)
 
-    def _sum_weights(self, pushed: torch.Tensor) -> torch.Tensor:
-        """The sum over the workers of `pushed` (float32), in its place."""
+    def _sum_weights(self, pushed: torch.Tensor, round_: int) -> torch.Tensor:
+        """The sum over the workers of `pushed` (float32), in its place (partial: of the
+        round's slice, the rest being zero)."""
+        self.pushed_values = len(pushed)
+        if self.compression.kind == "partial":
+            lo, hi = self.compression.window(round_, len(pushed))
+            self.pushed_values = hi - lo
+            if hi > lo:
+                self._all_reduce(pushed[lo:hi])
+            return pushed
         if self.compression.kind == "fp16":
             if self._half is None or self._half.device != pushed.device:
                 self._half = torch.empty(pushed.shape, dtype=torch.float16,
@@ -192,6 +219,38 @@ class AllReduce:
             return pushed.copy_(self._half).mul_(self.world)
         self._all_reduce(pushed)
         return pushed
+
+    def _sparse(self, pushed: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """A sparse codec's (indices, values) of `pushed` with the error fed back; what
+        is sent leaves the residual."""
+        if self._residual is None or self._residual.device != pushed.device:
+            self._residual = torch.zeros_like(pushed)
+        error = self._residual.add_(pushed)
+        index = self.compression.select(error)
+        values = error[index]  # a copy
+        error[index] = 0.0
+        self.pushed_values = len(index)
+        return index.to(torch.int32), values
+
+    def _gather_sparse(self, index: torch.Tensor, values: torch.Tensor, most: int,
+                       out: torch.Tensor) -> torch.Tensor:
+        """Every worker's indices and values (padded to `most`), added up into `out`."""
+        out.zero_()
+        if most == 0:
+            return out
+        mine = torch.zeros(8 * most, dtype=torch.uint8, device=out.device)
+        mine[:4 * len(index)] = index.view(torch.uint8)
+        mine[4 * most:4 * (most + len(values))] = values.view(torch.uint8)
+        gathered = [torch.empty_like(mine) for _ in range(self.world)]
+        self.link.before_allgather(len(mine), self.world)
+        dist.all_gather(gathered, mine)
+        moved = Link.ring_allgather_bytes(len(mine), self.world)
+        self.bytes_sent += moved
+        self.bytes_received += moved
+        for each in gathered:
+            out.index_add_(0, each[:4 * most].view(torch.int32).long(),
+                           each[4 * most:].view(torch.float32))
+        return out
 
     def _all_reduce(self, tensor: torch.Tensor, async_op: bool = False):
         """Sum `tensor` over the workers in place (paced for the emulated link, counted);

@@ -1,20 +1,31 @@
-"""Compression of pushed traffic (`--compress none|fp16|topk:R`).
+"""Compression of pushed traffic (`--compress none|fp16|topk:R|threshold:T|partial:K`).
 
+The four ways Apache SINGA's DistOpt synchronises, on both backends:
 - `fp16`: the pushed weight chunks (gradients in SSGD, deltas in ESync) travel as
   float16, half the bytes; the server (or the all-reduce) adds them up in float32.
-- `topk:R` (parameter servers only): of each pushed weight chunk only the fraction R of
-  its values largest in magnitude travel, as int32 indices and float32 values, with
-  *error feedback*: what was not sent is kept and added to the next push, so every
-  coordinate's sum arrives eventually (Stich et al. 2018; Lin et al.'s deep gradient
-  compression).
+- `topk:R`: of the pushed weights only the fraction R of values largest in magnitude
+  travel (per chunk to the servers, of the whole vector in the all-reduce), as int32
+  indices and float32 values, with *error feedback*: what was not sent is kept and added
+  to the next push, so every coordinate's sum arrives eventually (Stich et al. 2018;
+  Lin et al.'s deep gradient compression).
+- `threshold:T`: the same, sending the values whose magnitude (with the error fed back)
+  exceeds T, as SINGA's `backward_and_sparse_update(topK=False)`: how many travel
+  varies from round to round and from worker to worker.
+- `partial:K` (synchronous modes): each round synchronises one of K slices of the
+  weights vector in round-robin (`window`), the others staying local, as SINGA's
+  `backward_and_partial_update`; what a worker pushes for a slice is its change since
+  the slice was last synchronised (esync.algorithms.partial), so every slice is averaged
+  once every K rounds and a round sends about 1/K of the bytes.
 
 Only the weights section is compressed: the buffers (BatchNorm statistics) are
 averaged, not summed over rounds, and are small; they travel as float32. Answers
 (pulls) are not compressed.
 
-A push chunk carries `codec` ("fp16" or "topk") in its header; `decode_chunk` turns
-what arrived back into the dense float32 chunk, checking every index a peer sent (an
-index sent twice keeps its last value: the honest encoder never repeats one).
+A push chunk carries `codec` ("fp16", "topk", "threshold" or "slice") in its header;
+`decode_chunk` turns what arrived back into the dense float32 chunk, checking every
+index a peer sent (an index sent twice keeps its last value: the honest encoder never
+repeats one). A slice chunk carries `start`, the chunk's first value it holds; values
+it does not hold are zero (no change).
 """
 from __future__ import annotations
 
@@ -22,11 +33,16 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
-if TYPE_CHECKING:  # numpy is imported where it is used: parsing the flag (esync.options,
-    import numpy as np  # the launchers) stays free of it
+if TYPE_CHECKING:  # numpy and torch are imported where they are used: parsing the flag
+    import numpy as np  # (esync.options, the launchers) stays free of them
+    import torch
 
-#: the spellings `--compress` takes (topk with its kept fraction: topk:0.01)
-KINDS = ("none", "fp16", "topk")
+#: the spellings `--compress` takes (with their parameter: topk:0.01, threshold:0.05,
+#: partial:4)
+KINDS = ("none", "fp16", "topk", "threshold", "partial")
+#: the codecs that send indices and values, with error feedback
+SPARSE = ("topk", "threshold")
+SPELLING = "none, fp16, topk:R (0 < R <= 1), threshold:T (T >= 0) or partial:K (K >= 2)"
 
 
 class CompressionError(ValueError):
@@ -37,61 +53,107 @@ class CompressionError(ValueError):
 class Compression:
     kind: str = "none"
     ratio: float = 1.0  # topk: the kept fraction of each chunk
+    threshold: float = 0.0  # threshold: the magnitude a value must exceed to be sent
+    slices: int = 1  # partial: the slices synchronised in turn
 
     @classmethod
     def parse(cls, text: str) -> "Compression":
-        """`none`, `fp16` or `topk:R` with R in (0, 1]; ValueError says what is wrong."""
+        """One of SPELLING; ValueError says what is wrong."""
         kind, _, rest = text.strip().lower().partition(":")
         if kind in ("none", "fp16") and not rest:
             return cls(kind)
-        if kind == "topk":
-            try:
-                ratio = float(rest)
-            except ValueError:
-                ratio = math.nan
-            if math.isfinite(ratio) and 0 < ratio <= 1:
-                return cls(kind, ratio)
-        raise ValueError(f"expected none, fp16 or topk:R with R in (0, 1], got {text!r}")
+        number = _number(rest)
+        if kind == "topk" and 0 < number <= 1:
+            return cls(kind, ratio=number)
+        if kind == "threshold" and 0 <= number < math.inf:
+            return cls(kind, threshold=number)
+        if kind == "partial" and number == int(number) and 2 <= number <= 1 << 20:
+            return cls(kind, slices=int(number))
+        raise ValueError(f"expected {SPELLING}, got {text!r}")
 
     def __str__(self) -> str:
-        return f"topk:{self.ratio:g}" if self.kind == "topk" else self.kind
+        return {"topk": f"topk:{self.ratio:g}", "threshold": f"threshold:{self.threshold:g}",
+                "partial": f"partial:{self.slices}"}.get(self.kind, self.kind)
+
+    @property
+    def sparse(self) -> bool:
+        return self.kind in SPARSE
 
     def kept(self, length: int) -> int:
         """Values a top-k chunk of `length` values sends."""
         return max(1, min(length, math.ceil(self.ratio * length)))
 
+    def window(self, round_: int, length: int) -> Tuple[int, int]:
+        """partial: the [start, stop) of a vector of `length` values that round `round_`
+        (from 1) synchronises: slice (round - 1) mod K of K nearly equal ones (the whole
+        vector for the other kinds)."""
+        if self.kind != "partial":
+            return 0, length
+        k = (round_ - 1) % self.slices
+        return length * k // self.slices, length * (k + 1) // self.slices
+
+    def select(self, error: "torch.Tensor") -> "torch.Tensor":
+        """The indices (sorted, int64) of the values of `error` a sparse codec sends."""
+        import torch
+
+        if self.kind == "threshold":
+            return torch.nonzero(error.abs() > self.threshold).flatten()
+        k = self.kept(len(error))
+        if k == len(error):
+            return torch.arange(len(error), device=error.device)
+        return torch.topk(error.abs(), k, sorted=False).indices.sort().values
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        return math.nan
+    return value if math.isfinite(value) else math.nan
+
 
 class Compressor:
-    """A worker's encoder of its pushed weight chunks (holding top-k's error feedback:
-    the residual of what was not yet sent, per value of the weights vector)."""
+    """A worker's encoder of its pushed weight chunks to the servers (holding a sparse
+    codec's error feedback: the residual of what was not yet sent, per value of the
+    weights vector). `begin(round_)` before a round's chunks: partial's slice."""
 
     def __init__(self, compression: Compression, length: int):
         import numpy as np
 
         self.compression = compression
-        self.residual = np.zeros(length, np.float32) if compression.kind == "topk" else None
+        self.length = length
+        self.residual = np.zeros(length, np.float32) if compression.sparse else None
+        self.window = (0, length)
+        self.sent_values = 0  # the weights' values the round's chunks carried
+
+    def begin(self, round_: int) -> None:
+        self.window = self.compression.window(round_, self.length)
+        self.sent_values = 0
 
     def encode(self, offset: int, values: "np.ndarray") -> Tuple[Dict[str, Any], List["np.ndarray"]]:
         """The header fields and sections of the weight chunk `values`, which starts at
         `offset` of the pushed vector."""
         import numpy as np
+        import torch
 
         kind = self.compression.kind
-        if kind == "none":
-            return {}, [values]
-        if kind == "fp16":
-            return {"codec": "fp16"}, [values.astype(np.float16)]
+        if kind in ("none", "fp16"):
+            self.sent_values += len(values)
+            return ({}, [values]) if kind == "none" else \
+                ({"codec": "fp16"}, [values.astype(np.float16)])
+        if kind == "partial":
+            lo, hi = self.window
+            start, stop = max(lo - offset, 0), max(min(hi - offset, len(values)), 0)
+            start = min(start, stop)
+            self.sent_values += stop - start
+            return {"codec": "slice", "start": start}, [values[start:stop]]
         error = self.residual[offset:offset + len(values)]
         error += values  # what this push adds to what is owed
-        k = self.compression.kept(len(error))
-        if k == len(error):
-            index = np.arange(len(error), dtype=np.int32)
-        else:
-            index = np.argpartition(np.abs(error), len(error) - k)[len(error) - k:]
-            index = np.sort(index).astype(np.int32)
+        index = self.compression.select(torch.from_numpy(error)).numpy()
         sent = error[index]  # a copy
         error[index] = 0.0
-        return {"codec": "topk"}, [index, sent]
+        self.sent_values += len(index)
+        return {"codec": kind}, [index.astype(np.int32), sent]
 
 
 def decode_chunk(header: Dict[str, Any], sections: List["np.ndarray"],
@@ -105,20 +167,29 @@ def decode_chunk(header: Dict[str, Any], sections: List["np.ndarray"],
         values = _one(sections, np.float32, "an uncompressed chunk")
     elif codec == "fp16":
         values = _one(sections, np.float16, "an fp16 chunk").astype(np.float32)
-    elif codec == "topk":
+    elif codec in SPARSE:
         if len(sections) != 2 or sections[0].dtype != np.int32 \
                 or sections[1].dtype != np.float32 or len(sections[0]) != len(sections[1]):
-            raise CompressionError("a topk chunk carries int32 indices and as many "
-                                   "float32 values")
+            raise CompressionError(f"a {codec} chunk carries int32 indices and as many "
+                                   f"float32 values")
         index = sections[0]
         if len(index) > length or (len(index) and (index.min() < 0 or index.max() >= length)):
-            raise CompressionError(f"topk indices must be in 0..{length - 1}, at most "
+            raise CompressionError(f"{codec} indices must be in 0..{length - 1}, at most "
                                    f"{length} of them")
         values = np.zeros(length, np.float32)
         values[index] = sections[1]
         return values
+    elif codec == "slice":
+        part, start = _one(sections, np.float32, "a slice chunk"), header.get("start")
+        if type(start) is not int or not 0 <= start <= length - len(part):
+            raise CompressionError(f"a slice chunk's 'start' must be an integer in "
+                                   f"0..{length - len(part)}")
+        values = np.zeros(length, np.float32)
+        values[start:start + len(part)] = part
+        return values
     else:
-        raise CompressionError(f"unknown codec {str(codec)[:40]!r} (expected fp16 or topk)")
+        raise CompressionError(f"unknown codec {str(codec)[:40]!r} (expected fp16, topk, "
+                               f"threshold or slice)")
     if len(values) != length:
         raise CompressionError(f"chunk of {len(values)} values, expected {length}")
     return values
@@ -130,4 +201,3 @@ def _one(sections: List["np.ndarray"], dtype, what: str) -> "np.ndarray":
     if len(sections) != 1 or sections[0].dtype != dtype:
         raise CompressionError(f"{what} carries one section of {np.dtype(dtype).name}")
     return sections[0]
-

@@ -223,6 +223,7 @@ class KVStore:
         of the round."""
         header = {"type": "push", "round": round_}
         self.waited = 0.0
+        self.compressor.begin(round_)
         if stop is not None:
             header["stop"] = stop
         if steps is not None:
@@ -238,6 +239,11 @@ class KVStore:
                                       "offset": offset}, sections)
         self._receive([self._values(s) for s in range(len(self.sockets))], params_out,
                       buffers_out)
+
+    @property
+    def pushed_values(self) -> int:
+        """The weights' values the last push carried (compressed: those sent)."""
+        return self.compressor.sent_values
 
     def _ask_all(self, header: Dict) -> List[Dict]:
         """A header-only request to every server; their answers, by server."""

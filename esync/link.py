@@ -14,8 +14,10 @@ The model, per worker and per direction (full duplex):
 - **Collectives** (the DDP baseline's all-reduce, where the library has no byte-level
   hook): a ring all-reduce of n bytes among W ranks sends and receives 2(W-1)/W * n
   bytes in 2(W-1) steps, so it is held (2(W-1)/W * n * 8 / bandwidth) + 2(W-1) *
-  latency before it starts. A ring's every step waits for its slowest link, and so does
-  this: the other ranks wait in the collective for a paced one.
+  latency before it starts; a ring all-gather of n bytes from each (the sparse codecs'
+  all-reduce) sends and receives (W-1) * n in W-1 steps. A ring's every step waits for
+  its slowest link, and so does this: the other ranks wait in the collective for a
+  paced one.
 
 Limits: only the worker's side is paced (servers, the scheduler and the state server's
 HTTP are not); the wait is real time (time.sleep), so it is counted in the phase it
@@ -91,13 +93,24 @@ class Link:
         """Bytes each rank sends (and receives) in a ring all-reduce of `nbytes`."""
         return 0 if world < 2 else int(2 * (world - 1) * nbytes / world)
 
+    @staticmethod
+    def ring_allgather_bytes(nbytes: int, world: int) -> int:
+        """Bytes each rank sends (and receives) in a ring all-gather of `nbytes` each."""
+        return 0 if world < 2 else (world - 1) * nbytes
+
     def before_allreduce(self, nbytes: int, world: int) -> None:
         """Hold a ring all-reduce of `nbytes` among `world` ranks for its link time."""
-        if not self.paced or world < 2:
+        self._hold(self.ring_allreduce_bytes(nbytes, world), 2 * (world - 1))
+
+    def before_allgather(self, nbytes: int, world: int) -> None:
+        """Hold a ring all-gather of `nbytes` from each of `world` ranks (W-1 steps)."""
+        self._hold(self.ring_allgather_bytes(nbytes, world), world - 1)
+
+    def _hold(self, each_way: int, steps: int) -> None:
+        if not self.paced or steps < 1:
             return
-        each_way = self.ring_allreduce_bytes(nbytes, world)
         start = max(time.monotonic(), self._up_free, self._down_free)
-        done = start + self._transfer(each_way) + 2 * (world - 1) * self.latency
+        done = start + self._transfer(each_way) + steps * self.latency
         self._up_free = self._down_free = done
         self._sleep_until(done)
 

@@ -97,7 +97,8 @@ def _loss(text: str) -> str:
 
 
 def _compress(text: str) -> str:
-    """--compress: none, fp16 or topk:R, kept as text (esync.compress parses it)."""
+    """--compress: one of esync.compress.SPELLING, kept as text (esync.compress parses
+    it)."""
     try:
         return str(Compression.parse(text))
     except ValueError as e:
@@ -208,7 +209,10 @@ class Options:
                         choices=list(BACKENDS))
     compress: str = _opt(["--compress"], config.COMPRESS,
                          "pushed weight traffic: none, fp16 (half the bytes), topk:R (the "
-                         "largest fraction R of each chunk, with error feedback; ps only)",
+                         "largest fraction R of the values, with error feedback), "
+                         "threshold:T (the values over T in magnitude, with error "
+                         "feedback), partial:K (sync, esync: each round one of K slices "
+                         "in turn, the rest local)",
                          type=_compress)
     split_by_class: Switch = _opt(["-s", "--split-by-class"], config.SPLIT_BY_CLASS,
                                   "1: non-IID partitions, each worker sees few classes",
@@ -420,6 +424,13 @@ def check_aggregation(opts: Options, num_servers: Optional[int] = None) -> None:
                         f"the workers' batches could not add up to the global batch")
     if opts.compress != "none" and not algorithm.parameter_server:
         raise UserError(f"--compress applies to the parameter-server modes, not -m {opts.mode}")
+    if opts.compress.startswith("partial"):
+        if not algorithm.synchronous:
+            raise UserError(f"--compress {opts.compress} synchronises slices in rounds all "
+                            f"workers share: -m sync or esync, not -m {opts.mode}")
+        if opts.outer_momentum:
+            raise UserError(f"--compress {opts.compress} leaves the other slices unmoved, "
+                            f"which --outer-momentum would move: use one of them")
     able = [a.mode for a in registry.ALGORITHMS.values() if a.all_reduce]
     if opts.backend == "ps":
         if num_servers == 0:
@@ -429,9 +440,6 @@ def check_aggregation(opts: Options, num_servers: Optional[int] = None) -> None:
     if not algorithm.all_reduce:
         raise UserError(f"--backend allreduce: -m {opts.mode} runs on the parameter "
                         f"servers only (all-reduce: -m {' or '.join(able)})")
-    if opts.compress.startswith("topk"):
-        raise UserError(f"--compress {opts.compress} works with --backend ps only; the "
-                        f"all-reduce takes none or fp16")
     if opts.checkpoint_dir or opts.resume:
         raise UserError("--checkpoint-dir and --resume need the servers' shards: use "
                         "--backend ps")

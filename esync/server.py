@@ -13,8 +13,8 @@ Workers talk to it over one ROUTER socket:
   (SSGD: when all workers pushed it; ASGD: at once), so computing and answering one
   chunk overlaps with receiving the next. A push may carry `stop` (worker 0's decision
   to end the job), which every later answer repeats. A weight chunk may come compressed
-  (`codec`: fp16 or top-k indices and values, esync.compress; decoded, every index
-  checked, before the rule sees it), and an ESync push may carry its `steps` (the
+  (`codec`: fp16, sparse indices and values, or a slice, esync.compress; decoded, every
+  index checked, before the rule sees it; a section with no values has no frame), and an ESync push may carry its `steps` (the
   worker's local steps, for --average steps and normalized).
 Every `weights` answer says how many times the shard's first chunk was updated
 (`updates`: rounds in SSGD and ESync, pushes in ASGD) and the seconds since training
@@ -54,7 +54,7 @@ from esync.rules import WEIGHTS, Key, Rule, RuleConfig, make_rule
 from esync.transport.cluster import ClusterEnv, advertised_address
 from esync.transport.message import (CHUNK_BYTES, CHUNK_VALUES, FRAME_SLACK, Message,
                                      MessageError, chunk_spans, decode, encode,
-                                     integer_field)
+                                     integer_field, section_dtypes)
 from esync.transport.node import JobAborted, Node, node_id
 from esync.transport.quiet import Quiet
 
@@ -319,7 +319,7 @@ class ShardServer:
         lengths, frames = msg.header.get("lengths"), msg.header.get("frames")
         if type(section) is not int or section not in (0, 1) or type(offset) is not int \
                 or not isinstance(lengths, list) or not 1 <= len(lengths) <= 2 \
-                or frames != [1] * len(lengths):
+                or frames != [min(1, n) if type(n) is int else 1 for n in lengths]:
             raise MessageError("push must carry one chunk, with 'section' 0 or 1 and an "
                                "integer 'offset'")
         size = len(self.sections[section])
@@ -332,7 +332,9 @@ class ShardServer:
         if section != WEIGHTS and msg.header.get("codec") is not None:
             raise MessageError("only weight chunks (section 0) may be compressed")
         try:
-            values = decode_chunk(msg.header, [s[0][1] for s in msg.sections()], expected)
+            values = decode_chunk(msg.header, [s[0][1] if s else np.empty(0, dtype) for s, dtype
+                                               in zip(msg.sections(), section_dtypes(
+                                                   msg.header, len(lengths)))], expected)
         except CompressionError as e:
             raise MessageError(str(e)) from None
         return (section, offset), values

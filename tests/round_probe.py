@@ -5,7 +5,7 @@ gradients must give the same result with either backend (tests/test_allreduce.py
 
     DMLC_ROLE=worker ... python -m tests.round_probe OUT.npy -m sync --backend ps ...
 
-Every flag after OUT is main.py's (esync.options); with ESync's rule averaging by steps
+OUT may hold `{rank}`, which becomes the worker's rank. Every flag after OUT is main.py's (esync.options); with ESync's rule averaging by steps
 (`--average steps` or `normalized`) worker k reports k+1 local steps.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ ROUNDS = 3
 class Probe(PushPull):
     steps = None
 
-    def pushed_steps(self):
+    def pushed_steps(self, steps):
         return self.steps
 
 
@@ -62,7 +62,7 @@ def main(out: str, argv) -> int:
                     p.sub_(0.1 * torch.randn(p.shape, generator=g))
             algorithm.flat.buffers.copy_(torch.rand(algorithm.flat.buffers.shape, generator=g))
             algorithm.end_round(round_, model)
-        np.save(out, np.stack([start, np.concatenate([algorithm.flat.params.numpy(),
+        np.save(out.format(rank=job.rank), np.stack([start, np.concatenate([algorithm.flat.params.numpy(),
                                                       algorithm.flat.buffers.numpy()])]))
         algorithm.finish()
         node.finish()

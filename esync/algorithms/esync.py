@@ -131,18 +131,21 @@ class ESync(PushPull):
         self._next = self._request(round_ + 1, self.time_per_iteration)
         return super().end_round(round_, model)
 
-    def push_scale(self) -> float:
-        """The round's delta as it is (with --average normalized divided by the round's
+    def round_steps(self) -> int:
+        return max(1, self._steps)
+
+    def push_scale(self, steps: int) -> float:
+        """The round's delta as it is (with --average normalized divided by its `steps`
         local steps, with --average steps multiplied by them): the servers' rule adds
         the mean delta times -gl."""
-        steps = max(1, self._steps)
         return 1.0 / steps if self.rule.normalize else steps if self.rule.by_steps else 1.0
 
-    def pushed_steps(self) -> Optional[int]:
-        return max(1, self._steps) if self.rule.normalize or self.rule.by_steps else None
+    def pushed_steps(self, steps: int) -> Optional[int]:
+        return steps if self.rule.normalize or self.rule.by_steps else None
 
     def round_record(self) -> Dict[str, Any]:
-        return {"budget": self.budget, "state_server_request": round(self.request_seconds, 6)}
+        return {**super().round_record(), "budget": self.budget,
+                "state_server_request": round(self.request_seconds, 6)}
 
     def finish(self) -> None:
         super().finish()

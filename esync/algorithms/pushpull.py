@@ -14,12 +14,13 @@ the same way, each worker keeping its own optimizer state. On the worker the thr
 are the same; they differ in the server's rule (esync.rules): SSGD's server answers
 once all workers pushed the round, ASGD's at once, DC-ASGD's at once with delay
 compensation (of the step read as a gradient). ESync (esync.algorithms.esync) builds on
-it with a budget of local steps and pushes its model delta.
+it with a budget of local steps and pushes its model delta. With `--compress partial:K`
+(esync.algorithms.partial) a round synchronises one slice of the weights.
 """
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from torch import nn
 
 from esync import registry
 from esync.algorithms.base import Algorithm, Job, Phases
+from esync.algorithms.partial import PartialSync
 from esync.compress import Compression
 from esync.flat import FlatModel
 from esync.kvstore import KVStore
@@ -56,6 +58,7 @@ class PushPull(Algorithm):
         self.flat: Optional[FlatModel] = None
         self.round_start_weights: Optional[torch.Tensor] = None
         self.kv: Union[KVStore, "AllReduce", None] = None
+        self.partial: Optional[PartialSync] = None  # --compress partial:K
         self._announced: Optional[str] = None
 
     @classmethod
@@ -73,6 +76,12 @@ class PushPull(Algorithm):
     def setup(self, model: nn.Module, device: torch.device) -> None:
         self.flat = FlatModel(model, device)
         self.round_start_weights = torch.empty_like(self.flat.params)
+        self._join_backend(model)
+        if self.compression.kind == "partial":  # every slice as the job's model has it
+            self.partial = PartialSync(self.compression, self.flat.params)
+
+    def _join_backend(self, model: nn.Module) -> None:
+        """Take the job's model from the servers or the other workers."""
         if self.all_reduce:
             from esync.allreduce import AllReduce  # torch.distributed: only where used
 
@@ -134,37 +143,67 @@ class PushPull(Algorithm):
     #: the log's name of end_round's phase: push, wait for the servers, pull
     aggregate_phase = "global aggregate"
 
-    def pushed(self) -> torch.Tensor:
+    def pushed(self, steps: int) -> torch.Tensor:
         """The vector this round pushes for the weights (on the model's device, in the
         flat model's `grads`, reused as its buffer): the weights' change over the round
-        times `push_scale()`. With all-reduce, the weights go back to the round's start:
-        the rule moves them from there."""
-        change = self.flat.grads
-        torch.sub(self.flat.params, self.round_start_weights, out=change)
-        change.mul_(self.push_scale())
+        (partial: the slice's since its last synchronisation) times `push_scale(steps)`.
+        With all-reduce, the weights go back to the round's start: the rule moves them
+        from there."""
+        change, params = self.flat.grads, self.flat.params
+        if self.partial is not None:
+            self.partial.change(params, out=change)
+        else:
+            torch.sub(params, self.round_start_weights, out=change)
+        change.mul_(self.push_scale(steps))
         if self.all_reduce:
-            self.flat.params.copy_(self.round_start_weights)
+            if self.partial is not None:
+                self.partial.rewind(params)
+            else:
+                params.copy_(self.round_start_weights)
         return change
 
-    def push_scale(self) -> float:
-        """The optimizer's step as a gradient for the servers' SGD step of lr: -1/lr."""
+    def round_steps(self) -> int:
+        """The local steps of the round just ended."""
+        return 1
+
+    def push_scale(self, steps: int) -> float:
+        """The optimizer's step as a gradient for the servers' SGD step of lr: -1/lr
+        (partial: the sum of the `steps` steps' gradients)."""
         return -1.0 / self.rule.lr
 
-    def pushed_steps(self) -> Optional[int]:
+    def pushed_steps(self, steps: int) -> Optional[int]:
         """The local steps the push reports (ESync averaging by steps), or None."""
         return None
 
     def end_round(self, round_: int, model: nn.Module) -> Phases:
         start = time.perf_counter()
-        pushed = self.pushed()
+        steps = self.round_steps()
+        if self.partial is not None:
+            steps = self.partial.begin(round_, steps)
+        pushed = self.pushed(steps)
         if self.all_reduce:
-            self.kv.push_pull(round_, pushed, stop=self._announced, steps=self.pushed_steps())
+            self.kv.push_pull(round_, pushed, stop=self._announced,
+                              steps=self.pushed_steps(steps))
         else:
+            if self.partial is not None:
+                self.partial.keep_local(self.flat.params)
             self.kv.push_pull(round_, self.flat.to_host("grads"), self.flat.to_host("buffers"),
                               self.flat.host("params"), self.flat.host("buffers"),
-                              stop=self._announced, steps=self.pushed_steps())
+                              stop=self._announced, steps=self.pushed_steps(steps))
             self.flat.load_host_state()
+        if self.partial is not None:
+            self.partial.synchronised(self.flat.params, pulled=not self.all_reduce)
         return {self.aggregate_phase: time.perf_counter() - start}
+
+    def round_record(self) -> Dict[str, Any]:
+        """partial: the [start, stop) of the weights the round synchronised; sparse
+        codecs: how many of the weights' values the push sent."""
+        record: Dict[str, Any] = {}
+        if self.partial is not None:
+            record["synced"] = list(self.partial.window)
+        if self.compression.sparse and self.kv is not None:
+            record["pushed_values"] = self.kv.pushed_values
+        return record
 
     def waited_seconds(self) -> float:
         """As the servers measured it (a push's wait there for the others'), or the
