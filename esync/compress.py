@@ -67,7 +67,7 @@ class Compression:
             return cls(kind, ratio=number)
         if kind == "threshold" and 0 <= number < math.inf:
             return cls(kind, threshold=number)
-        if kind == "partial" and number == int(number) and 2 <= number <= 1 << 20:
+        if kind == "partial" and number.is_integer() and 2 <= number <= 1 << 20:
             return cls(kind, slices=int(number))
         raise ValueError(f"expected {SPELLING}, got {text!r}")
 

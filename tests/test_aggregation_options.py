@@ -12,8 +12,10 @@ pushes a parameter server takes (esync.server, esync.compress).
 2. The all-reduce backend's path (`rule.mean_steps = ...; rule.aggregate(key, sum, N)` on
    torch tensors) gives the same weights and buffers as the `add` path.
 3. A real ShardServer (tests.test_wire_properties.Harness: real ROUTER/DEALER sockets)
-   takes fp16 and top-k pushes (with `steps`, normalised ESync) and gives the expected
-   weights; it answers malformed compressed pushes (and bad `steps`) with `error` and
+   takes fp16, top-k and threshold pushes (with `steps`, normalised ESync; a chunk with
+   nothing over the threshold travels empty) and gives the expected weights; over K
+   rounds of partial:K pushes each round moves exactly its slice and every weight moves
+   once; it answers malformed compressed pushes (and bad `steps`) with `error` and
    changes nothing.
 """
 from __future__ import annotations
@@ -312,8 +314,8 @@ def push_frames(rank: int, section: int, offset: int, fields: Dict, sections: li
 
 
 def push_round(h: Harness, pushed: Sequence[np.ndarray], buffers: Sequence[np.ndarray],
-               compression: Compression, steps: Optional[Sequence[int]] = None
-               ) -> Dict[int, List[Message]]:
+               compression: Compression, steps: Optional[Sequence[int]] = None,
+               round_: int = 1) -> Dict[int, List[Message]]:
     """Every worker pushes its vector, chunk by chunk, compressed as `compression` says;
     returns each worker's answers collected while it pushed, and what the server decoded
     per worker (as `decoded`, dense float32)."""
@@ -321,14 +323,15 @@ def push_round(h: Harness, pushed: Sequence[np.ndarray], buffers: Sequence[np.nd
     h.decoded = []
     for rank, (vector, buf) in enumerate(zip(pushed, buffers)):
         compressor = Compressor(compression, NUM_WEIGHTS)
+        compressor.begin(round_)
         extra = {} if steps is None else {"steps": steps[rank]}
         got, decoded = [], np.empty(NUM_WEIGHTS, np.float32)
         for offset, length in WEIGHT_CHUNKS:
             fields, sections = compressor.encode(offset, vector[offset:offset + length])
             decoded[offset:offset + length] = decode_chunk(fields, sections, length)
             got += h.send(IDENTITY[rank], push_frames(rank, 0, offset, fields, sections,
-                                                      **extra))
-        got += h.send(IDENTITY[rank], push_frames(rank, 1, 0, {}, [buf], **extra))
+                                                      round_, **extra))
+        got += h.send(IDENTITY[rank], push_frames(rank, 1, 0, {}, [buf], round_, **extra))
         assert all(a.type == "weights" for a in got), [a.header for a in got]
         answers[rank] = got
         h.decoded.append(decoded)
@@ -392,6 +395,55 @@ def test_server_takes_topk_pushes_with_steps(make_harness):
     # only the sent coordinates moved
     moved = h.server.sections[0] != h.weights0
     assert not moved[(h.decoded[0] == 0) & (h.decoded[1] == 0)].any()
+
+
+def test_server_takes_threshold_pushes_and_empty_chunks(make_harness):
+    """SSGD with threshold pushes: the second chunk (1000 values) of worker 0 holds
+    nothing over the threshold and travels as an empty section."""
+    h = make_harness("sync")
+    pushed, buffers = some_vectors(14)
+    off = WEIGHT_CHUNKS[1][0]
+    pushed[0][off:] = 0.25
+    answers = push_round(h, pushed, buffers, Compression.parse("threshold:1.5"))
+    for got, vector in zip(h.decoded, pushed):
+        np.testing.assert_array_equal(got, np.where(np.abs(vector) > 1.5, vector, 0))
+    assert not h.decoded[0][off:].any() and h.decoded[1][off:].any()
+    mean = (h.decoded[0].astype(np.float64) + h.decoded[1]) / 2
+    np.testing.assert_allclose(h.server.sections[0], h.weights0 - LR * mean,
+                               rtol=1e-6, atol=1e-6)
+    w, _ = assembled(answers[1])
+    np.testing.assert_array_equal(w, h.server.sections[0])
+    assert h.server.updates == 1
+
+
+@pytest.mark.parametrize("rule", ["sync", "esync"])
+def test_partial_pushes_move_one_slice_a_round_and_each_once_in_k(make_harness, rule):
+    """partial:3 over 3 rounds, the slices crossing the chunks' boundary: each round the
+    server's weights move exactly in the round's slice, by the rule's step on the mean,
+    and after the 3 rounds every weight has moved once."""
+    k = 3
+    compression = Compression.parse(f"partial:{k}")
+    h = make_harness(rule)
+    moved = np.zeros(NUM_WEIGHTS, int)
+    sign = -1.0 if rule == "sync" else 1.0
+    for round_ in range(1, k + 1):
+        lo, hi = compression.window(round_, NUM_WEIGHTS)
+        pushed, buffers = some_vectors(20 + round_)
+        before = h.server.sections[0].copy()
+        answers = push_round(h, pushed, buffers, compression, round_=round_)
+        after = h.server.sections[0]
+        mean = (pushed[0][lo:hi].astype(np.float64) + pushed[1][lo:hi]) / 2
+        np.testing.assert_allclose(after[lo:hi], before[lo:hi] + sign * LR * mean,
+                                   rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(np.delete(after, np.s_[lo:hi]),
+                                      np.delete(before, np.s_[lo:hi]))
+        moved += after != before
+        w, _ = assembled(answers[1])
+        np.testing.assert_array_equal(w, after)
+        assert h.server.updates == round_
+    assert (moved == 1).all(), np.flatnonzero(moved != 1)[:10]
+    lo, hi = compression.window(k, NUM_WEIGHTS)
+    assert lo < CHUNK_VALUES < hi  # the last slice spans both chunks
 
 
 def test_server_takes_topk_pushes_in_async(make_harness):
@@ -469,6 +521,29 @@ def malformed_pushes() -> List[tuple]:
          "does not fit"),
         ("compressed push of a later round", topk(good_idx, good_val, round_=2),
          "current round is 1"),
+        ("threshold index == length", push_frames(0, 0, off, {"codec": "threshold"},
+                                                  [np.array([n], np.int32), good_val[:1]]),
+         "threshold indices must be in"),
+        ("slice past the chunk's end", push_frames(0, 0, off, {"codec": "slice",
+                                                               "start": n - 1},
+                                                   [np.ones(2, np.float32)]),
+         "'start' must be an integer in 0..998"),
+        ("slice without a start", push_frames(0, 0, off, {"codec": "slice"},
+                                              [np.ones(2, np.float32)]), "'start'"),
+        ("slice at a negative start", push_frames(0, 0, off, {"codec": "slice",
+                                                              "start": -1},
+                                                  [np.ones(2, np.float32)]), "'start'"),
+        ("slice of float16 values", push_frames(0, 0, off, {"codec": "slice", "start": 0},
+                                                [np.ones(2, np.float16)]),
+         "one section of float32"),
+        ("slice longer than the chunk", push_frames(0, 0, off, {"codec": "slice",
+                                                                "start": 0},
+                                                    [np.ones(n + 1, np.float32)]),
+         "'start' must be an integer in 0..-1"),
+        ("slice of buffers", push_frames(0, 1, 0, {"codec": "slice", "start": 0},
+                                         [np.ones(2, np.float32)]), "only weight chunks"),
+        ("empty section announced with a frame",
+         [msgpack.packb({**raw_header, "lengths": [0, 0]}), b"", b""], "one chunk"),
     ]
 
 

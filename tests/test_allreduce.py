@@ -207,8 +207,9 @@ def test_a_dead_worker_ends_an_allreduce_job(tmp_path, moment):
 
 @pytest.mark.parametrize("args, env, message", [
     (["-m", "async", "--backend", "allreduce"], {}, "runs on the parameter servers only"),
-    (["-m", "sync", "--backend", "allreduce", "--compress", "topk:0.1"], {},
-     "works with --backend ps only"),
+    (["-m", "async", "--compress", "partial:4"], {}, "-m sync or esync, not -m async"),
+    (["-m", "esync", "--compress", "partial:4", "--outer-momentum", "0.9"], {},
+     "which --outer-momentum would move"),
     (["-m", "sync", "--backend", "allreduce", "--checkpoint-dir", "ck"], {},
      "need the servers' shards"),
     (["-m", "sync"], {"DMLC_NUM_SERVER": "0"}, "pass --backend allreduce"),
@@ -220,7 +221,9 @@ def test_a_dead_worker_ends_an_allreduce_job(tmp_path, moment):
     (["-m", "sync", "--round-time", "2"], {}, "applies to -m esync only"),
     (["-m", "esync", "--average", "median"], {}, "--average: invalid choice: 'median'"),
     (["-m", "local", "--compress", "fp16"], None, "applies to the parameter-server modes"),
-    (["-m", "sync", "--compress", "topk:2"], {}, "expected none, fp16 or topk:R"),
+    (["-m", "sync", "--compress", "topk:2"], {}, "expected none, fp16, topk:R (0 < R <= 1)"),
+    (["-m", "sync", "--compress", "partial:1"], {}, "partial:K (K >= 2), got 'partial:1'"),
+    (["-m", "sync", "--compress", "threshold:-1"], {}, "threshold:T (T >= 0)"),
 ])
 def test_bad_combinations_are_refused_with_one_line(tmp_path, args, env, message):
     cluster = None if env is None else {

@@ -3,6 +3,7 @@ by esync-run as a real job: BatchNorm's statistics averaged with the weights, a
 learning-rate schedule that follows the job's rounds, parameters without a gradient,
 a step AMP's GradScaler skips, and every mode and backend."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+from esync.compress import Compression
 from tests.helpers import REPO
 
 SCRIPT = os.path.join(REPO, "tests", "api_script.py")
@@ -82,6 +84,39 @@ def test_parameters_without_a_gradient_are_still_synchronised(tmp_path, backend)
                      ["--model", "branches", "--optimizer", "sgd"])
     np.testing.assert_allclose(seen["w0"]["weights"], seen["w1"]["weights"], rtol=1e-6,
                                atol=1e-7)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [
+    ["-m", "esync", "--compress", "partial:3", "--slowdown", "1,2"],
+    ["-m", "sync", "--backend", "allreduce", "--compress", "topk:0.1"]],
+    ids=["esync-partial", "sync-allreduce-topk"])
+def test_the_optimizer_wrapper_takes_singa_s_codecs(tmp_path, flags):
+    """`--compress` reaches a user's loop through esync-run and DistributedOptimizer as
+    it reaches main.py's: partial synchronises one slice of the model's weights a round
+    (both workers end with that slice alike, and differ elsewhere: the rest is local),
+    top-k on the all-reduce sends 10% of them each round."""
+    seen = esync_run(tmp_path, ["--workers", "2", *flags])
+    compression = Compression.parse(flags[flags.index("--compress") + 1])
+    n = len(seen["w0"]["weights"])
+    windows = set()
+    for device in seen:
+        records = _records(tmp_path, flags[1], device)
+        assert len(records) > compression.slices
+        for round_, record in enumerate(records, 1):
+            if compression.kind == "partial":
+                assert record["synced"] == list(compression.window(round_, n))
+                windows.add(tuple(record["synced"]))
+            else:
+                assert record["pushed_values"] == math.ceil(0.1 * n), record
+    w0, w1 = (np.array(seen[d]["weights"]) for d in sorted(seen))
+    if compression.kind == "partial":
+        assert len(windows) == compression.slices
+        lo, hi = records[-1]["synced"]
+        np.testing.assert_allclose(w0[lo:hi], w1[lo:hi], rtol=1e-6, atol=1e-7)
+        assert (np.delete(w0, np.s_[lo:hi]) != np.delete(w1, np.s_[lo:hi])).any()
+    else:
+        np.testing.assert_allclose(w0, w1, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.slow

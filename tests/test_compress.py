@@ -10,8 +10,15 @@
    plus the residual is exactly what was pushed (to float tolerance); the residual stays
    bounded (||e|| <= sqrt(1-d)/(1-sqrt(1-d)) * max ||g||, d = k/n, top-k's contraction);
    and vectors of one magnitude have every coordinate sent within ceil(1/R) pushes.
-4. `decode_chunk` refuses hostile input (indices out of range, negative, too many,
-   wrong dtypes, unknown codecs, mismatched lengths) with a CompressionError.
+4. threshold with error feedback: what is sent is exactly what owes more than T, so
+   after every push the residual is at most T everywhere, and what arrived plus the
+   residual is what was pushed; a chunk with nothing over T travels empty.
+5. partial: the K windows of rounds r..r+K-1 are disjoint, cover the vector and differ
+   in size by at most one; a chunk carries its part of the round's window as a `slice`
+   (4 bytes a value, an empty section where the chunk is outside it).
+6. `decode_chunk` refuses hostile input (indices out of range, negative, too many,
+   wrong dtypes, unknown codecs, mismatched lengths, slices that do not fit) with a
+   CompressionError.
 """
 from __future__ import annotations
 
@@ -24,7 +31,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from esync.compress import Compression, CompressionError, Compressor, decode_chunk
-from esync.transport.message import CHUNK_VALUES, chunk_spans, decode, encode, frame_bytes
+from esync.transport.message import (CHUNK_VALUES, chunk_spans, decode, encode, frame_bytes,
+                                     section_dtypes)
 
 SETTINGS = settings(max_examples=60, deadline=None, database=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -37,8 +45,10 @@ def through_wire(fields: Dict[str, Any], sections: List[np.ndarray]
     frames = encode({"type": "push", "sender": 0, "shard": 0, "round": 1, "section": 0,
                      "offset": 0, **fields}, sections)
     msg = decode([bytes(f) for f in frames], ("push",))
-    arrays = [np.concatenate([v for _, v in chunks]) if len(chunks) != 1 else chunks[0][1]
-              for chunks in msg.sections()]
+    arrays = [np.concatenate([v for _, v in chunks]) if len(chunks) > 1 else
+              chunks[0][1] if chunks else np.empty(0, dtype)  # an empty section
+              for chunks, dtype in zip(msg.sections(), section_dtypes(
+                  msg.header, len(msg.header.get("lengths", []))))]
     return msg.header, arrays, frames
 
 
@@ -46,17 +56,22 @@ def through_wire(fields: Dict[str, Any], sections: List[np.ndarray]
 @pytest.mark.parametrize("text, kind, ratio", [
     ("none", "none", 1.0), ("fp16", "fp16", 1.0), (" FP16 ", "fp16", 1.0),
     ("topk:0.01", "topk", 0.01), ("topk:1", "topk", 1.0), ("TopK:0.5", "topk", 0.5),
-    ("topk:1e-3", "topk", 1e-3),
+    ("topk:1e-3", "topk", 1e-3), ("threshold:0.05", "threshold", 0.05),
+    ("threshold:0", "threshold", 0.0), ("Threshold:1e3", "threshold", 1e3),
+    ("partial:2", "partial", 2), ("partial:16", "partial", 16), ("partial:4.0", "partial", 4),
 ])
 def test_parse_accepts(text, kind, ratio):
     c = Compression.parse(text)
-    assert (c.kind, c.ratio) == (kind, ratio)
+    parameter = {"topk": c.ratio, "threshold": c.threshold, "partial": c.slices}
+    assert (c.kind, parameter.get(c.kind, 1.0)) == (kind, ratio)
     assert Compression.parse(str(c)) == c  # str() is a spelling parse takes back
 
 
 @pytest.mark.parametrize("text", [
     "topk:0", "topk:1.5", "topk:x", "fp32", "topk", "topk:", "topk:-0.1", "topk:nan",
-    "topk:inf", "fp16:0.5", "none:1", "", "float16", "top-k:0.1",
+    "topk:inf", "fp16:0.5", "none:1", "", "float16", "top-k:0.1", "threshold",
+    "threshold:", "threshold:-0.1", "threshold:inf", "threshold:nan", "partial",
+    "partial:1", "partial:0", "partial:-2", "partial:2.5", "partial:x", "partial:inf",
 ])
 def test_parse_refuses_naming_the_text(text):
     with pytest.raises(ValueError) as info:
@@ -274,7 +289,102 @@ def test_none_and_fp16_keep_no_residual():
     assert Compressor(Compression.parse("fp16"), 10).residual is None
 
 
-# --- 4. hostile input --------------------------------------------------------------------
+# --- 4. threshold with error feedback ---------------------------------------------------
+@SETTINGS
+@given(n=st.integers(1, 300), threshold=st.floats(0.0, 3.0), chunk=st.integers(1, 300),
+       pushes=st.integers(1, 20), seed=st.integers(0, 2**32 - 1))
+@example(n=300, threshold=0.0, chunk=300, pushes=2, seed=0)
+def test_threshold_sends_what_owes_more_than_t(n, threshold, chunk, pushes, seed):
+    rng = np.random.default_rng(seed)
+    compression = Compression("threshold", threshold=threshold)
+    compressor = Compressor(compression, n)
+    pushed, decoded = np.zeros(n, np.float64), np.zeros(n, np.float64)
+    for t in range(pushes):
+        vector = (rng.standard_normal(n) * rng.uniform(0.1, 2)).astype(np.float32)
+        owed = compressor.residual + vector
+        compressor.begin(t + 1)
+        for offset in range(0, n, chunk):
+            values = vector[offset:offset + chunk]
+            fields, (index, sent) = compressor.encode(offset, values)
+            assert fields == {"codec": "threshold"} and index.dtype == np.int32
+            part = owed[offset:offset + len(values)]
+            assert index.tolist() == np.flatnonzero(np.abs(part) > threshold).tolist()
+            header, arrays, frames = through_wire(fields, [index, sent])
+            assert sum(frame_bytes(f) for f in frames[1:]) == 8 * len(index)
+            decoded[offset:offset + len(values)] += decode_chunk(header, arrays, len(values))
+        assert compressor.sent_values == np.count_nonzero(np.abs(owed) > threshold)
+        pushed += vector
+        assert np.abs(compressor.residual).max() <= threshold
+        np.testing.assert_allclose(decoded + compressor.residual, pushed, rtol=0,
+                                   atol=1e-5 * (np.abs(pushed).max() + t + 1))
+
+
+def test_a_threshold_chunk_with_nothing_over_t_travels_empty():
+    compressor = Compressor(Compression.parse("threshold:1"), 4)
+    fields, sections = compressor.encode(0, np.array([0.5, -0.5, 1, 0], np.float32))
+    header, arrays, frames = through_wire(fields, sections)
+    assert len(frames) == 1 and header["lengths"] == [0, 0] and header["frames"] == [0, 0]
+    np.testing.assert_array_equal(decode_chunk(header, arrays, 4), np.zeros(4))
+    np.testing.assert_array_equal(compressor.residual, [0.5, -0.5, 1, 0])
+    fields, (index, sent) = compressor.encode(0, np.array([0.6, 0, 0, 0], np.float32))
+    assert index.tolist() == [0] and sent.tolist() == [pytest.approx(1.1)]
+
+
+@pytest.mark.parametrize("kind", ["topk:0.1", "threshold:1.0"])
+def test_select_on_torch_is_the_codecs_choice(kind):
+    """The all-reduce picks on torch tensors with the same `select` the chunks use."""
+    import torch
+
+    rng = np.random.default_rng(3)
+    vector = rng.standard_normal(1000).astype(np.float32)
+    compression = Compression.parse(kind)
+    index = compression.select(torch.from_numpy(vector)).numpy()
+    if compression.kind == "topk":
+        assert len(index) == 100
+        assert np.abs(vector[index]).min() >= np.sort(np.abs(vector))[-100]
+    else:
+        assert index.tolist() == np.flatnonzero(np.abs(vector) > 1.0).tolist()
+    assert np.all(np.diff(index) > 0)
+
+
+# --- 5. partial ------------------------------------------------------------------------------
+@SETTINGS
+@given(n=st.integers(0, 10**6), k=st.integers(2, 64), first=st.integers(1, 10**6))
+def test_partial_windows_cover_the_vector_once_in_k_rounds(n, k, first):
+    compression = Compression("partial", slices=k)
+    windows = sorted(compression.window(r, n) for r in range(first, first + k))
+    assert windows[0][0] == 0 and windows[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(windows, windows[1:]))  # disjoint, no gap
+    sizes = [hi - lo for lo, hi in windows]
+    assert max(sizes) - min(sizes) <= 1
+    assert compression.window(first, n) == compression.window(first + k, n)
+
+
+def test_partial_chunks_carry_the_round_window_as_slices():
+    """A vector of 3 wire-sized chunks of 10 values, partial:3: round 2's window is
+    [10, 20) of 31 values... cut as the kvstore cuts it."""
+    n, chunk = 31, 10
+    compressor = Compressor(Compression.parse("partial:3"), n)
+    vector = np.arange(1, n + 1, dtype=np.float32)
+    for round_ in (1, 2, 3):
+        compressor.begin(round_)
+        lo, hi = compressor.window
+        decoded, nbytes = np.zeros(n, np.float32), 0
+        for offset in range(0, n, chunk):
+            values = vector[offset:offset + chunk]
+            fields, sections = compressor.encode(offset, values)
+            assert fields["codec"] == "slice"
+            header, arrays, frames = through_wire(fields, sections)
+            nbytes += sum(frame_bytes(f) for f in frames[1:])
+            decoded[offset:offset + len(values)] = decode_chunk(header, arrays, len(values))
+        expected = np.where((np.arange(n) >= lo) & (np.arange(n) < hi), vector, 0)
+        np.testing.assert_array_equal(decoded, expected)
+        assert nbytes == 4 * (hi - lo) and compressor.sent_values == hi - lo
+    assert [Compression.parse("partial:3").window(r, n) for r in (1, 2, 3)] == \
+        [(0, 10), (10, 20), (20, 31)]
+
+
+# --- 6. hostile input --------------------------------------------------------------------
 I32, F32, F16 = np.int32, np.float32, np.float16
 TOPK = {"codec": "topk"}
 HOSTILE = [
@@ -309,6 +419,18 @@ HOSTILE = [
     ({"codec": 1}, [np.ones(10, F32)], 10, "unknown codec"),
     ({"codec": ["topk"]}, [np.array([0], I32), np.ones(1, F32)], 10, "unknown codec"),
     ({"codec": "x" * 1000}, [np.ones(10, F32)], 10, "unknown codec"),
+    ({"codec": "threshold"}, [np.array([10], I32), np.ones(1, F32)], 10,
+     "threshold indices must be in 0..9"),
+    ({"codec": "threshold"}, [np.array([0], I32)], 10, "int32 indices"),
+    ({"codec": "slice", "start": 9}, [np.ones(2, F32)], 10, "integer in 0..8"),
+    ({"codec": "slice", "start": -1}, [np.ones(2, F32)], 10, "'start'"),
+    ({"codec": "slice", "start": 0}, [np.ones(11, F32)], 10, "'start'"),
+    ({"codec": "slice", "start": "0"}, [np.ones(2, F32)], 10, "'start'"),
+    ({"codec": "slice", "start": True}, [np.ones(2, F32)], 10, "'start'"),
+    ({"codec": "slice", "start": 0.0}, [np.ones(2, F32)], 10, "'start'"),
+    ({"codec": "slice"}, [np.ones(2, F32)], 10, "'start'"),
+    ({"codec": "slice", "start": 0}, [np.ones(2, F16)], 10, "one section of float32"),
+    ({"codec": "slice", "start": 0}, [np.ones(2, F32)] * 2, 10, "one section"),
 ]
 
 
