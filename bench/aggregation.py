@@ -1,13 +1,14 @@
 """Time to target accuracy and final accuracy of whole jobs, by aggregation backend,
 compression and ESync's aggregation options.
 
-    python bench/aggregation.py [--part backends,options] [--rows NAME,...] [--seeds 3]
+    python bench/aggregation.py [--part backends,options,codecs] [--rows NAME,...] [--seeds 3]
                                 [--configs plain,links] [--quick] [--out DIR]
                                 [--options-backend ps|allreduce] [main.py flags ...]
 
 Prints, per part and configuration, one row per configuration of the jobs: time to
 each target (s), the row's time over its baseline's, final accuracy, bytes sent and
-received per worker per round, samples/s (progress, one line per job, on stderr).
+received per worker per round, bytes sent per sample trained, samples/s (progress, one
+line per job, on stderr).
 
 Every job is lenet on digits with the experiment's settings (launch/experiment.py's
 defaults: 4 workers, --slowdown 1,1,4,4, --time-limit 25, --target-accuracy 0.97 held
@@ -22,6 +23,10 @@ options: `-m esync` on IID data, plain (the baseline) and --outer-momentum 0.9 (
     -gl 1, and with -gl 0.1: the plain average's step size); on non-IID data (-s 1,
     split by class), plain (the baseline), --average normalized, and --outer-momentum
     0.9 (both -gl) (through --options-backend, default ps).
+codecs: SINGA's ways of synchronising (esync.compress), `-m sync` and `-m esync`, each
+    with ps and allreduce uncompressed (the baselines of their backend) and, on both
+    backends, --compress partial:4, topk:0.01 and threshold:T (T = 0.05 for SSGD's
+    pushed gradients, 0.01 for ESync's deltas: THRESHOLDS).
 
 Configurations (--configs): `plain` (loopback) and `links` (the experiment's slow-link
 configuration: the launcher's --bandwidth none,none,100,100 --latency 0,0,5,5, i.e. the
@@ -34,7 +39,8 @@ logs_tools' functions: time to each target (drawer.time_to_target on the evaluat
 accuracy; compare.time_stats's censored median over the seeds: `median [min-max]`,
 `(k/n)` where only k of n seeds reached it, `n/r`: not reached), the row's time over its
 baseline's at the middle target, seed by seed (compare.speedup), final accuracy
-(compare.final_accuracy), samples/s (drawer.throughput). Bytes per worker per round:
+(compare.final_accuracy), samples/s (drawer.throughput). Bytes per sample: all the
+workers' bytes_sent over all their num_samples. Bytes per worker per round:
 each worker's bytes_sent and bytes_received of its iteration records, summed over its
 rounds and divided by them, the mean over the workers (with --backend allreduce these
 are the ring all-reduce's estimate, 2(W-1)/W x the reduced bytes each way; gloo counts
@@ -64,7 +70,10 @@ from logs_tools import compare, drawer, summary  # and are read by the log tools
 from esync import registry
 
 PROG = "aggregation.py"
-PARTS = ("backends", "options")
+PARTS = ("backends", "options", "codecs")
+#: threshold:T of the codecs part, by mode: what SSGD pushes is a gradient, what ESync
+#: pushes a delta of its local steps (lr times gradients), about ten times smaller
+THRESHOLDS = {"sync": 0.05, "esync": 0.01}
 PLAIN, LINKS = experiment.PLAIN, experiment.LINKS
 QUICK_SEEDS, QUICK_TIME_LIMIT = 1, 10.0
 _ITER = re.compile(r"iter-([0-9]+)\.json")
@@ -100,6 +109,18 @@ def backend_rows() -> List[Row]:
                             (f"{mode} allreduce fp16", ("--backend", "allreduce",
                                                         "--compress", "fp16"))):
             rows.append(Row(name, ("-m", mode, *flags), None if name == base else base))
+    return rows
+
+
+def codec_rows() -> List[Row]:
+    rows = []
+    for mode in ("sync", "esync"):
+        for backend in ("ps", "allreduce"):
+            base = f"{mode} {backend}"
+            rows.append(Row(base, ("-m", mode, "--backend", backend), None))
+            for codec in ("partial:4", "topk:0.01", f"threshold:{THRESHOLDS[mode]:g}"):
+                rows.append(Row(f"{base} {codec}", ("-m", mode, "--backend", backend,
+                                                   "--compress", codec), base))
     return rows
 
 
@@ -140,8 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog="Flags not listed here are passed to every job's main.py. See "
                             "the module docstring for the rows and how they are measured.")
     parser.add_argument("--part", default=",".join(PARTS),
-                        help=f"which set of rows, comma-separated: {', '.join(PARTS)} "
-                             f"(default both)")
+                        help=f"which sets of rows, comma-separated: {', '.join(PARTS)} "
+                             f"(default all)")
     parser.add_argument("--configs", default=PLAIN,
                         help=f"{PLAIN} (loopback) and/or {LINKS} (the slow devices on "
                              f"emulated slow links), comma-separated (default {PLAIN})")
@@ -237,7 +258,8 @@ def plan(args, extra: Sequence[str], base: str) -> Tuple[List[Job], Dict[str, Li
             or not 0 < args.eval_interval < float("inf"):
         raise ValueError("--time-limit and --eval-interval must be > 0, --hold >= 0")
     targets = compare.parse_targets(args.targets)
-    rows = {"backends": backend_rows(), "options": option_rows(args.options_backend)}
+    rows = {"backends": backend_rows(), "options": option_rows(args.options_backend),
+            "codecs": codec_rows()}
     rows = {part: rows[part] for part in parts}
     wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
     if wanted:
@@ -270,11 +292,13 @@ def plan(args, extra: Sequence[str], base: str) -> Tuple[List[Job], Dict[str, Li
 
 
 # --- one job ----------------------------------------------------------------------------
-def traffic_per_round(folder: str) -> Tuple[Optional[float], Optional[float]]:
+def traffic_per_round(folder: str) -> Tuple[Optional[float], Optional[float],
+                                            Optional[float]]:
     """(bytes sent, bytes received) per worker per round: each worker's sums over its
     iteration records divided by its rounds, the mean over the workers (the evaluator
-    left out); None where no record could be read."""
-    sent, received = [], []
+    left out); and bytes sent per sample trained, of all workers together; None where
+    no record could be read."""
+    sent, received, all_sent, samples = [], [], 0, 0
     for host in os.scandir(folder):
         if not host.is_dir():
             continue
@@ -290,15 +314,18 @@ def traffic_per_round(folder: str) -> Tuple[Optional[float], Optional[float]]:
                         record = json.load(f)
                     totals[0] += record["bytes_sent"]
                     totals[1] += record["bytes_received"]
+                    samples += record.get("num_samples") or 0
                 except (OSError, ValueError, KeyError, TypeError):
                     continue  # summary.py reports broken files
                 rounds += 1
             if rounds:
                 sent.append(totals[0] / rounds)
                 received.append(totals[1] / rounds)
+                all_sent += totals[0]
     if not sent:
-        return None, None
-    return statistics.mean(sent), statistics.mean(received)
+        return None, None, None
+    return statistics.mean(sent), statistics.mean(received), \
+        (all_sent / samples if samples else None)
 
 
 def run_job(job: Job) -> dict:
@@ -322,8 +349,8 @@ def run_job(job: Job) -> dict:
         result = summary.summarize(base, network, os.path.basename(folder), warn=notes.append)
     for line in notes:
         print(line, file=sys.stderr)
-    sent, received = traffic_per_round(folder)
-    return {"summary": result, "sent": sent, "received": received}
+    sent, received, per_sample = traffic_per_round(folder)
+    return {"summary": result, "sent": sent, "received": received, "per_sample": per_sample}
 
 
 # --- the table ----------------------------------------------------------------------------
@@ -346,8 +373,8 @@ def report(part: str, config: str, rows: List[Row], results: Dict[str, Dict[int,
     middle = compare.middle_target(targets)
     head = ([f"time to {compare.target_label(t)} s" for t in targets]
             + [f"vs baseline at {compare.target_label(middle)}", "final accuracy",
-               "sent/worker/round", "recv/worker/round", "samples/s"])
-    least = [22] * len(targets) + [22, 24, 17, 17, 9]
+               "sent/worker/round", "recv/worker/round", "sent/sample", "samples/s"])
+    least = [22] * len(targets) + [22, 24, 17, 17, 11, 9]
     widths = [max(len(r.name) for r in rows)] + [max(w, len(h)) for w, h in zip(least, head)]
     print(f"\n{part}, {config}: {', '.join(f'{t:g}' for t in targets)} targets; median "
           f"[min-max] over {seeds} seed(s); vs baseline: t_row / t_baseline seed by seed")
@@ -370,6 +397,7 @@ def report(part: str, config: str, rows: List[Row], results: Dict[str, Dict[int,
             [compare.final_accuracy(s) for s in summaries.values()]), ".4f"))
         cells.append(size(median_of([r["sent"] for r in runs.values()])))
         cells.append(size(median_of([r["received"] for r in runs.values()])))
+        cells.append(size(median_of([r.get("per_sample") for r in runs.values()])))
         rate = median_of([drawer.throughput(s) for s in summaries.values()])
         cells.append("n/a" if rate is None else f"{rate:.0f}")
         missing = seeds - len(runs)
