@@ -45,7 +45,7 @@ OUTER_MOMENTUM = 0.0           # --outer-momentum: esync's Nesterov momentum on 
 
 # --- how workers aggregate -------------------------------------------------------------
 BACKEND = "ps"                 # --backend: ps (parameter servers) | allreduce (sync, esync)
-COMPRESS = "none"              # --compress: none | fp16 | topk:R | threshold:T | partial:K
+COMPRESS = "none"              # --compress: none | fp16 | topk:R | threshold:T|auto:F | partial:K
 ALLREDUCE_TIMEOUT = 300.0      # seconds a worker waits in one all-reduce before it gives
                                #   up (a hung peer; a dead one is noticed at once)
 

@@ -25,8 +25,8 @@ options: `-m esync` on IID data, plain (the baseline) and --outer-momentum 0.9 (
     0.9 (both -gl) (through --options-backend, default ps).
 codecs: SINGA's ways of synchronising (esync.compress), `-m sync` and `-m esync`, each
     with ps and allreduce uncompressed (the baselines of their backend) and, on both
-    backends, --compress partial:4, topk:0.01 and threshold:T (T = 0.05 for SSGD's
-    pushed gradients, 0.01 for ESync's deltas: THRESHOLDS).
+    backends, --compress partial:4, topk:0.01, threshold:T (T = 0.05 for SSGD's
+    pushed gradients, 0.01 for ESync's deltas: THRESHOLDS) and threshold:auto:0.01.
 
 Configurations (--configs): `plain` (loopback) and `links` (the experiment's slow-link
 configuration: the launcher's --bandwidth none,none,100,100 --latency 0,0,5,5, i.e. the
@@ -118,7 +118,8 @@ def codec_rows() -> List[Row]:
         for backend in ("ps", "allreduce"):
             base = f"{mode} {backend}"
             rows.append(Row(base, ("-m", mode, "--backend", backend), None))
-            for codec in ("partial:4", "topk:0.01", f"threshold:{THRESHOLDS[mode]:g}"):
+            for codec in ("partial:4", "topk:0.01", f"threshold:{THRESHOLDS[mode]:g}",
+                          "threshold:auto:0.01"):
                 rows.append(Row(f"{base} {codec}", ("-m", mode, "--backend", backend,
                                                    "--compress", codec), base))
     return rows

@@ -16,11 +16,11 @@ backends do the same arithmetic and every worker holds the same weights.
   as DDP's fp16 hook does; with `partial:K` of the round's slice only), after one of a
   small float32 vector holding the buffers (BatchNorm statistics), each worker's stop
   flag and its local steps (ESync with --average steps or normalized). That small one
-  goes first, alone: it
-  completes once every worker has come to the round's end, so its time is the round's
-  wait for the others (`waited`) and the weights' all-reduce the communication. A worker
-  whose stop criterion (or, on worker 0, the evaluator's) says stop raises its flag and
-  leaves the reason in the store: all stop after that round, as with the servers.
+  goes first, alone: it completes once every worker has come to the round's end, so its
+  time is the round's wait for the others (`waited`) and the weights' all-reduce the
+  communication. A worker whose stop criterion (or, on worker 0, the evaluator's) says
+  stop raises its flag and leaves the reason in the store: all stop after that round,
+  as with the servers.
 - *Sparse codecs* (`topk:R`, `threshold:T`): each worker picks its values of the whole
   weights vector (with its error feedback, as esync.compress does per chunk for the
   servers), says how many in the control vector, and the workers all_gather their int32

@@ -10,7 +10,10 @@ The four ways Apache SINGA's DistOpt synchronises, on both backends:
   Lin et al.'s deep gradient compression).
 - `threshold:T`: the same, sending the values whose magnitude (with the error fed back)
   exceeds T, as SINGA's `backward_and_sparse_update(topK=False)`: how many travel
-  varies from round to round and from worker to worker.
+  varies from round to round and from worker to worker. `threshold:auto:F` chooses T at
+  each push to keep about the fraction F: the (1-F) quantile of the magnitudes of an
+  evenly spaced sample of the values (at most SAMPLE of them), as deep gradient
+  compression estimates its threshold; cheaper than an exact top-k on a large vector.
 - `partial:K` (synchronous modes): each round synchronises one of K slices of the
   weights vector in round-robin (`window`), the others staying local, as SINGA's
   `backward_and_partial_update`; what a worker pushes for a slice is its change since
@@ -42,7 +45,10 @@ if TYPE_CHECKING:  # numpy and torch are imported where they are used: parsing t
 KINDS = ("none", "fp16", "topk", "threshold", "partial")
 #: the codecs that send indices and values, with error feedback
 SPARSE = ("topk", "threshold")
-SPELLING = "none, fp16, topk:R (0 < R <= 1), threshold:T (T >= 0) or partial:K (K >= 2)"
+SPELLING = ("none, fp16, topk:R (0 < R <= 1), threshold:T (T >= 0), threshold:auto:F "
+            "(0 < F <= 1) or partial:K (K >= 2)")
+#: threshold:auto:F estimates T from at most this many values, evenly spaced
+SAMPLE = 4096
 
 
 class CompressionError(ValueError):
@@ -54,6 +60,7 @@ class Compression:
     kind: str = "none"
     ratio: float = 1.0  # topk: the kept fraction of each chunk
     threshold: float = 0.0  # threshold: the magnitude a value must exceed to be sent
+    fraction: float = 0.0  # threshold:auto:F: the fraction T is chosen to keep (0: fixed T)
     slices: int = 1  # partial: the slices synchronised in turn
 
     @classmethod
@@ -67,12 +74,16 @@ class Compression:
             return cls(kind, ratio=number)
         if kind == "threshold" and 0 <= number < math.inf:
             return cls(kind, threshold=number)
+        auto, _, fraction = rest.partition(":")
+        if kind == "threshold" and auto == "auto" and 0 < _number(fraction) <= 1:
+            return cls(kind, fraction=_number(fraction))
         if kind == "partial" and number.is_integer() and 2 <= number <= 1 << 20:
             return cls(kind, slices=int(number))
         raise ValueError(f"expected {SPELLING}, got {text!r}")
 
     def __str__(self) -> str:
-        return {"topk": f"topk:{self.ratio:g}", "threshold": f"threshold:{self.threshold:g}",
+        threshold = f"auto:{self.fraction:g}" if self.fraction else f"{self.threshold:g}"
+        return {"topk": f"topk:{self.ratio:g}", "threshold": f"threshold:{threshold}",
                 "partial": f"partial:{self.slices}"}.get(self.kind, self.kind)
 
     @property
@@ -97,11 +108,24 @@ class Compression:
         import torch
 
         if self.kind == "threshold":
-            return torch.nonzero(error.abs() > self.threshold).flatten()
+            threshold = self.auto_threshold(error) if self.fraction else self.threshold
+            return torch.nonzero(error.abs() > threshold).flatten()
         k = self.kept(len(error))
         if k == len(error):
             return torch.arange(len(error), device=error.device)
         return torch.topk(error.abs(), k, sorted=False).indices.sort().values
+
+
+    def auto_threshold(self, error: "torch.Tensor") -> float:
+        """threshold:auto:F: the T that about the fraction F of `error` exceeds, from an
+        evenly spaced sample of it."""
+        import torch
+
+        sample = error[::max(1, len(error) // SAMPLE)].abs()
+        keep = math.ceil(self.fraction * len(sample))
+        if keep >= len(sample):
+            return -1.0  # everything
+        return float(torch.topk(sample, keep + 1).values[-1])  # the largest left out
 
 
 def _number(text: str) -> float:

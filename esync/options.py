@@ -211,7 +211,8 @@ class Options:
                          "pushed weight traffic: none, fp16 (half the bytes), topk:R (the "
                          "largest fraction R of the values, with error feedback), "
                          "threshold:T (the values over T in magnitude, with error "
-                         "feedback), partial:K (sync, esync: each round one of K slices "
+                         "feedback; threshold:auto:F: T chosen to keep about the fraction "
+                         "F), partial:K (sync, esync: each round one of K slices "
                          "in turn, the rest local)",
                          type=_compress)
     split_by_class: Switch = _opt(["-s", "--split-by-class"], config.SPLIT_BY_CLASS,

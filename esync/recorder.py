@@ -32,6 +32,8 @@ host name, `<device>` is `--device-name` or else `cpu` / `gpu<N>`.
 | `val_loss` | with `--metric loss`, in place of `accuracy`: the loss on the test set (lower is better), present only in rounds that evaluated; a record has `accuracy` or `val_loss`, never both |
 | `budget` | ESync only: the local iterations the state server gave this round (= the number of entries in `time`; 1 where its answer was refused) |
 | `state_server_request` | ESync only: seconds the budget request of this round took over HTTP (it runs during the previous round's aggregation; `state server` is what the round waited for it) |
+| `synced` | with `--compress partial:K`: the `[start, stop)` of the weights vector this round synchronised (the others stayed local) |
+| `pushed_values` | with `--compress topk:R` or `threshold:T`: how many of the weights' values this worker's push sent (through the servers, as index and value; the all-reduce pads every worker's to the most any sent) |
 | `batch_sizes` | balanced DDP only: every worker's batch in this round, by rank (their sum is `-b` times the workers) |
 | `data` | shards only: the prepared loader's state as of the round's last batch (torchdata's `StatefulDataLoader` state: the lease in progress, its position, the epoch), `split` (`static` or `leased`) and the worker's `rank`; a worker continuing the job goes on from it (from `data-<n>.json`, the same state written before the round's push, where it exists). With `--remote-prep`, `sampler` (the block sampler's state as of that batch) in place of `loader` |
 | `remote_batches` | with `--remote-prep`: batches of the round made by Ray tasks |

@@ -1,6 +1,7 @@
 """SINGA's codecs in whole jobs (issue 29): `--compress partial:K`, `threshold:T` and
-`topk:R` on both backends (top-k through the servers: tests/test_allreduce.py), each
-training lenet on digits to 0.90 with 2 workers through the launcher.
+`topk:R` on both backends (top-k through the servers: tests/test_allreduce.py), and
+`threshold:auto:F` (about F of the values every round), each training lenet on digits
+to 0.90 with 2 workers through the launcher.
 
 Every round of every worker sends exactly what the codec's arithmetic says, checked
 against the worker's own log (`bytes_sent`; the servers' pushes counted on the wire,
@@ -50,7 +51,7 @@ def ring(nbytes):
 @pytest.mark.parametrize("mode, backend, codec", [
     ("sync", "ps", "partial:4"), ("esync", "allreduce", "partial:4"),
     ("esync", "ps", "threshold:0.01"), ("sync", "allreduce", "threshold:0.05"),
-    ("esync", "allreduce", "topk:0.01")])
+    ("esync", "allreduce", "topk:0.01"), ("sync", "ps", "threshold:auto:0.01")])
 def test_a_codec_trains_to_90_percent_sending_what_it_says(tmp_path, mode, backend, codec):
     args = ["-m", mode, "--backend", backend, "--workers", str(WORKERS),
             "--compress", codec]
@@ -96,3 +97,5 @@ def test_a_codec_trains_to_90_percent_sending_what_it_says(tmp_path, mode, backe
         if compression.kind == "threshold":  # it sent a part, not everything
             fractions = [r["pushed_values"] / LENET_WEIGHTS for r in records]
             assert min(fractions) < 0.5, fractions
+            if compression.fraction:  # about the fraction it keeps, every round
+                assert all(0.005 <= f <= 0.02 for f in fractions), fractions

@@ -59,10 +59,12 @@ def through_wire(fields: Dict[str, Any], sections: List[np.ndarray]
     ("topk:1e-3", "topk", 1e-3), ("threshold:0.05", "threshold", 0.05),
     ("threshold:0", "threshold", 0.0), ("Threshold:1e3", "threshold", 1e3),
     ("partial:2", "partial", 2), ("partial:16", "partial", 16), ("partial:4.0", "partial", 4),
+    ("threshold:auto:0.01", "threshold", 0.01), ("threshold:AUTO:1", "threshold", 1.0),
 ])
 def test_parse_accepts(text, kind, ratio):
     c = Compression.parse(text)
-    parameter = {"topk": c.ratio, "threshold": c.threshold, "partial": c.slices}
+    parameter = {"topk": c.ratio, "threshold": c.fraction or c.threshold,
+                 "partial": c.slices}
     assert (c.kind, parameter.get(c.kind, 1.0)) == (kind, ratio)
     assert Compression.parse(str(c)) == c  # str() is a spelling parse takes back
 
@@ -72,6 +74,8 @@ def test_parse_accepts(text, kind, ratio):
     "topk:inf", "fp16:0.5", "none:1", "", "float16", "top-k:0.1", "threshold",
     "threshold:", "threshold:-0.1", "threshold:inf", "threshold:nan", "partial",
     "partial:1", "partial:0", "partial:-2", "partial:2.5", "partial:x", "partial:inf",
+    "threshold:auto", "threshold:auto:", "threshold:auto:0", "threshold:auto:1.5",
+    "threshold:auto:nan", "threshold:0.1:0.1", "threshold:automatic:0.1",
 ])
 def test_parse_refuses_naming_the_text(text):
     with pytest.raises(ValueError) as info:
@@ -328,6 +332,44 @@ def test_a_threshold_chunk_with_nothing_over_t_travels_empty():
     np.testing.assert_array_equal(compressor.residual, [0.5, -0.5, 1, 0])
     fields, (index, sent) = compressor.encode(0, np.array([0.6, 0, 0, 0], np.float32))
     assert index.tolist() == [0] and sent.tolist() == [pytest.approx(1.1)]
+
+
+@pytest.mark.parametrize("n, fraction", [(10**4, 0.01), (62158, 0.01), (10**6, 0.001),
+                                         (CHUNK_VALUES, 0.05), (1000, 0.2)])
+def test_an_automatic_threshold_keeps_about_its_fraction(n, fraction):
+    """threshold:auto:F on vectors of very different scales (a vector's magnitudes do
+    not matter, only their spread) sends about F of them: within 2x, the sample being at
+    most SAMPLE values."""
+    import torch
+
+    rng = np.random.default_rng(n)
+    compression = Compression.parse(f"threshold:auto:{fraction:g}")
+    for scale in (1e-4, 1.0, 1e3):
+        vector = torch.from_numpy((scale * rng.standard_t(3, n)).astype(np.float32))
+        sent = len(compression.select(vector)) / n
+        assert fraction / 2 <= sent <= fraction * 2, (scale, sent)
+
+
+def test_an_automatic_threshold_with_feedback_loses_nothing():
+    """Vectors pushed again and again: each push sends what owes more than that push's
+    T and about the fraction F, and what arrived plus the residual is what was pushed."""
+    import torch
+
+    n, pushes = 2000, 100
+    rng = np.random.default_rng(1)
+    compression = Compression.parse("threshold:auto:0.05")
+    compressor = Compressor(compression, n)
+    pushed, decoded = np.zeros(n, np.float64), np.zeros(n, np.float64)
+    for t in range(pushes):
+        vector = rng.standard_normal(n).astype(np.float32)
+        threshold = compression.auto_threshold(torch.from_numpy(compressor.residual + vector))
+        compressor.begin(t + 1)
+        fields, sections = compressor.encode(0, vector)
+        assert 0.025 * n <= compressor.sent_values <= 0.1 * n
+        assert np.abs(compressor.residual).max() <= threshold
+        decoded += decode_chunk(*through_wire(fields, sections)[:2], n)
+        pushed += vector
+    np.testing.assert_allclose(decoded + compressor.residual, pushed, rtol=1e-5, atol=1e-3)
 
 
 @pytest.mark.parametrize("kind", ["topk:0.1", "threshold:1.0"])
