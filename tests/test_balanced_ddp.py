@@ -167,15 +167,29 @@ def test_balanced_ddp_trains_to_90_percent_no_batch_below_the_floor(tmp_path):
     assert "batches" in logs["w0/worker.log"]
 
 
+#: the phases of a step that the balancer counts as its computing (esync.session's
+#: iteration_timed: the batch's fetch, forward and backward, the update, the slowdown)
+COMPUTING = ("get_batch", "forward and backward", "local update", "slowdown")
+
+
+def seconds_per_sample(records):
+    """Each round's computing seconds per sample, from a rank's log (one step a round)."""
+    return [sum(r["time"]["0"].get(p, 0.0) for p in COMPUTING) / r["num_samples"]
+            for r in records]
+
+
 @pytest.mark.slow
 @pytest.mark.alone
 def test_a_4x_faster_worker_settles_at_about_4x_the_batch(tmp_path):
     """--slowdown 1,4 by hand, -b 512 (a global batch of 1,024), three estimates of the
-    workers' speeds (after rounds 10, 20 and 30): the median of the three gives the fast
-    worker 4 times the slow one's batch, within 25%. The test runs alone (conftest.py):
-    beside another test's load the slow worker, which computes only while the fast one
-    does too, is slowed more than the fast one, and the ratio drifted to 4.3-5.9 (the
-    emulation's artefact: real devices do not share cores)."""
+    workers' speeds (after rounds 10, 20 and 30). Each estimate's batches are in the
+    ratio of the two workers' speeds as their own logs measured them (the median of
+    their last 20 rounds' computing seconds per sample), within 5%; and the fast worker
+    gets several times the slow one's batch. How many times is the emulation's, not the
+    balancer's: 4 on a machine of real cores, more where the two processes share a
+    core's hyperthreads (the slow worker computes only while the fast one does too,
+    the fast one partly alone): 4.3-5.9 beside another test's load, 5.5 alone on a
+    slower CI machine, where a bound of 5 on it failed."""
     job = DDPJob(tmp_path, [["--slowdown", "1"], ["--slowdown", "4"]],
                  ["--balance-batches", "1", "-b", "512", "--max-rounds", "31", "-e", "0",
                   "--num-threads", "1"])
@@ -185,10 +199,15 @@ def test_a_4x_faster_worker_settles_at_about_4x_the_batch(tmp_path):
     assert len(batches) == len(job.rounds(1)) == 31
     assert all(sum(b) == 1024 for b in batches)
     assert batches[:10] == [[512, 512]] * 10  # plain DDP until the first estimate
+    per_sample = [seconds_per_sample(job.rounds(k)) for k in (0, 1)]
+    for estimate in (10, 20, 30):  # batches[estimate]: the round after it
+        measured = [statistics.median(seconds[max(0, estimate - 20):estimate])
+                    for seconds in per_sample]
+        ratio = batches[estimate][0] / batches[estimate][1]
+        assert ratio == pytest.approx(measured[1] / measured[0], rel=0.05), \
+            (estimate, batches[estimate], measured)
     ratio = statistics.median(batches[k][0] / batches[k][1] for k in (10, 20, 30))
-    # --slowdown 4 slows the computing only, not the batch's loading (a tenth of a step
-    # here at a batch of 512): the slow worker is a little less than 4x slower
-    assert 2.5 <= ratio <= 5.0, batches
+    assert 2.5 <= ratio <= 8.0, batches
     assert all(b[0] > b[1] for b in batches[10:]), batches
     for k in (0, 1):
         assert [r["num_samples"] for r in job.rounds(k)] == [b[k] for b in batches]
