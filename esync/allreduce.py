@@ -225,10 +225,7 @@ class AllReduce:
         is sent leaves the residual."""
         if self._residual is None or self._residual.device != pushed.device:
             self._residual = torch.zeros_like(pushed)
-        error = self._residual.add_(pushed)
-        index = self.compression.select(error)
-        values = error[index]  # a copy
-        error[index] = 0.0
+        index, values = self.compression.take(self._residual.add_(pushed))
         self.pushed_values = len(index)
         return index.to(torch.int32), values
 

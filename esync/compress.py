@@ -100,8 +100,12 @@ class Compression:
         vector for the other kinds)."""
         if self.kind != "partial":
             return 0, length
-        k = (round_ - 1) % self.slices
+        k = self.slice_of(round_)
         return length * k // self.slices, length * (k + 1) // self.slices
+
+    def slice_of(self, round_: int) -> int:
+        """partial: which of the K slices round `round_` (from 1) synchronises."""
+        return (round_ - 1) % self.slices
 
     def select(self, error: "torch.Tensor") -> "torch.Tensor":
         """The indices (sorted, int64) of the values of `error` a sparse codec sends."""
@@ -114,6 +118,14 @@ class Compression:
         if k == len(error):
             return torch.arange(len(error), device=error.device)
         return torch.topk(error.abs(), k, sorted=False).indices.sort().values
+
+    def take(self, error: "torch.Tensor") -> Tuple["torch.Tensor", "torch.Tensor"]:
+        """A sparse codec's push from `error` (the residual with this push's values added,
+        changed in place): the indices and values it sends, which leave the residual."""
+        index = self.select(error)
+        sent = error[index]  # a copy
+        error[index] = 0.0
+        return index, sent
 
 
     def auto_threshold(self, error: "torch.Tensor") -> float:
@@ -173,11 +185,9 @@ class Compressor:
             return {"codec": "slice", "start": start}, [values[start:stop]]
         error = self.residual[offset:offset + len(values)]
         error += values  # what this push adds to what is owed
-        index = self.compression.select(torch.from_numpy(error)).numpy()
-        sent = error[index]  # a copy
-        error[index] = 0.0
+        index, sent = self.compression.take(torch.from_numpy(error))
         self.sent_values += len(index)
-        return {"codec": kind}, [index.astype(np.int32), sent]
+        return {"codec": kind}, [index.numpy().astype(np.int32), sent.numpy()]
 
 
 def decode_chunk(header: Dict[str, Any], sections: List["np.ndarray"],

@@ -36,7 +36,7 @@ class PartialSync:
         steps since the slice was last synchronised."""
         self.window = self.compression.window(round_, len(self.reference))
         self.steps = [s + steps for s in self.steps]
-        k = (round_ - 1) % self.compression.slices
+        k = self.compression.slice_of(round_)
         since, self.steps[k] = self.steps[k], 0
         return since
 
@@ -65,8 +65,3 @@ class PartialSync:
             params[:lo].copy_(self.local[:lo])
             params[hi:].copy_(self.local[hi:])
         self.reference[lo:hi].copy_(params[lo:hi])
-
-    def reset(self, params: torch.Tensor) -> None:
-        """Every slice's reference is `params` (a pulled model: joining, resuming)."""
-        self.reference.copy_(params)
-        self.steps = [0] * len(self.steps)
