@@ -167,10 +167,23 @@ def _frozen(proc):
             proc.send_signal(signal.SIGCONT)
 
 
+def _synced_after(job, device, round_):
+    """Whether `device` began the synchronisation of a round after `round_`: it kept
+    the loader's state of that round (data-<n>.json, written before the round's push and
+    before the scheduler hears of it), so that a worker continuing the job could go on
+    from there rather than from `round_`'s record."""
+    folder = os.path.join(job.log_dir, socket.gethostname(), device)
+    return any(int(os.path.basename(p)[5:-5]) > round_
+               for p in glob.glob(os.path.join(folder, "data-*.json")))
+
+
 def _kill_after_round(job, name, device, epoch, within=1.0):
     """SIGKILL worker `name` (device `device`) right after a round that left it inside
     a lease of `epoch` (see _mid_lease), checked with the worker stopped so that the
-    round checked is its last. The round's record."""
+    round checked is its last and the next round's synchronisation has not begun (a
+    busy machine can leave the test's polling behind the worker: stopped after it had
+    kept the next round's loader state, its restart went on from that round, not from
+    the record checked). The round's record."""
     proc = job.procs[name]
     deadline = time.monotonic() + 120
     while True:
@@ -180,7 +193,8 @@ def _kill_after_round(job, name, device, epoch, within=1.0):
         last = _last(job, device)
         if last is not None and _mid_lease(last, epoch, within):
             with _frozen(proc):
-                if _last(job, device) == last:
+                if _last(job, device) == last and \
+                        not _synced_after(job, device, last["num_iters"]):
                     proc.kill()
                     proc.wait(10)
                     return last
