@@ -63,7 +63,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from launch import experiment, local  # the experiment's settings; jobs run through the launcher
 from logs_tools import compare, drawer, summary  # and are read by the log tools
@@ -293,12 +293,18 @@ def plan(args, extra: Sequence[str], base: str) -> Tuple[List[Job], Dict[str, Li
 
 
 # --- one job ----------------------------------------------------------------------------
-def traffic_per_round(folder: str) -> Tuple[Optional[float], Optional[float],
-                                            Optional[float]]:
-    """(bytes sent, bytes received) per worker per round: each worker's sums over its
+class Traffic(NamedTuple):
+    sent: Optional[float]        # bytes sent per worker per round
+    received: Optional[float]    # bytes received per worker per round
+    per_sample: Optional[float]  # bytes sent per sample trained, all workers together
+
+
+def traffic_per_round(folder: str) -> Traffic:
+    """Bytes sent and received per worker per round: each worker's sums over its
     iteration records divided by its rounds, the mean over the workers (the evaluator
-    left out); and bytes sent per sample trained, of all workers together; None where
-    no record could be read."""
+    left out); and bytes sent per sample trained, of all workers together (sent only:
+    logs_tools.compare.bytes_per_sample counts both ways, and pulls are never
+    compressed); None where no record could be read."""
     sent, received, all_sent, samples = [], [], 0, 0
     for host in os.scandir(folder):
         if not host.is_dir():
@@ -324,9 +330,9 @@ def traffic_per_round(folder: str) -> Tuple[Optional[float], Optional[float],
                 received.append(totals[1] / rounds)
                 all_sent += totals[0]
     if not sent:
-        return None, None, None
-    return statistics.mean(sent), statistics.mean(received), \
-        (all_sent / samples if samples else None)
+        return Traffic(None, None, None)
+    return Traffic(statistics.mean(sent), statistics.mean(received),
+                   all_sent / samples if samples else None)
 
 
 def run_job(job: Job) -> dict:
@@ -350,8 +356,7 @@ def run_job(job: Job) -> dict:
         result = summary.summarize(base, network, os.path.basename(folder), warn=notes.append)
     for line in notes:
         print(line, file=sys.stderr)
-    sent, received, per_sample = traffic_per_round(folder)
-    return {"summary": result, "sent": sent, "received": received, "per_sample": per_sample}
+    return {"summary": result, **traffic_per_round(folder)._asdict()}
 
 
 # --- the table ----------------------------------------------------------------------------

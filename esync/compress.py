@@ -127,7 +127,6 @@ class Compression:
         error[index] = 0.0
         return index, sent
 
-
     def auto_threshold(self, error: "torch.Tensor") -> float:
         """threshold:auto:F: the T that about the fraction F of `error` exceeds, from an
         evenly spaced sample of it."""

@@ -14,8 +14,9 @@ Workers talk to it over one ROUTER socket:
   chunk overlaps with receiving the next. A push may carry `stop` (worker 0's decision
   to end the job), which every later answer repeats. A weight chunk may come compressed
   (`codec`: fp16, sparse indices and values, or a slice, esync.compress; decoded, every
-  index checked, before the rule sees it; a section with no values has no frame), and an ESync push may carry its `steps` (the
-  worker's local steps, for --average steps and normalized).
+  index checked, before the rule sees it; a section with no values has no frame), and
+  an ESync push may carry its `steps` (the worker's local steps, for --average steps
+  and normalized).
 Every `weights` answer says how many times the shard's first chunk was updated
 (`updates`: rounds in SSGD and ESync, pushes in ASGD) and the seconds since training
 started (`age`; 0 until then): worker 0 marks the start with a pull carrying `start`
@@ -54,7 +55,7 @@ from esync.rules import WEIGHTS, Key, Rule, RuleConfig, make_rule
 from esync.transport.cluster import ClusterEnv, advertised_address
 from esync.transport.message import (CHUNK_BYTES, CHUNK_VALUES, FRAME_SLACK, Message,
                                      MessageError, chunk_spans, decode, encode,
-                                     integer_field, section_dtypes)
+                                     integer_field)
 from esync.transport.node import JobAborted, Node, node_id
 from esync.transport.quiet import Quiet
 
@@ -332,9 +333,7 @@ class ShardServer:
         if section != WEIGHTS and msg.header.get("codec") is not None:
             raise MessageError("only weight chunks (section 0) may be compressed")
         try:
-            values = decode_chunk(msg.header, [s[0][1] if s else np.empty(0, dtype) for s, dtype
-                                               in zip(msg.sections(), section_dtypes(
-                                                   msg.header, len(lengths)))], expected)
+            values = decode_chunk(msg.header, msg.arrays(), expected)
         except CompressionError as e:
             raise MessageError(str(e)) from None
         return (section, offset), values

@@ -31,8 +31,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from esync.compress import Compression, CompressionError, Compressor, decode_chunk
-from esync.transport.message import (CHUNK_VALUES, chunk_spans, decode, encode, frame_bytes,
-                                     section_dtypes)
+from esync.transport.message import CHUNK_VALUES, chunk_spans, decode, encode, frame_bytes
 
 SETTINGS = settings(max_examples=60, deadline=None, database=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -45,11 +44,7 @@ def through_wire(fields: Dict[str, Any], sections: List[np.ndarray]
     frames = encode({"type": "push", "sender": 0, "shard": 0, "round": 1, "section": 0,
                      "offset": 0, **fields}, sections)
     msg = decode([bytes(f) for f in frames], ("push",))
-    arrays = [np.concatenate([v for _, v in chunks]) if len(chunks) > 1 else
-              chunks[0][1] if chunks else np.empty(0, dtype)  # an empty section
-              for chunks, dtype in zip(msg.sections(), section_dtypes(
-                  msg.header, len(msg.header.get("lengths", []))))]
-    return msg.header, arrays, frames
+    return msg.header, msg.arrays(), frames
 
 
 # --- 1. the spellings -----------------------------------------------------------------

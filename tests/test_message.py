@@ -28,6 +28,20 @@ def test_round_trip_cuts_sections_into_chunks(monkeypatch):
     assert msg.nbytes() == sum(len(bytes(f)) for f in frames)
 
 
+def test_arrays_give_each_section_whole_an_empty_one_included(monkeypatch):
+    """One array per section, of its dtype: several frames joined, one frame as it came,
+    and a section with no values (no frame on the wire) as an empty array."""
+    monkeypatch.setattr(message, "CHUNK_VALUES", 10)
+    a, b = np.arange(25, dtype=np.float32), np.arange(3, dtype=np.int32)
+    frames = encode({"type": "push", "sender": 3}, [a, np.zeros(0, np.float32), b])
+    msg = decode([bytes(f) for f in frames], TYPES)
+    assert msg.header["frames"] == [3, 0, 1]
+    whole, empty, small = msg.arrays()
+    np.testing.assert_array_equal(whole, a)
+    assert empty.dtype == np.float32 and len(empty) == 0
+    assert small.dtype == np.int32 and small.tolist() == [0, 1, 2]
+
+
 def test_sending_is_zero_copy():
     a = np.arange(8, dtype=np.float32)
     frames = encode({"type": "push", "sender": 0}, [a])

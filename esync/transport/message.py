@@ -64,6 +64,15 @@ class Message:
             i += count
         return out
 
+    def arrays(self) -> List[np.ndarray]:
+        """Per section, its values as one array of its dtype: a view of its one frame, a
+        copy joining several, and an empty array for a section with no values (which
+        travels as no frame)."""
+        dtypes = section_dtypes(self.header, len(self.header.get("frames") or []))
+        return [chunks[0][1] if len(chunks) == 1 else
+                np.concatenate([v for _, v in chunks]) if chunks else np.empty(0, dtype)
+                for chunks, dtype in zip(self.sections(), dtypes)]
+
     def nbytes(self) -> int:
         """Bytes of the whole message as it crossed the network (header and frames)."""
         return self.header_bytes + sum(frame_bytes(f) for f in self.frames)
