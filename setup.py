@@ -1,11 +1,14 @@
-"""Installs the `esync` package, the launchers (`launch`) and the log tools (`logs_tools`),
-the top-level `config` and `main` modules, and the commands `esync` (main.py),
-`esync-launch` (launch/local.py; `--ray` needs the `ray` extra), `esync-run`
-(launch/run.py: a training script of your own as the workers), `esync-hosts`
-(launch/hosts.py), `esync-pack` (esync/data/pack.py: data sets as shards), `esync-experiment`
-(launch/experiment.py), `esync-stalls` (launch/stalls.py: where each device's time goes,
-and what would help), `esync-summary` (logs_tools/summary.py) and `esync-draw`
-(logs_tools/drawer.py).
+"""Installs one package, `esync` (from src/: the runtime, its launchers `esync.launch` and
+its log tools `esync.logs_tools`), and nothing else at the top level, so that no module
+of esync's can shadow, or be shadowed by, a user's files (a `config.py`, `main.py` or
+`launch.py` beside a training script, or an esync checkout named `esync/`: with the src
+layout an editable install is a plain path entry, and a regular package wins over such a
+folder). The commands: `esync` (the same as `python main.py` in a checkout),
+`esync-launch` (esync/launch/local.py; `--ray` needs the `ray` extra), `esync-run`
+(esync/launch/run.py: a training script of your own as the workers), `esync-hosts`,
+`esync-pack` (esync/data/pack.py: data sets as shards), `esync-experiment`,
+`esync-stalls` (where each device's time goes, and what would help), `esync-summary`,
+`esync-draw` and `esync-compare` (esync/logs_tools/).
 
 On machines where a plain `torch` requirement would pull a multi-GB CUDA build, install
 the CPU build first (`pip install torch==2.13.0`); the range below accepts it.
@@ -17,8 +20,8 @@ setup(
     version="0.1.0",
     description="Data-parallel training on heterogeneous clusters: ESync, SSGD, ASGD, DC-ASGD",
     python_requires=">=3.10",
-    packages=find_packages(include=["esync", "esync.*", "launch", "logs_tools"]),
-    py_modules=["config", "main"],
+    package_dir={"": "src"},
+    packages=find_packages("src", include=["esync", "esync.*"]),
     install_requires=[
         "torch>=2.1",
         "numpy>=1.22",
@@ -53,14 +56,14 @@ setup(
                              "mkdocstrings[python]>=0.26", "mkdocs-gen-files>=0.5"]},
     entry_points={"console_scripts": [
         "esync = esync.cli:console_main",
-        "esync-launch = launch.local:console_main",
-        "esync-run = launch.run:console_main",
-        "esync-hosts = launch.hosts:console_main",
-        "esync-experiment = launch.experiment:console_main",
-        "esync-summary = logs_tools.summary:console_main",
-        "esync-draw = logs_tools.drawer:console_main",
-        "esync-compare = logs_tools.compare:console_main",
+        "esync-launch = esync.launch.local:console_main",
+        "esync-run = esync.launch.run:console_main",
+        "esync-hosts = esync.launch.hosts:console_main",
+        "esync-experiment = esync.launch.experiment:console_main",
+        "esync-summary = esync.logs_tools.summary:console_main",
+        "esync-draw = esync.logs_tools.drawer:console_main",
+        "esync-compare = esync.logs_tools.compare:console_main",
         "esync-pack = esync.data.pack:console_main",
-        "esync-stalls = launch.stalls:console_main",
+        "esync-stalls = esync.launch.stalls:console_main",
     ]},
 )

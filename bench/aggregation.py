@@ -10,10 +10,10 @@ each target (s), the row's time over its baseline's, final accuracy, bytes sent 
 received per worker per round, bytes sent per sample trained, samples/s (progress, one
 line per job, on stderr).
 
-Every job is lenet on digits with the experiment's settings (launch/experiment.py's
+Every job is lenet on digits with the experiment's settings (esync/launch/experiment.py's
 defaults: 4 workers, --slowdown 1,1,4,4, --time-limit 25, --target-accuracy 0.97 held
 --target-hold 1 s, the evaluator every --eval-interval s, --no-auth), run through
-launch/local.py into its own --out folder, OUT/<part>/<config>/<row>/seed<k>/, with
+esync/launch/local.py into its own --out folder, OUT/<part>/<config>/<row>/seed<k>/, with
 `--seed k`.
 
 backends: `-m sync` and `-m esync`, each with
@@ -34,7 +34,7 @@ two slow workers on 100 Mbit/s and 5 ms; --links-bandwidth / --links-latency).
 
 Jobs go seed by seed, configuration by configuration, row by row, so that a slow spell
 of the machine falls on every row alike. Each job's iteration logs are read by
-logs_tools/summary.py (its summary JSON is written beside them), and measured with
+esync/logs_tools/summary.py (its summary JSON is written beside them), and measured with
 logs_tools' functions: time to each target (drawer.time_to_target on the evaluator's
 accuracy; compare.time_stats's censored median over the seeds: `median [min-max]`,
 `(k/n)` where only k of n seeds reached it, `n/r`: not reached), the row's time over its
@@ -65,8 +65,8 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from launch import experiment, local  # the experiment's settings; jobs run through the launcher
-from logs_tools import compare, drawer, summary  # and are read by the log tools
+from esync.launch import experiment, local  # the experiment's settings; jobs run through the launcher
+from esync.logs_tools import compare, drawer, summary  # and are read by the log tools
 from esync import registry
 
 PROG = "aggregation.py"
@@ -336,7 +336,7 @@ def traffic_per_round(folder: str) -> Traffic:
 
 
 def run_job(job: Job) -> dict:
-    """Run one job through launch/local.py and measure it: {"summary", "sent",
+    """Run one job through esync/launch/local.py and measure it: {"summary", "sent",
     "received"}; RuntimeError (the launcher's last line) if it failed."""
     said = io.StringIO()
     code = local.run(job.argv, progress=False, out=said)

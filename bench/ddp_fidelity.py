@@ -57,8 +57,8 @@ import sys
 import time
 from typing import Dict, List, Sequence
 
-from launch.local import inherited
-from launch.supervisor import ChildFailed
+from esync.launch.local import inherited
+from esync.launch.supervisor import ChildFailed
 from nodes import NodeRun, failure, spread
 
 SCRIPT = os.path.abspath(__file__)

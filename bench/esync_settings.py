@@ -38,8 +38,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.evidence import gathered, job_flags, level_folder, parse  # noqa: E402
-from launch import experiment  # noqa: E402
-from logs_tools.compare import target_label  # noqa: E402
+from esync.launch import experiment  # noqa: E402
+from esync.logs_tools.compare import target_label  # noqa: E402
 
 #: the paper's round on this machine (seconds; measured at 1,1,4,4, seed 0: the LM's
 #: ESync ran 259 rounds in 87 s, the ResNet's 103 in 201 s), so that --round-time asks

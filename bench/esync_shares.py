@@ -1,9 +1,9 @@
 """How much of their time fast devices spend computing, under ESync and under SSGD.
 
-Runs one job per mode on this machine through launch/local.py, each with a scheduler,
+Runs one job per mode on this machine through esync/launch/local.py, each with a scheduler,
 one server (and for ESync the state server) and four workers: two fast (`--slowdown 1`) and two four times slower
 (`--slowdown 4`), all training lenet on digits for the same time. From the workers'
-iteration logs, read by logs_tools/summary.py, it prints each device's computing-time share: the seconds spent in
+iteration logs, read by esync/logs_tools/summary.py, it prints each device's computing-time share: the seconds spent in
 local iterations (get_batch, forward and backward, local update, and the simulated
 slowdown) over the wall-clock time of training. The rest is waiting: at the aggregation
 (`global aggregate` / `global update`, which includes waiting for slower devices), for
@@ -22,8 +22,8 @@ import tempfile
 from typing import Dict, List
 
 from esync import registry
-from launch import local  # the jobs run through the launcher
-from logs_tools.summary import summarize  # and are read by summary.py
+from esync.launch import local  # the jobs run through the launcher
+from esync.logs_tools.summary import summarize  # and are read by summary.py
 
 
 def job_args(mode: str, slowdowns: List[float], args, base: str) -> List[str]:
@@ -34,7 +34,7 @@ def job_args(mode: str, slowdowns: List[float], args, base: str) -> List[str]:
 
 
 def run_job(mode: str, slowdowns: List[float], args, base: str) -> Dict[str, dict]:
-    """One job through launch/local.py; each device's summary record, by device label."""
+    """One job through esync/launch/local.py; each device's summary record, by device label."""
     if local.run(job_args(mode, slowdowns, args, base), progress=False) != 0:
         raise RuntimeError(f"the {mode} job failed; see {base}")
     records = summarize(base, "lenet", registry.resolve(mode).log_folder())

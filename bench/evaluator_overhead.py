@@ -6,12 +6,12 @@
 
 For each mode, the same job (4 workers, `--slowdown 1,1,4,4`, lenet on digits,
 `--max-rounds N`; async and dcasgd `--time-limit S`, see ROUNDS) runs through
-launch/local.py three ways:
+esync/launch/local.py three ways:
   (a) `--no-evaluator`: no evaluation at all, the baseline;
   (b) the evaluator process (DMLC_ROLE=evaluator) at the default `--eval-interval`;
   (c) the evaluator every 0.25 s.
 The runs are interleaved (repeat 1: a b c of every mode, then repeat 2, ...), so that a
-drift of the machine's load reaches all three alike. From the logs (logs_tools/summary.py)
+drift of the machine's load reaches all three alike. From the logs (esync/logs_tools/summary.py)
 it takes, per run:
   - each worker's mean round time: the differences of `total_time` from round 1 to the
     last, over the rounds between (round 1 carries the first iteration's warm-up);
@@ -38,11 +38,11 @@ import tempfile
 import time
 from typing import Dict, List, Sequence
 
-import config
+from esync import config
 from esync import registry
-from launch import local  # the jobs run through the launcher
+from esync.launch import local  # the jobs run through the launcher
 from nodes import length_flags, parse_rounds
-from logs_tools.summary import summarize  # and are read by summary.py
+from esync.logs_tools.summary import summarize  # and are read by summary.py
 
 SLOWDOWNS = "1,1,4,4"
 #: each mode's default length (--rounds): N rounds (--max-rounds N), or Ns seconds
@@ -70,7 +70,7 @@ def job_args(mode: str, cfg: str, length: str, out: str) -> List[str]:
 
 
 def run_job(argv: Sequence[str]) -> Dict[str, dict]:
-    """One job through launch/local.py; {device label: summary record}, and the
+    """One job through esync/launch/local.py; {device label: summary record}, and the
     evaluator's iteration files under the key `evaluator` (raw records)."""
     said = io.StringIO()
     code = local.run(argv, progress=False, out=said)

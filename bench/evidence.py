@@ -6,7 +6,7 @@ and slow links, 3 seeds.
     python bench/evidence.py --out runs/evidence --workloads charlm --levels 1,1,4,4
 
 Each (workload, heterogeneity) pair is one run of the comparison experiment
-(launch/experiment.py, i.e. `esync-experiment`) with the workload's training script
+(esync/launch/experiment.py, i.e. `esync-experiment`) with the workload's training script
 run through the library API (examples/*_esync.py under esync-run), its model and data
 named as plug-ins for the evaluator. ESync, SSGD, ASGD, DC-ASGD, DDP, speed-balanced
 DDP and standalone training each run --seeds times on plain loopback and with the slow
@@ -49,7 +49,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from launch import experiment  # noqa: E402
+from esync.launch import experiment  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -61,8 +61,8 @@ import zmq
 
 from esync.transport.auth import Guard, JobKey, new_key
 from esync.transport.message import CHUNK_VALUES, decode, encode
-from launch.local import new_token
-from launch.supervisor import Supervisor
+from esync.launch.local import new_token
+from esync.launch.supervisor import Supervisor
 from nodes import length_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -21,9 +21,9 @@ do to each mode's jobs.
   ratio to the model's.
 (ii) Per mode (esync, sync, async, dcasgd, ddp), the job of 4 workers, `--slowdown
   1,1,4,4`, lenet on digits, `--max-rounds N` (async and dcasgd: `--time-limit S`; see
-  ROUNDS), run through launch/local.py plain and with the two slow workers on
+  ROUNDS), run through esync/launch/local.py plain and with the two slow workers on
   `--bandwidth none,none,100,100 --latency 0,0,5,5`, interleaved (plain, links, plain,
-  links, ...). From the summaries (logs_tools/summary.py; the evaluator's folder left
+  links, ...). From the summaries (esync/logs_tools/summary.py; the evaluator's folder left
   out): each worker's median round time (the differences of `total_time` from round 1
   on), averaged over the fast and over the slow workers; the slow workers' median
   computing time per round (slowdown included: F-1 times their recent computing, so a
@@ -53,9 +53,9 @@ import time
 from typing import Dict, List, Sequence
 
 from esync import registry
-from launch import local  # the jobs run through the launcher
+from esync.launch import local  # the jobs run through the launcher
 from nodes import NodeRun, cluster_node, length_flags, parse_rounds
-from logs_tools.summary import summarize  # and are read by summary.py
+from esync.logs_tools.summary import summarize  # and are read by summary.py
 
 SCRIPT = os.path.abspath(__file__)
 TIMEOUT_S = 300.0
@@ -207,7 +207,7 @@ def job_args(mode: str, links: bool, length: str, out: str, evaluator: bool) -> 
 
 
 def run_job(argv: Sequence[str]) -> Dict[str, dict]:
-    """One job through launch/local.py; {worker label: summary record}."""
+    """One job through esync/launch/local.py; {worker label: summary record}."""
     said = io.StringIO()
     code = local.run(argv, progress=False, out=said)
     if code == 130:

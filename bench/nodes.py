@@ -17,7 +17,7 @@ import tempfile
 from datetime import timedelta
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from launch.supervisor import Supervisor
+from esync.launch.supervisor import Supervisor
 
 
 def failure(child) -> str:

@@ -5,7 +5,7 @@
                               [main.py flags ...]
 
 Needs Ray (pip install -e '.[ray]') and, for its point, a GPU. Runs, through
-`esync-launch --ray` (launch/onray.py), each configuration --repeats times, the
+`esync-launch --ray` (esync/launch/onray.py), each configuration --repeats times, the
 configurations interleaved repeat by repeat so that a slow spell falls on all alike:
 
     esync-mixed   -m esync with --devices (default gpu,cpu,cpu,cpu)
@@ -37,8 +37,8 @@ sys.path.insert(0, REPO)
 
 import ray  # noqa: E402
 
-from launch import local, onray  # noqa: E402
-from logs_tools import compare, drawer, summary  # noqa: E402
+from esync.launch import local, onray  # noqa: E402
+from esync.logs_tools import compare, drawer, summary  # noqa: E402
 
 CONFIGS = ("esync-mixed", "sync-mixed", "esync-cpu")
 

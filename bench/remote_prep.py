@@ -206,7 +206,7 @@ class Head:
 
 def run_job(head: Head, args, out: str, remote: bool, core: int) -> Dict[str, float]:
     """One job; its figures from the worker's records."""
-    command = [sys.executable, os.path.join(ROOT, "launch", "run.py"), "--ray", head.address,
+    command = [sys.executable, os.path.join(ROOT, "src", "esync", "launch", "run.py"), "--ray", head.address,
                "-m", "local", "-e", "4", "--num-threads", "1", "--time-limit",
                str(args.seconds), "--no-progress", "--no-evaluator", "--out", out,
                *(["--remote-prep", str(args.remote_prep)] if remote else []),

@@ -70,10 +70,10 @@ the baseline of the same run, and then summarised.
    per sample per epoch of the job over all samples, and in the epochs the job went
    two past, how many samples were trained exactly once.
 
-Jobs run through launch/local.py (`--no-auth --no-progress --num-threads 1`) into
+Jobs run through esync/launch/local.py (`--no-auth --no-progress --num-threads 1`) into
 OUT/<part>/<row>/seed<k>/, seed by seed, row by row, so that a slow spell of the machine
 falls on every row alike; each job's iteration logs are summarised by
-logs_tools/summary.py (its JSON beside them) and measured with logs_tools' functions
+esync/logs_tools/summary.py (its JSON beside them) and measured with logs_tools' functions
 (compare.final_accuracy, time_to_target, speedup, spread; drawer.training_records). A
 job that fails is reported (its launcher's last line) and left out; the exit status is
 then 1. Flags not listed here are passed to every job's main.py; --quick is --seeds 1
@@ -100,13 +100,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-import config
+from esync import config
 from esync.data.blocks import BlockSampler
 from esync.data.leases import LeaseBook, StaticLeases, blocks_per_lease
 from esync.data.order import DataSettings
 from esync.data.shards import ShardSet
-from launch import local  # the jobs run through the launcher
-from logs_tools import compare, drawer, summary  # and are read by the log tools
+from esync.launch import local  # the jobs run through the launcher
+from esync.logs_tools import compare, drawer, summary  # and are read by the log tools
 
 PROG = "shards.py"
 PARTS = ("mixing", "accuracy", "leases")
@@ -451,7 +451,7 @@ def plan(args, extra: Sequence[str], base: str, parts: Sequence[str],
 
 
 def run_job(job: Job) -> dict:
-    """Run one job through launch/local.py: {"summary", "folder", "plan"}; RuntimeError
+    """Run one job through esync/launch/local.py: {"summary", "folder", "plan"}; RuntimeError
     (the launcher's last line) if it failed."""
     said = io.StringIO()
     code = local.run(job.argv, progress=False, out=said)

@@ -113,7 +113,7 @@ def prepare(folder: str, images: int, size: int) -> str:
 def predict(flags: List[str], seconds: float, work: str) -> dict:
     """esync-stalls' report (its JSON) for a job alone with `flags`."""
     out = os.path.join(work, "stalls.json")
-    done = subprocess.run([sys.executable, "-c", "import sys; from launch.stalls import main; "
+    done = subprocess.run([sys.executable, "-c", "import sys; from esync.launch.stalls import main; "
                            "sys.exit(main())", "-m", "local", *flags, "--seconds", str(seconds),
                            "--json", out], cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:

@@ -23,8 +23,9 @@ import sys
 from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:  # the build runs from the repository root; a test may not
-    sys.path.insert(0, REPO)
+for _path in (REPO, os.path.join(REPO, "src")):  # the build runs from the repository
+    if _path not in sys.path:                    # root; a test may not
+        sys.path.insert(0, _path)
 
 #: where the command pages go, under docs/ (in the build only)
 FOLDER = "reference/commands"
@@ -48,7 +49,7 @@ COMMANDS: List[Command] = [
             "also the settings of `esync.init()` in a script of your own, and the flags "
             "the launchers pass on to every worker.",
             "../../tutorials/one-machine.md",
-            notes="Defaults live in `config.py` (edit it to change them); a flag always "
+            notes="Defaults live in `esync/config.py` (edit it to change them); a flag always "
                   "wins. The switches (`-c`, `-s`, `-dcasgd`, `--resume`, "
                   "`--balance-batches`, `--log-samples`) take a value, `1`/`0`, "
                   "`true`/`false` or `yes`/`no`, as in the original's commands "
@@ -58,14 +59,14 @@ COMMANDS: List[Command] = [
                   "-b/--batch-size: expected a positive integer, got '-3'`. The "
                   "environment variables are in [Environment variables]"
                   "(../environment.md)."),
-    Command("esync-launch", "launch.local",
+    Command("esync-launch", "esync.launch.local",
             "A whole job on this machine (state server, scheduler, servers, workers, "
             "evaluator), or on a Ray cluster with `--ray`.",
             "../../tutorials/one-machine.md",
             notes="Every other flag is [`esync`'s](esync.md) (main.py's), checked by its "
                   "parser before anything starts and passed to every worker; those of "
                   "checkpoints and failures go to the scheduler and the servers too."),
-    Command("esync-run", "launch.local",
+    Command("esync-run", "esync.launch.local",
             "A training script of your own as the job's workers, with the rest of the "
             "job beside them, as torchrun starts a script: "
             "`esync-run [esync-launch's and esync's flags] SCRIPT.py [SCRIPT's ARGS]`. "
@@ -76,20 +77,20 @@ COMMANDS: List[Command] = [
                   "[esync-launch's](esync-launch.md), listed above from its parser, and "
                   "[`esync`'s](esync.md) (main.py's), which reach the script in "
                   "`ESYNC_ARGS`, where `esync.init()` reads them."),
-    Command("esync-hosts", "launch.hosts",
+    Command("esync-hosts", "esync.launch.hosts",
             "The command for each role on each host of a real cluster, from a host file, "
             "or a Slurm batch script (`--slurm`); it starts nothing itself.",
             "../../tutorials/slurm.md",
             notes="The flags after `--` are [`esync`'s](esync.md) (main.py's), checked "
                   "first and given to every process."),
-    Command("esync-experiment", "launch.experiment",
+    Command("esync-experiment", "esync.launch.experiment",
             "The comparison: every algorithm on the same simulated cluster, with several "
             "seeds, plain and on slow links, then the tables and figures.",
             "../../evidence/quick-start.md",
             notes="Other flags (`-dd`, `-b`, `-ll`, ...) are [`esync`'s](esync.md) and go "
                   "to every worker; a training script of your own and its arguments may "
                   "follow them, as with [esync-run](esync-run.md)."),
-    Command("esync-stalls", "launch.stalls",
+    Command("esync-stalls", "esync.launch.stalls",
             "Where each device's time would go and what would help (DataLoader workers, "
             "a cache, a faster link), measured in this process from a job's "
             "configuration; nothing of the job starts.",
@@ -98,13 +99,13 @@ COMMANDS: List[Command] = [
                   "started: [esync-launch's](esync-launch.md) per-device flags "
                   "(`--workers`, `--slowdown`, `--bandwidth`, `--latency`, `--devices`) "
                   "and [`esync`'s](esync.md)."),
-    Command("esync-summary", "logs_tools.summary",
+    Command("esync-summary", "esync.logs_tools.summary",
             "One run's iteration logs to its summary, `<Name>.json`.",
             "../../how-to/logs-and-figures.md"),
-    Command("esync-draw", "logs_tools.drawer",
+    Command("esync-draw", "esync.logs_tools.drawer",
             "The figures and the speedup table of one run folder's summaries.",
             "../../how-to/logs-and-figures.md"),
-    Command("esync-compare", "logs_tools.compare",
+    Command("esync-compare", "esync.logs_tools.compare",
             "Medians and spreads over the seeds and configurations of an experiment: "
             "`results.md`, `results.json` and figures.",
             "../../how-to/logs-and-figures.md"),

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-from launch.supervisor import free_port
+from esync.launch.supervisor import free_port
 from tests.helpers import MAIN, REPO
 
 

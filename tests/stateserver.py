@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from typing import Optional
 
-from launch.supervisor import free_port
+from esync.launch.supervisor import free_port
 from tests.helpers import REPO
 
 

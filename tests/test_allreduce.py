@@ -20,7 +20,7 @@ from tests.stateserver import StateServer
 
 pytestmark = pytest.mark.slow  # whole clusters of real processes
 
-LAUNCH = os.path.join(REPO, "launch", "local.py")
+LAUNCH = os.path.join(REPO, "src", "esync", "launch", "local.py")
 
 
 def assert_all_exit_0(job, codes):

@@ -22,7 +22,7 @@ def esync_run(tmp_path, flags, script_args=(), timeout=180):
     out = tmp_path / "seen"
     out.mkdir(exist_ok=True)
     proc = subprocess.run(
-        [sys.executable, "-m", "launch.run", "--out", str(tmp_path / "runs"),
+        [sys.executable, "-m", "esync.launch.run", "--out", str(tmp_path / "runs"),
          "--no-progress", "--num-threads", "1", *flags, SCRIPT, str(out), *script_args],
         cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -168,7 +168,7 @@ def test_bad_settings_end_the_script_with_one_line(tmp_path, variable, message):
     (["--workers", "2", "-m", "sync", "--learning-rate", "x", SCRIPT], "-l/--learning-rate"),
 ])
 def test_esync_run_refuses_bad_input_with_one_line(tmp_path, argv, message):
-    proc = subprocess.run([sys.executable, "-m", "launch.run", "--out", str(tmp_path), *argv],
+    proc = subprocess.run([sys.executable, "-m", "esync.launch.run", "--out", str(tmp_path), *argv],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.startswith("esync-run: error: ") and message in proc.stderr

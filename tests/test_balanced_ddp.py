@@ -22,7 +22,7 @@ from torch import nn
 from esync.algorithms.balanced import BalancedDDP, apportion
 from esync.algorithms.base import Job
 from esync.link import Link
-from launch import local
+from esync.launch import local
 from tests.helpers import REPO, assert_no_traceback, run_main
 from tests.test_ddp import DDPJob, records
 
@@ -72,7 +72,7 @@ def test_balance_batches_with_another_mode_is_one_line():
 
 
 def test_a_floor_above_the_batch_is_refused_before_anything_starts(tmp_path):
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "launch", "local.py"), "-m",
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "src", "esync", "launch", "local.py"), "-m",
                            "ddp", "--balance-batches", "1", "--min-batch", "100",
                            "--workers", "2", "--out", str(tmp_path)],
                           cwd=REPO, text=True, capture_output=True, timeout=60)

@@ -1,6 +1,6 @@
 """Where the time went: summary.py's breakdown lists and per-device totals, and the
-drawer's breakdown.png and rates.png (logs_tools/breakdown.py), on iteration files
-written here and on the logs of a real job (launch/local.py, two workers, one slowed)."""
+drawer's breakdown.png and rates.png (esync/logs_tools/breakdown.py), on iteration files
+written here and on the logs of a real job (esync/launch/local.py, two workers, one slowed)."""
 import json
 import os
 import subprocess
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import esync.breakdown
-from logs_tools import breakdown, drawer, summary
+from esync.logs_tools import breakdown, drawer, summary
 from tests.helpers import REPO
 from tests.test_drawer import PNG_MAGIC
 from tests.test_launch_local import LAUNCH, children_of
@@ -219,10 +219,10 @@ def job(tmp_path_factory):
     tool = lambda *args: subprocess.run(  # noqa: E731
         [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=120,
         env=dict(os.environ, MPLBACKEND="Agg"))
-    made = tool(os.path.join("logs_tools", "summary.py"), "-b", str(out), "-n", "lenet",
+    made = tool(os.path.join("src", "esync", "logs_tools", "summary.py"), "-b", str(out), "-n", "lenet",
                 "-m", "esync")
     assert made.returncode == 0, made.stderr
-    drawn = tool(os.path.join("logs_tools", "drawer.py"), "-b", str(out), "-n", "lenet",
+    drawn = tool(os.path.join("src", "esync", "logs_tools", "drawer.py"), "-b", str(out), "-n", "lenet",
                  "-o", str(out / "figures"))
     assert drawn.returncode == 0, drawn.stderr
     (host,) = json.loads((out / "lenet" / "esync" / "ESync.json").read_text()).values()

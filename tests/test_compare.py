@@ -1,4 +1,4 @@
-"""logs_tools/compare.py on small hand-made summaries: 2 configurations x 3 seeds.
+"""esync/logs_tools/compare.py on small hand-made summaries: 2 configurations x 3 seeds.
 
 Every number asserted below is worked out by hand from the summaries built here (no
 training). Targets 0.90, 0.95, 0.97; ESync's speedup is measured at 0.95.
@@ -14,7 +14,7 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join("logs_tools", "compare.py")
+SCRIPT = os.path.join("src", "esync", "logs_tools", "compare.py")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 NET = "net"
 EVAL_BYTES = 7_000_000  # per evaluation: were the evaluator counted, traffic would show it
@@ -285,7 +285,7 @@ def test_notes_for_broken_and_missing(done):
 
 
 def test_default_configs_sorted_and_library(done, tmp_path):
-    from logs_tools import compare
+    from esync.logs_tools import compare
     out = tmp_path / "copy"
     shutil.copytree(done["out"], out)
     notes = []
@@ -308,7 +308,7 @@ def test_default_configs_sorted_and_library(done, tmp_path):
 
 
 def test_censored_median():
-    from logs_tools.compare import censored_median, time_stats
+    from esync.logs_tools.compare import censored_median, time_stats
     assert censored_median([3, None, 1]) == 3
     assert censored_median([None, 4, None]) is None
     assert censored_median([1, 2, 3, 4]) == 2.5
@@ -367,9 +367,11 @@ def test_cli_missing_or_empty_out(tmp_path):
 
 
 def test_console_main_and_no_torch():
-    code = ("import sys; import logs_tools.compare as c; "
+    code = ("import sys; import esync.logs_tools.compare as c; "
             "assert callable(c.console_main) and callable(c.collect); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('esync', 'torch')))")
+            # the tool's own package aside
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('esync', 'torch') "
+            "and not m.startswith(('esync.launch', 'esync.logs_tools', 'esync.config'))))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -453,7 +455,7 @@ def test_loss_markdown_and_figures(lossy):
 
 
 def test_loss_targets_comma_separated_and_library(lossy, tmp_path):
-    from logs_tools import compare
+    from esync.logs_tools import compare
     out = tmp_path / "copy"
     shutil.copytree(lossy["out"], out)
     proc = run("--out", out, "-n", NET, "--target-loss", "1.0,0.5")
@@ -504,7 +506,7 @@ def test_cli_bad_loss_targets(lossy, args, message):
 
 
 def test_seed_band_holds_each_curve_between_evaluations_and_spans_the_seeds():
-    from logs_tools import compare
+    from esync.logs_tools import compare
 
     times, median, low, high = compare.seed_band(
         [([1.0, 3.0], [0.2, 0.6]), ([2.0, 5.0], [0.4, 0.8]), ([], [])], points=9)

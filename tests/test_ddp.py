@@ -1,5 +1,5 @@
 """The DDP baseline (`-m ddp`, esync/algorithms/ddp.py): PyTorch DistributedDataParallel
-over gloo, as real processes on loopback, started by launch/local.py (with its
+over gloo, as real processes on loopback, started by esync/launch/local.py (with its
 evaluator) or by hand with torch.distributed's variables (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT)."""
 import glob
@@ -15,8 +15,8 @@ import time
 import pytest
 
 from esync.link import Link
-from launch import local
-from launch.supervisor import free_port
+from esync.launch import local
+from esync.launch.supervisor import free_port
 from tests.helpers import CLUSTER_VARIABLES, MAIN, REPO, assert_breakdown
 
 pytestmark = pytest.mark.slow  # whole jobs of real processes

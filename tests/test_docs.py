@@ -127,6 +127,6 @@ def test_the_readme_is_a_landing_page_whose_quick_start_is_unchanged():
     assert len(readme.splitlines()) <= 150
     quick = readme.split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
     assert ("```bash\npip install torch==2.13.0 && pip install -e '.[dev,ray]' && "
-            "python launch/experiment.py --out runs\npython -m pytest -q\n```") in quick
+            "esync-experiment --out runs\npython -m pytest -q\n```") in quick
     for target in re.findall(r"\]\((docs/[^)#]+)", readme):
         assert os.path.exists(os.path.join(REPO, target)), target

@@ -1,4 +1,4 @@
-"""logs_tools/drawer.py run as a script on small hand-made summaries."""
+"""esync/logs_tools/drawer.py run as a script on small hand-made summaries."""
 
 import json
 import os
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join("logs_tools", "drawer.py")
+SCRIPT = os.path.join("src", "esync", "logs_tools", "drawer.py")
 PNGS = ("accuracy_iid.png", "accuracy_noniid.png", "throughput.png", "traffic.png",
         "computing_ratio.png")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -198,10 +198,12 @@ def test_speedup_md_is_byte_for_byte_the_same(full):
 
 
 def test_names_from_the_registry_and_no_torch():
-    code = ("import sys; import logs_tools.drawer as d; "
+    code = ("import sys; import esync.logs_tools.drawer as d; "
             "assert callable(d.draw) and callable(d.main); "
             "print(d.RUNS, d.STANDALONE_RUN, d.BASELINE); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('esync', 'torch')))")
+            # the tool's own package aside
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('esync', 'torch') "
+            "and not m.startswith(('esync.launch', 'esync.logs_tools', 'esync.config'))))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -354,7 +356,7 @@ def test_evaluator_not_in_throughput_traffic_ratios(evaluated):
 
 
 def test_evaluator_metrics_in_process():
-    from logs_tools import drawer
+    from esync.logs_tools import drawer
     s = with_evaluator(workers([10, 20]), [0, 30], [0.5, 0.9])
     assert drawer.duration(s) == 20
     assert [d for _, d, _ in drawer.training_records(s)] == ["cpu0", "gpu0"]
@@ -370,7 +372,7 @@ def test_evaluator_metrics_in_process():
 def _drawn_axes(monkeypatch, tmp_path, **kwargs):
     """Draw the IID accuracy figure of an evaluated SSGD run starting at 0 s; return
     (x scale, x data of the curve, x limits)."""
-    from logs_tools import drawer
+    from esync.logs_tools import drawer
     seen = []
 
     def save(fig, path, show):
@@ -444,7 +446,7 @@ def lossy(tmp_path_factory):
 
 
 def test_metric_of_says_which_list_has_values():
-    from logs_tools import drawer
+    from esync.logs_tools import drawer
     assert drawer.metric_of(loss_job([1], [0, 1], [2.0, 1.5])) == "val_loss"
     accuracy = with_evaluator(workers([1]), [0], [0.5])
     assert drawer.metric_of(accuracy) == "accuracy"  # a summary without val_loss_list
@@ -487,7 +489,7 @@ def test_loss_run_table_and_figures(lossy):
 
 
 def test_loss_figure_axis_says_validation_loss(monkeypatch, tmp_path, lossy):
-    from logs_tools import drawer
+    from esync.logs_tools import drawer
     seen = []
 
     def save(fig, path, show):

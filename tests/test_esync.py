@@ -181,7 +181,7 @@ def test_two_state_server_processes_share_one_state(tmp_path):
 
 
 def test_an_unreachable_state_server_ends_the_job_with_a_clear_error(tmp_path):
-    from launch.supervisor import free_port
+    from esync.launch.supervisor import free_port
 
     nobody = StateServer(tmp_path, port=free_port())  # never started
     with Cluster(tmp_path, 1, 2, env={"ESYNC_STATE_SERVER_PATIENCE": "1"}) as job:

@@ -20,7 +20,7 @@ from esync.cli import main
 from esync.kvstore import KVStore
 from esync.transport.cluster import ClusterEnv
 from esync.transport.node import JobAborted, Node
-from launch import local
+from esync.launch import local
 from tests.cluster import Cluster
 from tests.helpers import CLUSTER_VARIABLES
 

@@ -50,7 +50,7 @@ def test_the_documented_diff_is_the_examples_diff():
 def esync_run(tmp_path, flags, script, *args, timeout=240):
     """esync-run from the repository root (the plug-ins are examples.*); the output."""
     proc = subprocess.run(
-        [sys.executable, "-m", "launch.run", "--workers", "2", "--no-progress",
+        [sys.executable, "-m", "esync.launch.run", "--workers", "2", "--no-progress",
          "--out", str(tmp_path), "--time-limit", "150", *flags,
          os.path.join(EXAMPLES, script), *args],
         cwd=REPO, capture_output=True, text=True, timeout=timeout)
@@ -62,7 +62,7 @@ def _summarise_and_draw(tmp_path, name, folder):
     for tool, argv in (("summary.py", ["-b", str(tmp_path), "-n", name, "-m", folder]),
                        ("drawer.py", ["-b", str(tmp_path), "-n", name, "-o",
                                       str(tmp_path / "figures")])):
-        proc = subprocess.run([sys.executable, os.path.join(REPO, "logs_tools", tool),
+        proc = subprocess.run([sys.executable, os.path.join(REPO, "src", "esync", "logs_tools", tool),
                                *argv], cwd=REPO, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "figures" / "accuracy_iid.png").stat().st_size > 0

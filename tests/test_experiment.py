@@ -1,4 +1,4 @@
-"""launch/experiment.py end to end on a small scale: jobs through the launcher with
+"""esync/launch/experiment.py end to end on a small scale: jobs through the launcher with
 seeds and configurations, then summary.py and compare.py on their logs."""
 import json
 import os
@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import REPO
 
-EXPERIMENT = os.path.join(REPO, "launch", "experiment.py")
+EXPERIMENT = os.path.join(REPO, "src", "esync", "launch", "experiment.py")
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -89,7 +89,7 @@ def test_an_experiment_on_a_users_script_measures_its_loss_and_goes_on_where_it_
 
 
 def test_loss_targets_go_to_every_job_and_bad_ones_are_refused():
-    from launch import experiment
+    from esync.launch import experiment
 
     args, extra = experiment.build_parser().parse_known_args(
         ["--metric", "loss", "--targets", "2.0,1.8", "--modes", "esync"])
@@ -109,13 +109,13 @@ def test_a_bad_worker_flag_is_refused_before_any_job(tmp_path):
                              "--out", str(tmp_path), "--shuffle", "sideways"], cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr
-    assert result.stderr.startswith("launch/experiment.py: error: argument --shuffle")
+    assert result.stderr.startswith("esync-experiment: error: argument --shuffle")
     assert len(result.stderr.splitlines()) == 1
     assert not os.listdir(tmp_path)
 
 
 def test_jobs_and_their_order_come_from_the_registry():
-    from launch import experiment
+    from esync.launch import experiment
 
     jobs = experiment.jobs()
     assert list(jobs) == ["esync", "sync", "async", "dcasgd", "ddp", "ddp-balanced",
@@ -151,7 +151,7 @@ def test_bad_input_is_refused_before_any_job(tmp_path, args, message):
 
 
 def test_backend_allreduce_goes_to_the_modes_that_can_all_reduce():
-    from launch import experiment, local
+    from esync.launch import experiment, local
 
     args, extra = experiment.build_parser().parse_known_args(
         ["--backend", "allreduce", "--modes", "esync,sync,async,ddp"])

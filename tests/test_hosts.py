@@ -1,4 +1,4 @@
-"""launch/hosts.py: the per-host commands of a multi-host job, printed, or as a Slurm
+"""esync/launch/hosts.py: the per-host commands of a multi-host job, printed, or as a Slurm
 batch script (--slurm).
 
 The printed commands are checked word by word (parsed back with shlex.split). The Slurm
@@ -20,10 +20,10 @@ import uuid
 
 import pytest
 
-from launch.supervisor import free_port
+from esync.launch.supervisor import free_port
 from tests.helpers import REPO
 
-HOSTS_PY = os.path.join(REPO, "launch", "hosts.py")
+HOSTS_PY = os.path.join(REPO, "src", "esync", "launch", "hosts.py")
 
 
 def _env():
@@ -245,8 +245,10 @@ ALLOWED = {"esync", "esync.options", "esync.registry", "esync.errors", "esync.da
 
 
 def test_api_and_no_runtime_import(cluster_file, tmp_path):
-    code = ("import sys; import launch.hosts; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('esync', 'torch')))")
+    code = ("import sys; import esync.launch.hosts; "
+            # the tool's own package aside
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('esync', 'torch') "
+            "and not m.startswith(('esync.launch', 'esync.logs_tools', 'esync.config'))))")
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

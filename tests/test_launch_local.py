@@ -1,4 +1,4 @@
-"""launch/local.py starts a whole job as child processes, stops it cleanly on Ctrl-C
+"""esync/launch/local.py starts a whole job as child processes, stops it cleanly on Ctrl-C
 (a worker that dies is left to the scheduler), and leaves no process behind, even when
 it is killed itself. Bad
 flags, the launcher's own and the workers' (main.py's parser), start nothing."""
@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from launch import local
+from esync.launch import local
 from tests.helpers import REPO, alive
 
-LAUNCH = os.path.join(REPO, "launch", "local.py")
+LAUNCH = os.path.join(REPO, "src", "esync", "launch", "local.py")
 
 
 def launch(args, **kw):
@@ -150,7 +150,7 @@ def test_the_job_stops_and_no_process_is_left(tmp_path, how):
     (["-m", "nosuch"], "invalid choice: 'nosuch'"),
     # the workers' flags, checked by main.py's own parser before anything starts
     (["-m", "sync", "-c", "maybe"],
-     "launch/local.py: error: argument -c/--cpu: expected 1/0, true/false or yes/no, "
+     "esync-launch: error: argument -c/--cpu: expected 1/0, true/false or yes/no, "
      "got 'maybe'"),
     (["-m", "async", "-dcasgd", "perhaps"], "argument -dcasgd/--use-dcasgd: expected 1/0"),
     (["-m", "sync", "-b", "-3"], "argument -b/--batch-size: expected a positive integer"),
@@ -220,9 +220,9 @@ def test_console_scripts_run(command, tmp_path):
     assert result.stdout.startswith(f"usage: {command}")
 
 
-@pytest.mark.parametrize("script", ["launch/local.py", "launch/hosts.py",
-                                    "launch/experiment.py", "logs_tools/summary.py",
-                                    "logs_tools/drawer.py"])
+@pytest.mark.parametrize("script", ["src/esync/launch/local.py", "src/esync/launch/hosts.py",
+                                    "src/esync/launch/experiment.py", "src/esync/logs_tools/summary.py",
+                                    "src/esync/logs_tools/drawer.py"])
 def test_scripts_run_from_another_folder(script, tmp_path):
     result = subprocess.run([sys.executable, os.path.join(REPO, script), "--help"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)

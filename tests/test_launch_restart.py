@@ -19,13 +19,13 @@ import time
 import pytest
 
 from esync.transport.auth import new_key
-from launch import local
-from launch.supervisor import Supervisor
+from esync.launch import local
+from esync.launch.supervisor import Supervisor
 from tests.helpers import CLUSTER_VARIABLES, REPO, alive, wait_until
 from tests.test_hosts import HOSTS_PY, _env as hosts_env, _write
 
 PY = sys.executable
-LAUNCH = os.path.join(REPO, "launch", "local.py")
+LAUNCH = os.path.join(REPO, "src", "esync", "launch", "local.py")
 AUTH = ("ESYNC_JOB_KEY", "ESYNC_JOB_KEY_FILE", "ESYNC_STATE_TOKEN")
 
 
@@ -107,7 +107,7 @@ def test_a_killed_child_is_restarted_and_a_stop_reaches_its_new_process(tmp_path
 
 RESTARTING_LAUNCHER = """\
 import os, signal
-from launch.supervisor import Supervisor
+from esync.launch.supervisor import Supervisor
 sup = Supervisor(say=lambda line: None)
 child = sup.start("sleeper", ["sleep", "60"], restart=1)
 first = child.pid
@@ -251,7 +251,7 @@ def _launch(args, env=None, **kw):
 def test_bad_restart_and_key_input_is_one_line(tmp_path, args, env, message):
     proc = _launch([*args, "--out", str(tmp_path)], env)
     out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 2 and out.startswith("launch/local.py: error: "), out
+    assert proc.returncode == 2 and out.startswith("esync-launch: error: "), out
     assert message in out and len(out.splitlines()) == 1, out
     assert not os.listdir(tmp_path)
 

@@ -15,7 +15,7 @@ from esync.kvstore import KVStore
 from esync.link import Link
 from esync.server import ShardServer
 from esync.transport.message import CHUNK_VALUES
-from launch import local
+from esync.launch import local
 from tests.helpers import CLUSTER_VARIABLES
 
 RULE = {"name": "sync", "num_workers": 1, "lr": 0.1}
@@ -243,10 +243,10 @@ def test_main_refuses_bad_link_flags_in_one_line(args, message, tmp_path, capsys
 
 @pytest.mark.parametrize("args, message", [
     (["--workers", "4", "--bandwidth", "1,2"],
-     "launch/local.py: error: --bandwidth '1,2': expected 4 value(s) (one per worker) or "
+     "esync-launch: error: --bandwidth '1,2': expected 4 value(s) (one per worker) or "
      "one for all"),
-    (["--workers", "2", "--bandwidth", "1,0"], "launch/local.py: error: --bandwidth '1,0':"),
-    (["--workers", "2", "--latency", "-3"], "launch/local.py: error: --latency '-3':"),
+    (["--workers", "2", "--bandwidth", "1,0"], "esync-launch: error: --bandwidth '1,0':"),
+    (["--workers", "2", "--latency", "-3"], "esync-launch: error: --latency '-3':"),
 ])
 def test_launcher_refuses_bad_link_lists_in_one_line(args, message, tmp_path, capsys):
     capsys.readouterr()

@@ -23,7 +23,7 @@ from tests.helpers import REPO, wait_until
 pytestmark = pytest.mark.slow
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-LAUNCH = os.path.join(REPO, "launch", "local.py")
+LAUNCH = os.path.join(REPO, "src", "esync", "launch", "local.py")
 
 
 @pytest.fixture(scope="module")

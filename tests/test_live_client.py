@@ -11,7 +11,7 @@ import pytest
 
 from esync.errors import UserError
 from esync.live import LiveReporter, page_url, parse_url
-from launch.supervisor import free_port
+from esync.launch.supervisor import free_port
 from tests.helpers import MAIN, REPO, wait_until
 from tests.stateserver import StateServer
 

@@ -15,7 +15,7 @@ import zmq
 from esync.transport.auth import new_key
 from esync.transport.cluster import ClusterEnv
 from esync.transport.node import Node
-from launch.supervisor import free_port
+from esync.launch.supervisor import free_port
 from tests.cluster import Cluster
 from tests.helpers import assert_no_traceback
 from tests.test_hostile import Attacker, answer, job_args, packed, scheduler_address, \

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from launch.supervisor import free_port
+from esync.launch.supervisor import free_port
 from tests.cluster import Cluster
 from tests.helpers import REPO, assert_no_traceback, run_main, wait_until
 from tests.stateserver import StateServer
@@ -151,7 +151,7 @@ def test_a_read_only_database_is_one_line_at_start(tmp_path):
 
 @pytest.mark.slow  # the launcher starts a job's processes
 def test_a_bad_state_server_setting_shows_through_the_launcher(tmp_path):
-    result = subprocess.run([sys.executable, os.path.join(REPO, "launch", "local.py"),
+    result = subprocess.run([sys.executable, os.path.join(REPO, "src", "esync", "launch", "local.py"),
                              "-m", "esync", "--workers", "1", "--out", str(tmp_path), *FAST,
                              "--max-rounds", "3"], cwd=REPO, capture_output=True, text=True,
                             timeout=180, env=dict(os.environ, ESYNC_SMOOTHING="2"))

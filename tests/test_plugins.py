@@ -16,7 +16,7 @@ import torch
 from esync import plugin
 from esync.errors import UserError
 from esync.models import build_network
-from launch import local
+from esync.launch import local
 from tests.helpers import REPO, assert_no_traceback, evaluator_accuracy, run_main
 
 # A user's file of networks for 1x28x28 inputs and 10 classes, as one would write it
@@ -153,13 +153,13 @@ def test_the_launcher_runs_a_plugin_in_every_process_of_a_job(nets):
 
 def test_the_launcher_refuses_a_bad_plugin_before_starting_anything(nets):
     """The same one line as main.py's, exit 2, and no log folder: nothing started."""
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "launch", "local.py"), "-m",
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "src", "esync", "launch", "local.py"), "-m",
                            "sync", "--workers", "2", "-n", "usernets:nope", "--out", "runs",
                            "--no-auth"], capture_output=True, text=True, cwd=str(nets),
                           timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "launch/local.py: error: -n/--network usernets:nope: usernets has no 'nope'"]
+        "esync-launch: error: -n/--network usernets:nope: usernets has no 'nope'"]
     assert not (nets / "runs").exists()
 
 
@@ -282,7 +282,7 @@ def test_the_experiment_compares_modes_on_a_plugin_network_and_data_set(data):
     """esync-experiment with -n and --dataset plug-ins (from the folder holding them):
     its jobs, summaries and tables, as on the built-in names."""
     result = subprocess.run(
-        [sys.executable, os.path.join(REPO, "launch", "experiment.py"), "--modes",
+        [sys.executable, os.path.join(REPO, "src", "esync", "launch", "experiment.py"), "--modes",
          "esync,sync", "--seeds", "1", "--configs", "plain", "--workers", "2",
          "--slowdown", "1,2", "--time-limit", "8", "--targets", "0.6,0.8", "--hold", "0.2",
          "-n", "userdata:net", "--dataset", "userdata:rows", "--out", "runs", "-l", "0.1",
@@ -295,13 +295,13 @@ def test_the_experiment_compares_modes_on_a_plugin_network_and_data_set(data):
 
 
 def test_the_launcher_refuses_a_data_set_of_the_wrong_shape_before_starting_anything(data):
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "launch", "local.py"), "-m",
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "src", "esync", "launch", "local.py"), "-m",
                            "sync", "--workers", "2", "-n", "userdata:wide_net", "--dataset",
                            "userdata:rows", "--out", "runs", "--no-auth"],
                           capture_output=True, text=True, cwd=str(data), timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(
-        "launch/local.py: error: -n/--network userdata:wide_net: the network fails on two "
+        "esync-launch: error: -n/--network userdata:wide_net: the network fails on two "
         "samples of --dataset userdata:rows: RuntimeError: "), proc.stderr
     assert not (data / "runs").exists()

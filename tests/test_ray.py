@@ -1,11 +1,11 @@
-"""`esync-launch --ray ADDRESS ...` (launch/onray.py) on a real Ray cluster: a head
+"""`esync-launch --ray ADDRESS ...` (esync/launch/onray.py) on a real Ray cluster: a head
 started for this file on this machine (`ray start --head`, every port the OS's, its own
 temporary folder and authentication token, stopped at the end with everything it
 started). Jobs placed there reach the target accuracy and leave their logs in the
-layout logs_tools/summary.py reads; a killed worker actor, a killed launcher and Ctrl-C
+layout esync/logs_tools/summary.py reads; a killed worker actor, a killed launcher and Ctrl-C
 stop the whole job (no actor of its namespace, no process left); a job the cluster can
 never hold fails at once, naming what is missing. Bad flags need no cluster, and nothing
-of esync but launch/onray.py imports ray."""
+of esync but esync/launch/onray.py imports ray."""
 from __future__ import annotations
 
 import contextlib
@@ -29,12 +29,12 @@ import pytest
 
 from esync.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
 from esync.transport.auth import KEY_ENV, new_key
-from launch import local
-from launch.supervisor import free_port
+from esync.launch import local
+from esync.launch.supervisor import free_port
 from tests.helpers import CLUSTER_VARIABLES, REPO, alive, evaluator_accuracy, wait_until
 
-LAUNCH = os.path.join(REPO, "launch", "local.py")
-SUMMARY = os.path.join(REPO, "logs_tools", "summary.py")
+LAUNCH = os.path.join(REPO, "src", "esync", "launch", "local.py")
+SUMMARY = os.path.join(REPO, "src", "esync", "logs_tools", "summary.py")
 #: what the head offers: 10 CPUs, 1 (pretend) GPU, a custom resource and a label for
 #: --ray-servers-on
 CPUS, GPUS = 10, 1
@@ -245,7 +245,7 @@ def ray_head(cpus: int, flags: Sequence[str] = ()) -> Iterator[Head]:
 # --- a job -------------------------------------------------------------------------
 
 class Launch:
-    """`launch/local.py --ray ADDRESS ARGS --no-progress --out OUT` as a child, its output
+    """`esync/launch/local.py --ray ADDRESS ARGS --no-progress --out OUT` as a child, its output
     read as it comes. As a context manager: at the end the launcher is killed if it still
     runs (Ray then kills its actors) and whatever of the job is left is killed."""
 
@@ -367,7 +367,7 @@ def test_esync_run_starts_a_users_script_as_the_workers_on_ray(head, tmp_path):
     seen.mkdir()
     with Launch(head, ["-m", "sync", "--workers", "2", "-s", "1",
                        "--ray-servers-on", f"resource:{PS_RESOURCE}"], out,
-                program=os.path.join(REPO, "launch", "run.py"),
+                program=os.path.join(REPO, "src", "esync", "launch", "run.py"),
                 script=[os.path.join(REPO, "tests", "api_script.py"), str(seen)]) as job:
         assert job.wait(timeout=150) == 0, job.output[-3000:]
     assert "launch: placed on the Ray cluster: 5 process(es)" in job.output  # no evaluator
@@ -520,31 +520,31 @@ def test_bad_ray_flags_are_one_line_and_exit_2(tmp_path, capsys, args, message):
         local.plan(argv)  # before main(): a plan that passed would start a job
     assert local.main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("launch/local.py: error: ") and err.count("\n") == 1, err
+    assert err.startswith("esync-launch: error: ") and err.count("\n") == 1, err
     assert message in err
     assert not (tmp_path / "out").exists()
 
 
 NO_RAY = r"""
 import importlib, pkgutil, sys
-import esync, esync.cli, main, launch.local, launch.hosts, launch.experiment
-import launch.supervisor, logs_tools.summary
-# esync.__main__ would run the command line
+import esync, esync.cli, main
+# esync.__main__ would run the command line; the Ray launcher and its tasks import ray
 for module in pkgutil.walk_packages(esync.__path__, "esync."):
-    if not module.name.endswith(".__main__"):
+    if not module.name.endswith((".__main__", ".launch.onray", ".launch.rayprep")):
         importlib.import_module(module.name)
 print(sorted(m for m in sys.modules if m == "ray" or m.startswith("ray.")))
 """
 
 
 #: the modules that import ray: the Ray launcher and its tasks for --remote-prep
-RAY_MODULES = {os.path.join("launch", "onray.py"), os.path.join("launch", "rayprep.py")}
+RAY_MODULES = {os.path.join("src", "esync", "launch", "onray.py"),
+               os.path.join("src", "esync", "launch", "rayprep.py")}
 
 
 def test_only_the_ray_launcher_and_its_tasks_import_ray(tmp_path):
-    """Importing every module of esync (and the launchers but launch/onray.py) imports no
-    ray; no source of esync names it (--remote-prep's Ray tasks are launch/rayprep.py's,
-    named to the worker by launch/onray.py), and of launch's only onray.py and rayprep.py."""
+    """Importing every module of esync (and the launchers but esync/launch/onray.py) imports no
+    ray; no source of esync names it (--remote-prep's Ray tasks are esync/launch/rayprep.py's,
+    named to the worker by esync/launch/onray.py), and of launch's only onray.py and rayprep.py."""
     env = {k: v for k, v in os.environ.items() if k not in CLUSTER_VARIABLES}
     env["PYTHONPATH"] = REPO
     result = subprocess.run([sys.executable, "-c", NO_RAY], cwd=tmp_path, env=env,
@@ -554,7 +554,7 @@ def test_only_the_ray_launcher_and_its_tasks_import_ray(tmp_path):
     assert not os.listdir(tmp_path)  # nothing ran
     importing = re.compile(r"^\s*(import ray\b|from ray[. ])", re.MULTILINE)
     found = set()
-    for folder in ("esync", "launch", "logs_tools", "stateserver"):
+    for folder in ("src", "stateserver"):
         for path in glob.glob(os.path.join(REPO, folder, "**", "*.py"), recursive=True):
             with open(path, encoding="utf-8") as f:
                 if importing.search(f.read()):

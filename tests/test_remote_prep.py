@@ -74,7 +74,7 @@ def test_a_prep_stalled_worker_on_ray_sends_its_batches_to_ray_tasks(head, shard
     with Launch(head, ["-m", "sync", "--workers", "1", "--num-threads", "1",
                        "--remote-prep", "0.3", "--log-samples", "1", "--epochs", "2",
                        "--block-size", "16"], out,
-                program=os.path.join(REPO, "launch", "run.py"),
+                program=os.path.join(REPO, "src", "esync", "launch", "run.py"),
                 script=[script, shards, DELAY_MS, "1"]) as job:
         namespace = job.namespace()
         assert job.wait(timeout=150) == 0, job.output[-3000:]
@@ -158,7 +158,7 @@ def test_a_worker_killed_in_remote_mode_continues_at_its_exact_next_sample(head,
     worker of either is left."""
     env = {k: head.env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
     env["ESYNC_RAY_ADDRESS"] = head.address
-    env["ESYNC_RAY_TASKS"] = "launch.rayprep:RayTasks"  # as launch/onray.py names them
+    env["ESYNC_RAY_TASKS"] = "esync.launch.rayprep:RayTasks"  # as esync/launch/onray.py names them
     before = set(head.cluster_pids())
     # leases of one block of 12 samples against batches of 16: rounds end inside leases
     args = ["-m", "sync", "--num-threads", "1", "--block-size", "12", "--data-split",
@@ -212,10 +212,10 @@ NOWHERE = "127.0.0.1:1"
     ({"RAY_ADDRESS": NOWHERE},
      "--remote-prep needs ESYNC_RAY_TASKS, the module:function that sends batches to Ray "
      "tasks (esync-launch --ray sets it)"),
-    ({"RAY_ADDRESS": NOWHERE, "ESYNC_RAY_TASKS": "launch.rayprep:RayTasks"},
+    ({"RAY_ADDRESS": NOWHERE, "ESYNC_RAY_TASKS": "esync.launch.rayprep:RayTasks"},
      f"--remote-prep: cannot reach the Ray cluster at {NOWHERE}: Connection refused"),
-    ({"ESYNC_RAY_ADDRESS": NOWHERE, "ESYNC_RAY_TASKS": "launch.rayprep:NoSuchTasks"},
-     "ESYNC_RAY_TASKS launch.rayprep:NoSuchTasks: launch.rayprep has no 'NoSuchTasks'"),
+    ({"ESYNC_RAY_ADDRESS": NOWHERE, "ESYNC_RAY_TASKS": "esync.launch.rayprep:NoSuchTasks"},
+     "ESYNC_RAY_TASKS esync.launch.rayprep:NoSuchTasks: esync.launch.rayprep has no 'NoSuchTasks'"),
 ], ids=["no-cluster", "no-tasks", "unreachable", "bad-tasks"])
 def test_a_worker_without_a_cluster_to_reach_is_one_line_at_start(shards, tmp_path,
                                                                   variables, message):

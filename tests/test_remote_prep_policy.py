@@ -1,6 +1,6 @@
 """esync.remoteprep's decisions, in process, with tasks on a thread pool in place of
 Ray's (the `Tasks` a launcher names in ESYNC_RAY_TASKS; test_remote_prep.py runs Ray's,
-launch/rayprep.py, in real jobs): batches come back in the order they were taken
+esync/launch/rayprep.py, in real jobs): batches come back in the order they were taken
 whatever order the tasks finish in, the start needs a stall beyond the threshold and a
 free CPU, a late task makes the worker fall back to making its batches itself (in order,
 none lost), and the data set's own exception reaches the loop as it is."""

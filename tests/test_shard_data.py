@@ -266,7 +266,7 @@ def test_the_command_line_refuses_bad_shards_in_one_line_before_training(tmp_pat
 
 # --- real jobs --------------------------------------------------------------------------
 def run_job(shards, out, split, epochs=3):
-    command = [sys.executable, os.path.join(ROOT, "launch", "local.py"), "-m", "esync",
+    command = [sys.executable, os.path.join(ROOT, "src", "esync", "launch", "local.py"), "-m", "esync",
                "--workers", "4", "--slowdown", "1,1,4,4", "--out", str(out), "--no-progress",
                "--no-evaluator", "--dataset", f"shards:{shards}", "-n", "lenet",
                "--block-size", "16", "--epochs", str(epochs), "--log-samples", "1",
@@ -339,7 +339,7 @@ def test_static_shares_leave_the_slow_devices_data_visited_less_by_their_speed(
 def test_a_users_script_trains_shards_decoded_in_dataloader_workers(shards, tmp_path):
     """esync-run, the API and esync.ShardDataset: two workers lease the blocks; each
     round's record says what it read, and no sample is trained twice in an epoch."""
-    command = [sys.executable, os.path.join(ROOT, "launch", "run.py"), "-m", "esync",
+    command = [sys.executable, os.path.join(ROOT, "src", "esync", "launch", "run.py"), "-m", "esync",
                "--workers", "2", "--out", str(tmp_path), "--no-progress", "--max-rounds", "12",
                "--log-samples", "1", "--num-threads", "1",
                os.path.join(ROOT, "tests", "shard_script.py"), shards]

@@ -94,7 +94,7 @@ def test_the_fast_worker_of_a_synchronous_job_waits_for_the_slow_one(tmp_path):
     """SSGD at --slowdown 1,3: each round the fast worker waits at the server for the
     slow one's push, about the difference of their computing; the slow one hardly."""
     done = subprocess.run(
-        [sys.executable, os.path.join(REPO, "launch", "local.py"), "-m", "sync",
+        [sys.executable, os.path.join(REPO, "src", "esync", "launch", "local.py"), "-m", "sync",
          "--workers", "2", "--servers", "1", "--slowdown", "1,3", "-n", "lenet",
          "--num-threads", "1", "--max-rounds", "60", "--no-progress", "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=180)

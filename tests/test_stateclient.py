@@ -10,7 +10,7 @@ import pytest
 
 from esync.errors import UserError
 from esync.stateclient import StateClient, StateServerError, token_from_environ
-from launch.supervisor import free_port
+from esync.launch.supervisor import free_port
 from tests.stateserver import StateServer
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-import config
+from esync import config
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-"""logs_tools/summary.py: iteration logs on disk -> BASE/NETWORK/MODE/<Name>.json.
+"""esync/logs_tools/summary.py: iteration logs on disk -> BASE/NETWORK/MODE/<Name>.json.
 
 Hand-written log trees under tmp_path; the real script runs as a subprocess for the
 command-line behaviour, the library functions for the detailed checks.
@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from logs_tools import summary
+from esync.logs_tools import summary
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join("logs_tools", "summary.py")
+SCRIPT = os.path.join("src", "esync", "logs_tools", "summary.py")
 FIELDS = ["accuracy_list", "val_loss_list", "num_samples_list", "self_iters_list",
           "elapsed_time_list", "aggregate_time_list", "compute_time_list", "bytes_list", "loss_list",
           "rounds_list"]
@@ -481,9 +481,11 @@ def test_trailing_slash_in_mode(tree):
 
 
 def test_imports_only_the_registry_of_esync_and_no_torch():
-    code = ("import sys; import logs_tools.summary as s; "
+    code = ("import sys; import esync.logs_tools.summary as s; "
             "assert callable(s.summarize) and callable(s.main) and callable(s.name_of); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('esync', 'torch')))")
+            # the tool's own package aside
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('esync', 'torch') "
+            "and not m.startswith(('esync.launch', 'esync.logs_tools', 'esync.config'))))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -499,7 +501,7 @@ def test_names_come_from_the_registry():
 
 
 def test_base_dir_defaults_to_config_log_dir():
-    import config
+    from esync import config
     assert summary.build_parser().parse_args(["-n", "x", "-m", "y"]).base_dir == config.LOG_DIR
 
 
@@ -559,7 +561,7 @@ def test_evaluator_is_summarised_as_a_device_with_an_accuracy_every_round(tmp_pa
 
 
 def test_drawer_times_ddp_by_its_evaluator(tmp_path):
-    from logs_tools import drawer
+    from esync.logs_tools import drawer
 
     # SSGD: its evaluator sees 0.8 first at 5 s
     write_job(tmp_path, "sync", [2.0, 4.0, 6.0],
@@ -646,7 +648,7 @@ def test_broken_val_loss_named_and_skipped(tmp_path):
 
 def test_drawer_draws_a_loss_run_from_its_summary(tmp_path):
     """Iteration files -> summary -> the drawer: the val_loss curve and table."""
-    from logs_tools import drawer
+    from esync.logs_tools import drawer
 
     write_loss_job(tmp_path, "sync")
     summary.write_summary(str(tmp_path), "lenet", "sync", warn=lambda line: None)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from launch.supervisor import ChildFailed, Supervisor, free_port
+from esync.launch.supervisor import ChildFailed, Supervisor, free_port
 from tests.helpers import REPO, alive
 
 PY = sys.executable
@@ -174,7 +174,7 @@ def test_a_second_ctrl_c_during_the_grace_kills_at_once():
 
 LAUNCHER = textwrap.dedent("""\
     import time
-    from launch.supervisor import Supervisor
+    from esync.launch.supervisor import Supervisor
     sup = Supervisor()
     for k in range(2):
         print(sup.start(f"sleeper{k}", ["sleep", "60"]).pid, flush=True)
@@ -216,7 +216,7 @@ INTERRUPTED_WHILE_FORKING = textwrap.dedent("""\
     import os, sys, time
     sys.path.insert(0, sys.argv[1])
     os.register_at_fork(after_in_parent=lambda: time.sleep(1.0))
-    from launch.supervisor import Supervisor
+    from esync.launch.supervisor import Supervisor
     sent = sys.argv[2] + ".sent"
     sup = Supervisor(grace=2.0)
     try:

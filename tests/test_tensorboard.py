@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from esync import scalars
 from esync.errors import UserError
 from esync.recorder import Recorder
-from launch import local
+from esync.launch import local
 from tests.helpers import assert_no_traceback
 
 

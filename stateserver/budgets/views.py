@@ -28,7 +28,7 @@ from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 
-import config
+from esync import config
 
 from budgets import rule
 from budgets.models import Device, Job

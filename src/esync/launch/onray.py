@@ -3,7 +3,7 @@
     esync-launch --ray auto -m esync --workers 4 --devices gpu,gpu,cpu,cpu \\
         --slowdown 1,1,4,4 -n lenet --time-limit 60
 
-The job is the one launch/local.py describes (the same flags and checks); only where its
+The job is the one esync/launch/local.py describes (the same flags and checks); only where its
 processes run differs. Ray places them, it does not carry tensors: each role (state
 server, scheduler, servers, workers, evaluator) is one actor (`RoleActor`) that starts
 the same `main.py` (or `manage.py runserver`) as a child process, with the same DMLC_*
@@ -11,7 +11,7 @@ variables (DMLC_NODE_HOST: the actor's node address), through launch.supervisor 
 process group, killed with the actor), and the cluster's address, the job's namespace and
 runtime environment (ESYNC_RAY_ADDRESS, ESYNC_RAY_NAMESPACE, ESYNC_RAY_RUNTIME_ENV), by
 which a worker with --remote-prep joins the cluster to send its preprocessing to Ray tasks,
-and the tasks that do it (ESYNC_RAY_TASKS: launch/rayprep.py's; the runtime, esync.remoteprep
+and the tasks that do it (ESYNC_RAY_TASKS: esync/launch/rayprep.py's; the runtime, esync.remoteprep
 included, never imports ray).
 
 Placement: one placement group for the whole job (all or nothing, strategy PACK), a
@@ -32,9 +32,9 @@ needs esync's requirements (torch, ...). Paths given to main.py (--data-dir,
 Logs: each actor's process writes its iteration logs and output into a folder of its own
 on its node; the launcher copies what is new from every actor while the job runs (and
 at its end) into OUT/<network>/<log folder>/<node's host>/..., the layout of
-launch/local.py and logs_tools/summary.py, whether or not the nodes share a file system.
+esync/launch/local.py and esync/logs_tools/summary.py, whether or not the nodes share a file system.
 
-Supervision: as launch/local.py's (exit status 0, 1, 130; a server or worker lost once
+Supervision: as esync/launch/local.py's (exit status 0, 1, 130; a server or worker lost once
 training began is left to the scheduler); a dead actor counts as a dead process. At the
 end, Ctrl-C or a failure, every actor's process is stopped (SIGTERM, SIGKILL after 5 s),
 the actors are killed and the placement group removed; if the launcher itself dies, Ray
@@ -65,9 +65,9 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from esync.remoteprep import ADDRESS_ENV, NAMESPACE_ENV, RUNTIME_ENV_ENV, TASKS_ENV
-from launch import rayprep
-from launch.local import REPO, STATE_DB, Launcher, Plan, filler, inherited, last_line
-from launch.supervisor import (GRACE_S, ChildFailed, Outcome, Supervisor, ended_how,
+from esync.launch import rayprep
+from esync.launch.local import REPO, STATE_DB, Launcher, Plan, filler, inherited, last_line
+from esync.launch.supervisor import (GRACE_S, ChildFailed, Outcome, Supervisor, ended_how,
                               fails_job)
 
 #: the head node's resource in Ray (every cluster has it on its head)
@@ -175,7 +175,7 @@ def cluster_variables() -> Dict[str, str]:
     """The variables by which a process of the job joins this Ray cluster itself
     (esync.remoteprep, for --remote-prep): its address, the job's namespace and runtime
     environment (the shipped checkout), and the tasks that make its batches there
-    (launch/rayprep.py's)."""
+    (esync/launch/rayprep.py's)."""
     context = ray.get_runtime_context()
     return {ADDRESS_ENV: context.gcs_address, NAMESPACE_ENV: context.namespace or "",
             RUNTIME_ENV_ENV: json.dumps(dict(context.runtime_env or {})),
@@ -431,7 +431,7 @@ def _reason(error: BaseException) -> str:
 
 
 class RayLauncher(Launcher):
-    """launch/local.py's Launcher, its processes started as Ray actors."""
+    """esync/launch/local.py's Launcher, its processes started as Ray actors."""
 
     inherits = False  # the exported key and token are passed on too
 
@@ -510,7 +510,7 @@ def connect(plan: Plan) -> None:
 
 
 def run(plan: Plan, progress: bool, out=None, position: int = 0, nested: bool = False) -> int:
-    """launch/local.py's run for a --ray plan."""
+    """esync/launch/local.py's run for a --ray plan."""
     launcher = RayLauncher(plan, progress=progress, position=position, nested=nested)
     if out is not None:
         launcher.out = out

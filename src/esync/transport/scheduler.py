@@ -56,7 +56,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import zmq
 
-import config
+from esync import config
 from esync import ready
 from esync.live import JOB_ID, JOB_ID_ENV, JOB_ID_FORM
 from esync.errors import UserError

@@ -3,7 +3,7 @@ of the job, the shell command that starts it on its host (DMLC_* variables and `
 main.py ...`), printed for you to run by hand or from your own scripts, or, with
 `--slurm`, a Slurm batch script that starts and watches them all.
 
-    python launch/hosts.py HOSTFILE [--port 9091] [--state-port 10010]
+    esync-hosts HOSTFILE [--port 9091] [--state-port 10010]
         [--remote-dir ~/esync] [--ssh-form [--ssh "ssh -o BatchMode=yes"] | --slurm]
         [--no-auth] -- [main.py flags, e.g. -m esync -n resnet18-v1 -dd data]
 
@@ -131,14 +131,14 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import config
+from esync import config
 from esync import registry
 from esync.errors import UserError
 from esync.options import check_aggregation, parse_options
 from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
 from esync.live import JOB_ID, JOB_ID_ENV, JOB_ID_FORM, page_url
 from esync.live import URL_ENV as LIVE_URL_ENV
-from launch.local import STATE_TOKEN_ENV, new_token
+from esync.launch.local import STATE_TOKEN_ENV, new_token
 
 ROLES = ("scheduler", "server", "worker", "stateserver")
 KEYS = ("roles", "workers", "gpus", "slowdown", "dir", "python", "iface")

@@ -1,5 +1,5 @@
 """Per-device iteration logs: LOG_DIR/<host>/<device>/iter-<n>.json, one file per round,
-extending the original ESync's `iter-<n>.txt` (read by logs_tools/summary.py). This
+extending the original ESync's `iter-<n>.txt` (read by esync/logs_tools/summary.py). This
 docstring is the manual's log format reference.
 
 Every training process writes one JSON file per round (communication round; in `local`

@@ -56,7 +56,7 @@ measures one metric: targets of the other one than the runs measured (which
 Missing or invalid summaries are left out with one ``compare.py: note: ...`` line each
 (an algorithm that no seed of a configuration ran is silently absent).
 
-Usage: ``python logs_tools/compare.py --out OUT -n NETWORK [--targets 0.90,0.95,0.97 |
+Usage: ``esync-compare --out OUT -n NETWORK [--targets 0.90,0.95,0.97 |
 --target-loss L [L ...]] [--configs plain,links]`` (``esync-compare``). Bad input (a
 target outside (0, 1], a loss target below 0, targets of the other metric than the runs
 measured, a missing OUT, nothing usable in OUT) is one ``compare.py: error: ...`` line
@@ -76,8 +76,8 @@ import statistics
 import sys
 
 from esync import registry
-from logs_tools import drawer
-from logs_tools.summary import output_path, write_json
+from esync.logs_tools import drawer
+from esync.logs_tools.summary import output_path, write_json
 
 PROG = "compare.py"
 DEFAULT_TARGETS = (0.90, 0.95, 0.97)

@@ -3,7 +3,7 @@
 Exactly what a DDP user writes: the model wrapped in `DistributedDataParallel` with its
 defaults (its buffers, BatchNorm's statistics, broadcast from rank 0 at every forward),
 gloo on CPU (nccl on GPU), torch's own rendezvous (RANK, WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT: torchrun's variables, or launch/local.py's), the loop's optimizer (the
+MASTER_PORT: torchrun's variables, or esync/launch/local.py's), the loop's optimizer (the
 built-in loop's `torch.optim.SGD` with the flags' learning rate, momentum and weight
 decay), the same partitions and batch size as every mode. Each step all-reduces the gradients (the average over ranks, DDP's default)
 during backward, so every step waits for the slowest rank.

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-import config
+from esync import config
 from esync.compress import Compression
 from esync.flat import FlatModel
 from esync.link import Link

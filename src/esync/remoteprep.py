@@ -20,8 +20,8 @@ free CPU. A worker starts each run with its own DataLoader workers.
 
 This module decides when and how many; it does not import ray. The tasks are run by
 `Tasks`, which the launcher names to the worker as a plug-in (`module:function`, called
-with the data set and the collate function) in ESYNC_RAY_TASKS: launch/onray.py names
-launch/rayprep.py's, which joins the cluster the worker was placed on (ESYNC_RAY_ADDRESS,
+with the data set and the collate function) in ESYNC_RAY_TASKS: esync/launch/onray.py names
+esync/launch/rayprep.py's, which joins the cluster the worker was placed on (ESYNC_RAY_ADDRESS,
 ESYNC_RAY_NAMESPACE, ESYNC_RAY_RUNTIME_ENV; RAY_ADDRESS serves where the address is unset).
 A worker with no cluster to reach stops when its loader is prepared, with one line naming
 the flag.
@@ -52,7 +52,7 @@ from esync.errors import UserError
 
 log = logging.getLogger(__name__)
 
-#: set by launch/onray.py's actors for the processes they start
+#: set by esync/launch/onray.py's actors for the processes they start
 ADDRESS_ENV = "ESYNC_RAY_ADDRESS"
 NAMESPACE_ENV = "ESYNC_RAY_NAMESPACE"
 RUNTIME_ENV_ENV = "ESYNC_RAY_RUNTIME_ENV"

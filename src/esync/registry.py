@@ -37,7 +37,7 @@ class Algorithm:
     worker: str              # module:class of its esync.algorithms.base.Algorithm
     rule: Optional[str]      # module:class of its server rule (None: no servers)
     folder: str              # its log folder under OUT/<network>/
-    summary: str             # logs_tools/summary.py writes <summary>.json
+    summary: str             # esync/logs_tools/summary.py writes <summary>.json
     display: str             # its name in figures and tables
     synchronous: bool = False   # every worker waits for all in each round
     state_server: bool = False  # needs the ESync state server

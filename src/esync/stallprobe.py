@@ -1,4 +1,4 @@
-"""Measuring one device of a job for `esync-stalls` (launch/stalls.py): short runs of the
+"""Measuring one device of a job for `esync-stalls` (esync/launch/stalls.py): short runs of the
 built-in loop in this process, alone (`-m local`), through the real loader and the real
 model, with the device's --slowdown, each logging its rounds into a temporary folder
 whose records (their `breakdown`, `prep_seconds`, `read_seconds`) are read back.

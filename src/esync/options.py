@@ -2,7 +2,7 @@
 
 Every flag of the original ESync is kept with its short form (`-l`, `-ll`, `-gl`, `-b`,
 `-dd`, `-g`, `-c`, `-n`, `-ld`, `-e`, `-m`, `-dcasgd`, `-s`, `-ip`, `-port`), so that its
-users' commands still work; defaults come from the top-level `config.py`.
+users' commands still work; defaults come from the top-level `esync/config.py`.
 
 Parsing imports nothing heavy (no torch): the launchers parse the flags they pass to
 workers with this same parser, so that a bad flag is refused before anything starts.
@@ -16,7 +16,7 @@ from typing import Annotated, Dict, Optional, Sequence, Set
 
 from argparse_dataclass import ArgumentParser
 
-import config
+from esync import config
 from esync.data import DATA_SPLITS, DATASETS, IN_MEMORY, METRICS, SHARDS_PREFIX, SHUFFLES
 from esync.errors import UserError
 from esync.models import NETWORKS

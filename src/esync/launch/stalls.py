@@ -5,7 +5,7 @@ what would remove it: DS-Analyzer's differential what-if analysis on esync's own
         -n lenet --dataset shards:DIR -b 64 --loader-workers 1 [--seconds 3] [--json F]
 
 The job is given as esync-launch takes it (its --workers, --slowdown, --bandwidth,
---latency, --devices; launch/local.py parses them) with main.py's flags (esync.options:
+--latency, --devices; esync/launch/local.py parses them) with main.py's flags (esync.options:
 a bad flag is one line, exit status 2). Nothing of the job starts: each distinct
 device (slowdown, link, device) is measured here, in short runs alone in this process
 (esync.stallprobe: synthetic batches, the shards in the page cache, the shards evicted),
@@ -91,7 +91,7 @@ def _plan(argv: Sequence[str]):
     """(our args, the launcher's plan of the job, torch threads); UserError on bad
     input."""
     from esync.options import flags_given
-    from launch import local
+    from esync.launch import local
 
     args, rest = build_parser().parse_known_args(list(argv))
     if not (0 < args.seconds < 3600) or any(x > 1 for x in args.cache_fractions):

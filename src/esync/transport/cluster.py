@@ -8,7 +8,7 @@ import struct
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-import config
+from esync import config
 from esync.errors import UserError
 
 ROLES = ("scheduler", "server", "worker", "evaluator")

@@ -1,7 +1,7 @@
 """Ray's side of --remote-prep: a worker's batches made by Ray tasks of one CPU each.
 
 esync/remoteprep.py decides when a worker's batches go out and how many are out; this
-module runs them, as its `Tasks`. launch/onray.py names it to the processes it starts
+module runs them, as its `Tasks`. esync/launch/onray.py names it to the processes it starts
 (ESYNC_RAY_TASKS=launch.rayprep:RayTasks, beside the cluster's address, the job's
 namespace and runtime environment), so that the runtime itself never imports ray: a worker
 imports this module only with --remote-prep, when its loader is prepared.

@@ -1,5 +1,5 @@
-"""The one supervisor of child processes for every launcher (`launch/local.py`,
-`launch/experiment.py` through local.py, `launch/onray.py` on each Ray node) and the
+"""The one supervisor of child processes for every launcher (`esync/launch/local.py`,
+`esync/launch/experiment.py` through local.py, `esync/launch/onray.py` on each Ray node) and the
 benchmarks.
 
     with Supervisor(grace=5.0) as sup:

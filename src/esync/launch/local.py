@@ -7,7 +7,7 @@ evaluator). Unless `-e` is given,
 workers get `-e 0` and the evaluator measures accuracy (`-m local`: by the clock, in
 process). `--bandwidth`/`--latency` give each worker its emulated link.
 
-    python launch/local.py -m esync --workers 4 --servers 1 --slowdown 1,1,4,4 \\
+    esync-launch -m esync --workers 4 --servers 1 --slowdown 1,1,4,4 \\
         -n lenet --time-limit 60            (or: esync-launch ...)
 
 Every flag the launcher does not know is passed to each worker's `main.py`; they are
@@ -24,7 +24,7 @@ afresh for each job unless exported already (ESYNC_JOB_KEY or ESYNC_JOB_KEY_FILE
 ESYNC_STATE_TOKEN: those are kept); `--no-auth` starts the job with neither.
 
 The job's iteration logs go to OUT/<network>/<log folder>/<host>/<device>/iter-<n>.json,
-the layout logs_tools/summary.py reads (the log folder is the algorithm's, from
+the layout esync/logs_tools/summary.py reads (the log folder is the algorithm's, from
 esync.registry); each process's output goes to a file beside them
 (`<host>/scheduler.log`, `<host>/server<k>.log`, `<host>/stateserver.log`,
 `<host>/<device>/worker.log`; a restarted process appends to its own). Worker k (in
@@ -75,7 +75,7 @@ from typing import IO, Callable, ClassVar, Dict, List, Mapping, Optional, Sequen
 
 from tqdm import tqdm
 
-import config
+from esync import config
 from esync import registry
 from esync.data import METRIC_LINE
 from esync.errors import UserError
@@ -86,11 +86,13 @@ from esync.options import (ARGS_VARIABLE, Options, check_aggregation, check_plug
 from esync.options import build_parser as options_parser
 from esync.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
 from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
-from launch.progress import Progress
-from launch.supervisor import GRACE_S, Child, ChildFailed, Supervisor, interrupt_on
+from esync.launch.progress import Progress
+from esync.launch.supervisor import GRACE_S, Child, ChildFailed, Supervisor, interrupt_on
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROG = "launch/local.py"
+#: the checkout (main.py and the state server's Django project, stateserver/): three
+#: folders above this file (src/esync/launch/)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+PROG = "esync-launch"
 #: an evaluation in a worker's or the evaluator's output (esync.data.METRIC_LINE's names)
 ACCURACY = re.compile(r"round (\d+) .*(?:test accuracy|val_loss) ([0-9.]+)")
 _ITER = re.compile(r"iter-(\d+)\.json$")
@@ -196,7 +198,7 @@ class Plan:
 
 @dataclass
 class RayPlan:
-    """--ray's settings (launch/onray.py acts on them)."""
+    """--ray's settings (esync/launch/onray.py acts on them)."""
 
     address: Optional[str]  # ray.init's address; None: RAY_ADDRESS, else a new local instance
     servers_on: str         # where the scheduler, servers, state server and evaluator go
@@ -850,7 +852,7 @@ def run(argv: Sequence[str], progress: bool = True, *, out: Optional[IO[str]] = 
     progress = progress and "--no-progress" not in argv
     if planned.ray is not None:
         try:
-            from launch import onray  # ray: an optional extra
+            from esync.launch import onray  # ray: an optional extra
         except ImportError as e:
             raise LaunchError(f"--ray needs Ray: pip install -e '.[ray]' ({e})") from None
         return onray.run(planned, progress, out, position, nested)

@@ -21,7 +21,7 @@ fill given axes. Matplotlib's axes only; no torch, nothing of esync.
 
 import math
 
-from logs_tools.summary import BREAKDOWN_CATEGORIES
+from esync.logs_tools.summary import BREAKDOWN_CATEGORIES
 
 CATEGORIES = BREAKDOWN_CATEGORIES
 LABELS = {"fetch": "fetch (shard reads)", "prep": "prep (decode, transform)",

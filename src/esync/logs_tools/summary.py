@@ -1,6 +1,6 @@
 """Summarise per-round iteration logs into one JSON file per training mode.
 
-    python logs_tools/summary.py -b BASE -n NETWORK -m MODE
+    esync-summary -b BASE -n NETWORK -m MODE
 
 reads every `BASE/NETWORK/MODE/<host>/<device>/iter-<n>.json` (the framework's log
 format, see the manual's log format page; a run logs there with `-ld BASE/NETWORK/MODE`), with
@@ -95,7 +95,7 @@ import re
 import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
-import config
+from esync import config
 from esync import registry
 from esync.breakdown import CATEGORIES
 

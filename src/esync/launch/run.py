@@ -24,7 +24,7 @@ from __future__ import annotations
 import sys
 from typing import List, Optional, Sequence, Tuple
 
-from launch.local import LaunchError, run
+from esync.launch.local import LaunchError, run
 
 PROG = "esync-run"
 

@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Mapping, Optional
 
-import config
+from esync import config
 from esync.errors import UserError
 
 PATIENCE_ENV = "ESYNC_STATE_SERVER_PATIENCE"

@@ -31,7 +31,7 @@ import numpy as np
 from torch.utils.data import DataLoader, RandomSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-import config
+from esync import config
 from esync.data.blocks import BlockSampler
 from esync.data.cache import SampleCache
 from esync.data.leases import Lease, StaticLeases, blocks_per_lease, runs_of

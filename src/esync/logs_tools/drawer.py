@@ -36,9 +36,9 @@ tests the global model every few hundred ms) when the summary has one with an ac
 else the device with the most accuracies (worker 0 in runs without an evaluator). The
 evaluator trains on nothing: throughput, traffic, the job's duration, the computing
 ratios, the breakdown and the rates count the other devices (the workers) only. The last
-two figures' data and axes are ``logs_tools/breakdown.py``'s.
+two figures' data and axes are ``esync/logs_tools/breakdown.py``'s.
 
-Usage: ``python logs_tools/drawer.py -b BASE -n NETWORK [-o OUTDIR] [--target 0.8]
+Usage: ``esync-draw -b BASE -n NETWORK [-o OUTDIR] [--target 0.8]
 [--target-loss L] [--linear-time] [--show]``. Missing or unreadable summaries are left
 out with a note on stderr; every output file is always written. The algorithms, their
 folders and their display names come from ``esync.registry`` (and, through summary.py, the
@@ -62,8 +62,8 @@ import matplotlib
 import matplotlib.ticker
 
 from esync import registry
-from logs_tools import breakdown
-from logs_tools.summary import output_path
+from esync.logs_tools import breakdown
+from esync.logs_tools.summary import output_path
 
 PROG = "drawer.py"
 

@@ -3,7 +3,7 @@
 Edit a value here to change the default of the matching command-line flag or
 environment variable; the flag or variable always wins over the value here.
 `esync/options.py` (main.py's flags), `esync/transport/cluster.py` (PS_* variables),
-`esync/stateclient.py`, the launchers (`launch/`), `logs_tools/summary.py` and the state
+`esync/stateclient.py`, the launchers (`esync/launch/`), `esync/logs_tools/summary.py` and the state
 server's API read these names; nothing else hard-codes one of these defaults.
 
 Defaults that live elsewhere, and why:
@@ -11,8 +11,8 @@ Defaults that live elsewhere, and why:
   `stateserver/stateserver/settings.py`: they configure that server process, which may
   run on another host, not a training run;
 - the launchers' own flags (`--workers`, `--servers`, `--slowdown`, the experiment's
-  time budget and target) are in their parsers (`launch/local.py`,
-  `launch/experiment.py`): they describe a launch, not a process of the job;
+  time budget and target) are in their parsers (`esync/launch/local.py`,
+  `esync/launch/experiment.py`): they describe a launch, not a process of the job;
 - how an algorithm is named and which flags select it is in `esync/registry.py`.
 """
 
@@ -95,7 +95,7 @@ LATENCY = 0.0                  # --latency: ms of one-way delay on this worker's
 
 # --- ESync state server --------------------------------------------------------------
 STATE_SERVER_IP = "127.0.0.1"  # -ip
-STATE_SERVER_PORT = 10010      # -port; also where launch/hosts.py starts the state server
+STATE_SERVER_PORT = 10010      # -port; also where esync/launch/hosts.py starts the state server
 ROUND_TIME = None              # --round-time: esync's seconds per round (None: the
                                #   slowest living device's time per iteration)
 MAX_LOCAL_STEPS = 64           # --max-local-steps: the most local iterations of a round
@@ -105,7 +105,7 @@ STATE_SERVER_PATIENCE = 60.0   # ESYNC_STATE_SERVER_PATIENCE: seconds a worker r
                                #   unreachable state server before it ends the job
 
 # --- the cluster (ps-lite's variables) ------------------------------------------------
-SCHEDULER_PORT = 9091          # DMLC_PS_ROOT_PORT that launch/hosts.py gives (--port)
+SCHEDULER_PORT = 9091          # DMLC_PS_ROOT_PORT that esync/launch/hosts.py gives (--port)
 HEARTBEAT_INTERVAL = 1.0       # PS_HEARTBEAT_INTERVAL: seconds between a node's heartbeats
 HEARTBEAT_TIMEOUT = 10.0       # PS_HEARTBEAT_TIMEOUT: seconds of silence = a dead node
 START_TIMEOUT = 300.0          # --start-timeout: seconds a node waits to join the job, and
@@ -122,4 +122,4 @@ SERVER_PATIENCE = 60.0         # --server-patience: seconds the job waits for a 
                                #   server's restart (0 without --checkpoint-dir)
 
 # --- launchers and log tools ----------------------------------------------------------
-RUNS_DIR = "runs"              # --out of launch/local.py and launch/experiment.py
+RUNS_DIR = "runs"              # --out of esync/launch/local.py and esync/launch/experiment.py

@@ -1,5 +1,5 @@
 """`esync-stalls`' arithmetic: a device's measured costs -> its stalls and what-ifs.
-Pure arithmetic, no torch (esync.stallprobe measures; launch/stalls.py prints).
+Pure arithmetic, no torch (esync.stallprobe measures; esync/launch/stalls.py prints).
 
 Per batch of B samples, in seconds, measured on the device:
 

@@ -3,7 +3,7 @@ speed-balanced DDP (`-m ddp --balance-batches 1`) and standalone training, each 
 repeated with several seeds, on plain loopback and with the slow devices on emulated
 slow links; then medians, spreads, figures and tables.
 
-    python launch/experiment.py --out runs              (or: esync-experiment ...)
+    esync-experiment --out runs              (or: esync-experiment ...)
     esync-experiment --out runs/lm --metric loss --targets 1.8,1.65 \
         -n examples.charlm:build_model --dataset examples.charlm:build_data \
         --loss examples.charlm:loss_fn examples/charlm_esync.py --seconds 900
@@ -14,7 +14,7 @@ the library API instead of main.py's loop; `-n` and `--dataset` then name the sc
 model and data as plug-ins, for the evaluator. `--metric loss` measures a validation
 loss (--targets are losses, lower is better).
 
-Every job runs through launch/local.py with the same network, data, heterogeneity
+Every job runs through esync/launch/local.py with the same network, data, heterogeneity
 (--slowdown, default 1,1,4,4), batch size and time budget, and an evaluator that
 measures every mode on one clock (DMLC_ROLE=evaluator; standalone training evaluates by
 the same clock in-process, the clock paused meanwhile). A job ends once the evaluator has
@@ -44,14 +44,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from tqdm import tqdm
 
-import config
+from esync import config
 from esync import registry
 from esync.data import METRIC_RECORD
-from launch import local
-from launch.run import split as split_script
-from logs_tools import compare, summary
+from esync.launch import local
+from esync.launch.run import split as split_script
+from esync.logs_tools import compare, summary
 
-PROG = "launch/experiment.py"
+PROG = "esync-experiment"
 PLAIN, LINKS = "plain", "links"
 CONFIGS = (PLAIN, LINKS)
 DEFAULT_MODES = ",".join(a.folder for a in registry.ALGORITHMS.values())
