@@ -82,6 +82,7 @@ TIME_LIMIT = None              # --time-limit: seconds of training
 TARGET_ACCURACY = None         # --target-accuracy: stop once test accuracy reaches it
 LOSS = "cross_entropy"         # --loss: the training loss (or module:function)
 METRIC = "accuracy"            # --metric: accuracy | loss, what evaluations measure
+EVALUATE = None                # --evaluate: module:function measuring the model itself
 TARGET_LOSS = None             # --target-loss: stop once the evaluated loss falls to it
 
 # --- devices and simulated heterogeneity ---------------------------------------------

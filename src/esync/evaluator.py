@@ -2,10 +2,11 @@
 
 A process apart from training (as the "evaluator" of TensorFlow's parameter-server
 jobs): every `--eval-interval` seconds of wall-clock time it pulls the global model,
-read-only, evaluates it on the test set and logs (seconds since training started, the
-model's round, accuracy) to LOG_DIR/<host>/evaluator/iter-<n>.json, in the workers'
-format (esync.recorder; `num_samples` 0, `round` the model's round). No worker waits for
-an evaluation, and every mode is evaluated at the same pace.
+read-only, evaluates it on the test set (esync.task's `Task.evaluate`: `--metric`'s
+measure, or the user's `--evaluate module:function`) and logs (seconds since training
+started, the model's round, the metric) to LOG_DIR/<host>/evaluator/iter-<n>.json, in
+the workers' format (esync.recorder; `num_samples` 0, `round` the model's round). No
+worker waits for an evaluation, and every mode is evaluated at the same pace.
 
 - Parameter-server modes: it joins the job at the scheduler (at any time; it is not
   waited for, and its death does not end the job), gets the servers' addresses and
@@ -77,11 +78,11 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
     from esync.live import LiveReporter
     from esync.recorder import Recorder
     from esync.stop import StopCriteria
-    from esync.task import load_task
+    from esync.task import task_of
 
     if opts.num_threads:
         torch.set_num_threads(opts.num_threads)
-    task = load_task(opts.dataset, opts.data_dir, opts.loss, opts.metric)
+    task = task_of(opts)
     model = task.check(opts.network).to(device)  # its weights are pulled
     flat = FlatModel(model, device)
     kv = KVStore(source, servers, registry.EVALUATOR, flat.params.numel(),
@@ -95,8 +96,9 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
                                      mode=registry.of_options(opts).key)
     with Recorder(opts.log_dir, socket.gethostname(), registry.EVALUATOR,
                   tensorboard=opts.tensorboard, live=live) as recorder:
-        log.info("[evaluator] evaluating %s on %s every %g s; logs in %s", opts.network,
-                 opts.dataset, opts.eval_interval, recorder.path)
+        log.info("[evaluator] evaluating %s on %s%s every %g s; logs in %s", opts.network,
+                 opts.dataset, f" by {opts.evaluate}" if opts.evaluate else "",
+                 opts.eval_interval, recorder.path)
         try:
             while not ended():
                 while time.monotonic() < next_at:

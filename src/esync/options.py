@@ -243,6 +243,15 @@ class Options:
                        "what evaluations measure on the test set: accuracy (top-1, "
                        "higher is better) or loss (--loss's mean, lower is better)",
                        choices=METRICS)
+    evaluate: Optional[str] = _opt(["--evaluate"], config.EVALUATE,
+                                   "the evaluation itself, a plug-in module:function "
+                                   "(model, test_set, device) -> float measuring the "
+                                   "model (in evaluation mode, without gradients) on the "
+                                   "test set of --dataset, whose samples may then have any "
+                                   "form; --metric says whether higher (accuracy) or "
+                                   "lower (loss) is better; none: --metric's own "
+                                   "measure on (inputs..., target) samples",
+                                   metavar="MODULE:FUNCTION")
     epochs: Optional[float] = _opt(["--epochs"], config.EPOCHS,
                                    "stop after this many passes over the partition",
                                    type=_positive_float)
@@ -400,10 +409,11 @@ def check_plugins(opts: Options) -> None:
     if opts.data_split == "leased" and opts.split_by_class:
         raise UserError("--data-split leased moves data between workers; -s 1 keeps each "
                         "worker's classes on it: use --data-split static with -s 1")
-    if is_spec(opts.network) or opts.dataset not in IN_MEMORY or opts.loss != "cross_entropy":
-        from esync.task import load_task
+    if (is_spec(opts.network) or opts.dataset not in IN_MEMORY or opts.loss != "cross_entropy"
+            or opts.evaluate is not None):
+        from esync.task import task_of
 
-        load_task(opts.dataset, opts.data_dir, opts.loss, opts.metric).check(opts.network)
+        task_of(opts).check(opts.network)
 
 
 def check_aggregation(opts: Options, num_servers: Optional[int] = None) -> None:

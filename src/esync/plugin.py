@@ -80,7 +80,13 @@ def takes(spec: str, flag: str, parameter: str) -> bool:
 
 def call(spec: str, flag: str, *args: Any, **kwargs: Any) -> Any:
     """Load `spec` and call it; an exception it raises is one line naming `flag`."""
-    function = load(spec, flag)
+    return invoke(load(spec, flag), spec, flag, *args, **kwargs)
+
+
+def invoke(function: Callable[..., Any], spec: str, flag: str, *args: Any,
+           **kwargs: Any) -> Any:
+    """Call `function`, loaded from `spec` already (a plug-in called more than once, as
+    --evaluate's is); an exception it raises is one line naming `flag`."""
     try:
         return function(*args, **kwargs)
     except UserError:

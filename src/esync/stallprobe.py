@@ -140,11 +140,11 @@ def train_alone(opts: Options, synthetic: bool = False) -> Run:
     """`opts` (alone, with a --time-limit and a log folder) trained by the built-in loop
     in this process; its steady part. `synthetic`: on one batch repeated."""
     from esync import join
-    from esync.task import load_task
+    from esync.task import task_of
     from esync.train import train
 
     plan = join.check(opts, None)
-    task = load_task(opts.dataset, opts.data_dir, opts.loss, opts.metric)
+    task = task_of(opts)
     with join.join(plan, None) as session:
         model = task.build_model(opts.network)
         fed = task
@@ -170,10 +170,9 @@ def end_loader_workers() -> None:
 def model_bytes(opts: Options) -> int:
     """Bytes of the vector a round moves: the parameters that learn and the
     floating-point buffers, in float32 (esync.flat)."""
-    from esync.task import load_task
+    from esync.task import task_of
 
-    model = load_task(opts.dataset, opts.data_dir, opts.loss, opts.metric).build_model(
-        opts.network)
+    model = task_of(opts).build_model(opts.network)
     count = sum(p.numel() for p in model.parameters() if p.requires_grad)
     count += sum(b.numel() for b in model.buffers() if b.is_floating_point())
     return 4 * count

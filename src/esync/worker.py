@@ -21,13 +21,13 @@ def _train(plan: WorkerPlan, env: Union[ClusterEnv, DDPEnv, None],
     partition (all the data alone)."""
     from esync.data.partition import partition_size
     from esync.errors import UserError
-    from esync.task import load_task
+    from esync.task import task_of
     from esync.train import train
 
     opts = plan.opts
     with join(plan, env, settings) as session:
         # loaded, and a plug-in checked on it, by check() already
-        task = load_task(opts.dataset, opts.data_dir, opts.loss, opts.metric)
+        task = task_of(opts)
         try:
             samples = partition_size(len(task.labels()), session.num_workers)
         except ValueError as e:
