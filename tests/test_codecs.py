@@ -9,7 +9,7 @@ the all-reduce's by the ring's estimate):
 - through the servers: 4 bytes per value of the round's slice (partial) or 8 per value
   sent (int32 index, float32 value), plus the buffers' float32 and the headers;
 - all-reduce: the control vector's ring all-reduce (buffers, a stop flag per worker,
-  the steps, and for the sparse codecs two count parts per worker), plus the slice's
+  the samples, the steps, and for the sparse codecs two count parts per worker), plus the slice's
   ring all-reduce (partial) or the ring all-gather of the most any worker sent that
   round, padded (sparse).
 A partial job synchronises every slice within K rounds: each worker's logged slices of
@@ -64,7 +64,7 @@ def test_a_codec_trains_to_90_percent_sending_what_it_says(tmp_path, mode, backe
     workers = rounds_by_worker(tmp_path, mode)
     rounds = {len(records) for records in workers.values()}
     assert len(rounds) == 1 and rounds.pop() > compression.slices, rounds
-    control = LENET_BUFFERS + WORKERS + 1 + (2 * WORKERS if compression.sparse else 0)
+    control = LENET_BUFFERS + WORKERS + 2 + (2 * WORKERS if compression.sparse else 0)
     for name, records in workers.items():
         for round_, record in enumerate(records, 1):
             sent = record["bytes_sent"]

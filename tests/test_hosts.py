@@ -69,15 +69,17 @@ JOB_ID = "demo-1"
 LIVE_PAGE = "http://head.example.org:10020/jobs/demo-1/"
 
 
-def _env_words(role, iface=None):
+def _env_words(role, iface=None, rank=None):
     words = [f"DMLC_ROLE={role}", "DMLC_PS_ROOT_URI=head.example.org", "DMLC_PS_ROOT_PORT=9200",
              "DMLC_NUM_SERVER=1", "DMLC_NUM_WORKER=4"]
+    words += [f"DMLC_WORKER_ID={rank}"] if rank is not None else []  # rank: file order
     return words + ([f"DMLC_INTERFACE={iface}"] if iface else []) + \
         [f"ESYNC_JOB_ID={JOB_ID}", f"ESYNC_LIVE_URL={LIVE_PAGE}"]
 
 
-def _worker(short, k, gpu, slowdown=None):
-    words = ["cd", "~/esync", "&&", "env", *_env_words("worker"), "python", "main.py", *TRAIN,
+def _worker(short, k, gpu, slowdown=None, rank=0):
+    words = ["cd", "~/esync", "&&", "env", *_env_words("worker", rank=rank), "python",
+             "main.py", *TRAIN,
              "--device-name", f"{short}-w{k}", "-g", str(gpu)]
     if slowdown:
         words += ["--slowdown", slowdown]
@@ -94,10 +96,10 @@ EXPECTED = [
     ("# head.example.org: server",
      ["cd", "/srv/esync", "&&", "env", *_env_words("server", "eno2"), "/srv/venv/bin/python",
       "main.py", *TRAIN]),
-    ("# gpu1.example.org: worker 0", _worker("gpu1", 0, 0, "2")),
-    ("# gpu1.example.org: worker 1", _worker("gpu1", 1, 1, "2")),
-    ("# gpu2.example.org: worker 0", _worker("gpu2", 0, 3)),
-    ("# gpu2.example.org: worker 1", _worker("gpu2", 1, 3)),
+    ("# gpu1.example.org: worker 0", _worker("gpu1", 0, 0, "2", rank=0)),
+    ("# gpu1.example.org: worker 1", _worker("gpu1", 1, 1, "2", rank=1)),
+    ("# gpu2.example.org: worker 0", _worker("gpu2", 0, 3, rank=2)),
+    ("# gpu2.example.org: worker 1", _worker("gpu2", 1, 3, rank=3)),
 ]
 
 

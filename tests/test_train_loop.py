@@ -69,7 +69,7 @@ class Scripted(Algorithm):
     def decides_stop(self):
         return self._decides_stop
 
-    def agree_stop(self, reason):
+    def agree_stop(self, reason, everyone=False):
         if reason is None:
             return None
         self.calls.append(("asked to stop", self.round))

@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 #: prepared loader reads them block by block)
 __all__ = ["init", "prepare_model", "prepare_data_loader", "prepare_scheduler",
            "DistributedOptimizer", "report", "should_stop", "finish", "get_session",
-           "ShardDataset"]
+           "get_device", "ShardDataset"]
 
 
 def __getattr__(name: str):

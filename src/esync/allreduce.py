@@ -15,7 +15,8 @@ backends do the same arithmetic and every worker holds the same weights.
   in float16, divided by the number of workers first so that the sum cannot overflow,
   as DDP's fp16 hook does; with `partial:K` of the round's slice only), after one of a
   small float32 vector holding the buffers (BatchNorm statistics), each worker's stop
-  flag and its local steps (ESync with --average steps or normalized). That small one
+  flag, its samples of the round (the job's count of samples trained, `job_samples`)
+  and its local steps (ESync with --average steps or normalized). That small one
   goes first, alone: it completes once every worker has come to the round's end, so its
   time is the round's wait for the others (`waited`) and the weights' all-reduce the
   communication. A worker whose stop criterion (or, on worker 0, the evaluator's) says
@@ -86,6 +87,7 @@ class AllReduce:
         self.stop_reason: Optional[str] = None
         self.bytes_sent = self.bytes_received = 0
         self.waited = 0.0  # seconds the last round waited for the others (push_pull)
+        self.job_samples = 0  # samples every worker's rounds trained so far (push_pull)
         self._started = time.monotonic()
         self._half: Optional[torch.Tensor] = None  # --compress fp16: the sent copy
         self._residual: Optional[torch.Tensor] = None  # sparse codecs: error feedback
@@ -151,10 +153,11 @@ class AllReduce:
 
     # --- a round -----------------------------------------------------------------------
     def push_pull(self, round_: int, pushed: torch.Tensor, stop: Optional[str] = None,
-                  steps: Optional[int] = None) -> None:
+                  steps: Optional[int] = None, samples: int = 0) -> None:
         """Sum `pushed` (the round's gradient or delta, on the model's device) and the
         buffers over the workers, and apply the rule to the weights (which must be those
-        the round started from) and buffers, in place."""
+        the round started from) and buffers, in place. `samples`: this worker's of the
+        round (summed into `job_samples`)."""
         if stop is None and self.publisher is not None:
             stop = self.publisher.stop_reason
         if stop is not None:
@@ -166,7 +169,7 @@ class AllReduce:
         buffers = self.rule.buffers
         sparse = self._sparse(pushed) if self.compression.sparse else None
         counts = 2 * world if sparse else 0  # each worker's count, in two parts
-        control = torch.zeros(len(buffers) + world + counts + 1, dtype=torch.float32,
+        control = torch.zeros(len(buffers) + world + counts + 2, dtype=torch.float32,
                               device=pushed.device)
         control[:len(buffers)] = buffers
         control[len(buffers) + self.rank] = 1.0 if stop is not None else 0.0
@@ -174,6 +177,7 @@ class AllReduce:
             at = len(buffers) + world + 2 * self.rank  # exact in float32 below 2**44
             control[at:at + 2] = torch.tensor(divmod(len(sparse[0]), COUNT_BASE))
         control[-1] = float(steps or 1)
+        control[-2] = float(samples)  # exact in float32: a round's samples are < 2**24
         with _failures(self.node):
             # the small control vector first: it completes once every worker has come
             # to the round's end, so its time is the wait for the others, and the
@@ -182,12 +186,13 @@ class AllReduce:
             self._all_reduce(control)
             self.waited = time.perf_counter() - started
             if sparse:
-                parts = control[len(buffers) + world:-1].view(world, 2)
+                parts = control[len(buffers) + world:-2].view(world, 2)
                 most = int((parts[:, 0] * COUNT_BASE + parts[:, 1]).max())
                 total = self._gather_sparse(*sparse, most, out=pushed)
             else:
                 total = self._sum_weights(pushed, round_)
         self.rule.mean_steps = float(control[-1]) / world
+        self.job_samples += int(control[-2])
         self.rule.aggregate((WEIGHTS, 0), total, world)
         if len(buffers):
             self.rule.aggregate((BUFFERS, 0), control[:len(buffers)], world)

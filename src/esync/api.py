@@ -35,6 +35,8 @@ import json
 import logging
 import os
 import sys
+import threading
+import time
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence
 
 import torch
@@ -75,7 +77,7 @@ def init(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Se
     except UserError as e:
         say_error(prog, e)
         raise SystemExit(2) from None
-    atexit.register(finish)
+    _leave_at_exit()
     _chain_excepthook()
     return _session
 
@@ -121,20 +123,44 @@ def _join(flags: list, prog: str):
                                    cluster.num_servers)
     if not registry.of_options(opts).distributed and "network" in given:
         global _alone_task
-        from esync.task import load_task
+        from esync.task import task_of
 
-        _alone_task = lambda: load_task(opts.dataset, opts.data_dir, opts.loss, opts.metric)
+        _alone_task = lambda: task_of(opts)
     return join.join(plan, env, settings)
 
 
+def _leave_at_exit() -> None:
+    """Leave the job when the script's main thread ends (its loop done, or an exception
+    it did not catch): in the interpreter's first exit step, where threading's own exit
+    calls run, while the interpreter is whole. By atexit's time pyzmq has stopped the
+    thread its zero-copy sends need (a model over 64 KB could not push its last round,
+    and the others waited for it for ever), and from Python 3.12 no thread may start
+    (the state server's budget request). atexit too, where threading has no such hook:
+    `finish` runs once."""
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        try:
+            register(finish)
+        except RuntimeError:  # the interpreter is already shutting down
+            pass
+    atexit.register(finish)
+
+
 def _chain_excepthook() -> None:
-    """Remember an exception that ends the script, so that leaving the job at exit
-    tells the others it failed rather than finished."""
+    """Remember an exception that ends the script, so that leaving the job at exit tells
+    the others it failed (the job ends, non-zero) rather than finished. The job's own end
+    under the script (JobAborted: another process failed, or the scheduler is gone) is
+    said in one line, not as a traceback through esync's internals."""
+    from esync.transport.node import JobAborted, describe
+
     previous = sys.excepthook
 
     def hook(kind, error, traceback):
         global _failed
         _failed = error
+        if isinstance(error, JobAborted):
+            print(f"esync: error: {describe(error)}", file=sys.stderr, flush=True)
+            return
         previous(kind, error, traceback)
 
     sys.excepthook = hook
@@ -215,6 +241,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.defaults = optimizer.defaults
         self._optimizer_step_pre_hooks: Dict[int, Callable] = {}
         self._optimizer_step_post_hooks: Dict[int, Callable] = {}
+        self.session.keep_state("optimizer", self)  # with the job's checkpoints
 
     @property
     def param_groups(self):
@@ -262,47 +289,100 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return f"DistributedOptimizer({self.optimizer!r})"
 
 
-class RoundScheduler:
-    """A learning-rate scheduler that advances once per round of the job, not per local
-    step: under ESync a device doing 8 local steps a round would otherwise decay 8
-    times faster than a device doing 1 (prepare_scheduler)."""
+class JobScheduler:
+    """A learning-rate scheduler that follows the job, not this device's own steps
+    (prepare_scheduler): under ESync a device doing 8 local steps a round would
+    otherwise decay 8 times faster than one doing 1, and ahead of the job's data."""
 
     def __init__(self, scheduler: Any, session: Session):
         self.scheduler, self.session = scheduler, session
-        self.rounds = session.round
+        self.steps = 0  # the wrapped scheduler's steps so far
+        #: stepped once an epoch (its first step came between two passes of the
+        #: prepared loader), else once a step; None until its first step
+        self.per_epoch: Optional[bool] = None
 
-    def step(self) -> None:
-        """Call it where the plain loop would (after each step, or each epoch): it
-        advances the wrapped scheduler once for each round finished since."""
-        finished = self.session.round - (1 if self.session.in_round else 0)
-        while self.rounds < finished:
-            self.rounds += 1
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        """Call it where the plain loop would. Stepped after each optimizer step, it
+        moves the wrapped scheduler to the job's step (Session.global_steps: the same
+        on every device; one step a round in SSGD, DDP and alone, the mean of ESync's
+        budgets a round); stepped once an epoch, to the epochs the job has trained (the
+        prepared loader's passes). Never past a OneCycleLR's `total_steps`. With
+        arguments (ReduceLROnPlateau's metric) it steps the wrapped scheduler once."""
+        if args or kwargs:
+            self.steps += 1
+            self.scheduler.step(*args, **kwargs)
+            return
+        session = self.session
+        if self.per_epoch is None:
+            self.per_epoch = session.passes_done > 0 and not session.in_pass
+        target = session.passes_done if self.per_epoch else session.global_steps()
+        total = getattr(self.scheduler, "total_steps", None)
+        if isinstance(total, int):  # OneCycleLR raises once stepped past its end
+            target = min(target, total)
+        while self.steps < target:
+            self.steps += 1
             self.scheduler.step()
 
     def get_last_lr(self):
         return self.scheduler.get_last_lr()
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"scheduler": self.scheduler.state_dict(), "rounds": self.rounds}
+        return {"scheduler": self.scheduler.state_dict(), "steps": self.steps,
+                "per_epoch": self.per_epoch}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
-        self.rounds = state["rounds"]
+        self.steps, self.per_epoch = state["steps"], state.get("per_epoch")
+
+    def __getattr__(self, name: str) -> Any:  # last_epoch, optimizer, base_lrs...
+        if name == "scheduler":
+            raise AttributeError(name)
+        return getattr(self.scheduler, name)
 
 
-def prepare_scheduler(scheduler: Any) -> RoundScheduler:
-    """`scheduler` (any torch.optim.lr_scheduler, over the wrapped optimizer) stepped
-    once per round of the job: the same on a fast and a slow device."""
-    return RoundScheduler(scheduler, get_session())
+
+def prepare_scheduler(scheduler: Any) -> JobScheduler:
+    """`scheduler` (any torch.optim.lr_scheduler, over the wrapped optimizer's) advanced
+    with the job rather than with this device's own steps, the same on a fast and a
+    slow device: size it as for the plain loop (OneCycleLR(total_steps=epochs *
+    len(loader)), CosineAnnealingLR(T_max=epochs) stepped once an epoch) and call its
+    `step()` where the plain loop would. Its state is kept with the job's checkpoints
+    (--checkpoint-dir) and given back on --resume."""
+    session = get_session()
+    prepared = JobScheduler(scheduler, session)
+    session.keep_state("scheduler", prepared)
+    return prepared
 
 
-def report(loss: Optional[float] = None, samples: Optional[int] = None) -> None:
-    """This local iteration's training loss (a float or a one-element tensor), for the
-    round's log record, TensorBoard and the divergence check; `samples` where the batches
-    do not come from prepare_data_loader."""
-    if isinstance(loss, torch.Tensor):
-        loss = loss.item()
-    get_session().report(loss, samples)
+def report(loss: Optional[float] = None, samples: Optional[int] = None, *,
+           metric: Optional[float] = None, **scalars: float) -> None:
+    """What this script measured, for the round's log record and TensorBoard (numbers,
+    or one-element tensors):
+    - `loss`: this local iteration's training loss (also the divergence check);
+    - `samples`: its samples, where the batches do not come from prepare_data_loader;
+    - `metric`: the job's metric as the script measured it (rank 0's validation, say):
+      the accuracy, or with `--metric loss` a validation loss. It is logged as an
+      evaluation is (the progress line, `esync-draw`'s curves, the live page) and the
+      job's `--target-accuracy`/`--target-loss` apply to it;
+    - any other `name=value`: kept in the round's record under `scalars` (TensorBoard:
+      `script/<name>`).
+    The round that ends next records them (a metric once: the latest reported)."""
+    values = {k: v.item() if isinstance(v, torch.Tensor) else v
+              for k, v in dict(scalars, loss=loss, metric=metric).items() if v is not None}
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"esync.report({name}=...): expected a number or a "
+                            f"one-element tensor, got {type(value).__name__}")
+    loss, metric = values.pop("loss", None), values.pop("metric", None)
+    get_session().report(loss, samples, metric=metric, scalars=values)
+
+
+def get_device() -> torch.device:
+    """The device this worker trains on (the prepared model's: `cuda:N` for a GPU
+    worker, else the CPU), for tensors the script makes or loads itself: a validation
+    loader's batches (`x.to(esync.get_device())`), a mask, a checkpoint's map_location.
+    The prepared data loader's batches are there already."""
+    return get_session().device
 
 
 def should_stop() -> bool:
@@ -310,17 +390,41 @@ def should_stop() -> bool:
     return get_session().stop_reason is not None
 
 
+#: seconds a process that failed may take to leave its job before it exits anyway (a
+#: collective that a dead peer never completes must not keep it, and so the job, alive)
+FAILED_EXIT_S = 10.0
+
+
 def finish() -> None:
-    """Leave the job (also called at the end of the process): if the job is still
-    running, the round in progress ends now, and in a synchronous job the others stop
-    after it; then the connections close. Idempotent."""
-    global _session
+    """Leave the job (also done when the script ends): if the job is still running, the
+    round in progress ends now, and in a synchronous job the others stop after it; then
+    the connections close. After an exception the script did not catch, the job is told
+    that this worker failed (it ends, non-zero) and the process exits within
+    FAILED_EXIT_S seconds whatever its peers do. Idempotent."""
+    global _session, _failed
     if _session is None:
         return
     current, _session = _session, None
-    error = _failed
+    if _failed is not None:
+        _exit_anyway_after(FAILED_EXIT_S)
+        current.close(_failed)
+        return
     try:
-        if error is None:
-            current.leave(f"worker {current.rank} finished its loop")
-    finally:
-        current.close(error)
+        current.leave(f"worker {current.rank} finished its loop")
+    except BaseException as e:  # the others must not wait for a push that never comes
+        _failed = e
+        _exit_anyway_after(FAILED_EXIT_S)
+        current.close(e)
+        raise
+    current.close(None)
+
+
+def _exit_anyway_after(seconds: float) -> None:
+    """A daemon thread that ends the process with status 1 if it is still alive then."""
+    def watchdog() -> None:
+        time.sleep(seconds)
+        print(f"esync: error: could not leave the job within {seconds:g} s after a "
+              f"failure; exiting", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    threading.Thread(target=watchdog, name="esync-exit", daemon=True).start()

@@ -1,4 +1,5 @@
-"""Checkpoints of a server's shard: CHECKPOINT_DIR/shard<k>/round-<n>/.
+"""Checkpoints of a server's shard: CHECKPOINT_DIR/shard<k>/round-<n>/ (and a worker's
+own state at the same rounds: `WorkerCheckpoints`).
 
 Each checkpoint is a folder with two files:
 - `tensors.safetensors`: the shard's weights, buffers and the rule's tensors (SGD
@@ -172,3 +173,51 @@ class Checkpoints:
                 log.warning("[server %d] skipping a damaged checkpoint: %s", self.shard, e)
         raise UserError(f"--checkpoint-dir: no whole checkpoint of shard {self.shard}: "
                         f"{problem}")
+
+
+class WorkerCheckpoints:
+    """A worker's own state at the job's checkpoints: CHECKPOINT_DIR/worker<rank>/
+    round-<n>.{json,safetensors} (esync.statefile: no pickle), its optimizers' and
+    learning-rate schedulers' `state_dict()`s as of the end of round n, kept when the
+    servers checkpoint the model at round n, so that a resumed job goes on with Adam's
+    moments and the schedule where they were. The newest `keep` are kept."""
+
+    def __init__(self, folder: str, rank: int, keep: int = 3):
+        self.path = os.path.join(folder, f"worker{rank}")
+        self.rank, self.keep = rank, keep
+
+    def rounds(self) -> List[int]:
+        try:
+            names = os.listdir(self.path)
+        except OSError:
+            return []
+        found = (re.fullmatch(r"round-(\d{1,12})\.json", name) for name in names)
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def save(self, round_: int, state: Dict[str, Any]) -> None:
+        from esync import statefile
+
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            statefile.save_state(os.path.join(self.path, f"round-{round_}"), state)
+        except OSError as e:
+            raise UserError(f"--checkpoint-dir: cannot write worker {self.rank}'s state "
+                            f"in {self.path}: {e.strerror}") from None
+        for old in self.rounds()[:-self.keep]:
+            for suffix in (".json", ".safetensors"):
+                try:
+                    os.remove(os.path.join(self.path, f"round-{old}{suffix}"))
+                except OSError:
+                    pass
+
+    def newest(self, at_most: int) -> Optional[Tuple[int, Dict[str, Any]]]:
+        """(round, state) of the newest state kept at or before round `at_most` (None:
+        none); a damaged one is skipped with a warning."""
+        from esync import statefile
+
+        for round_ in sorted((r for r in self.rounds() if r <= at_most), reverse=True):
+            try:
+                return round_, statefile.load_state(os.path.join(self.path, f"round-{round_}"))
+            except UserError as e:
+                log.warning("[worker %d] skipping a damaged state: %s", self.rank, e)
+        return None

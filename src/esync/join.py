@@ -19,6 +19,7 @@ import torch
 
 from esync import registry
 from esync.algorithms.base import Job
+from esync.checkpoint import WorkerCheckpoints
 from esync.data.order import DataSettings
 from esync.errors import UserError
 from esync.live import LiveReporter
@@ -29,6 +30,10 @@ from esync.stop import StopCriteria
 from esync.transport.cluster import REQUIRED, ClusterEnv, DDPEnv, advertised_address
 
 log = logging.getLogger(__name__)
+
+
+#: the job's final model, in the log folder (-ld): rank 0 writes it when the job stops
+MODEL_FILE = "model.safetensors"
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,12 @@ def join(plan: WorkerPlan, env: Union[ClusterEnv, DDPEnv, None],
                       timed, rank, workers, DataSettings.from_options(opts), on_close=leave)
     session.metric_kind = opts.metric
     session.node = job.node if job is not None else None
+    session.model_file = os.path.join(opts.log_dir, MODEL_FILE)
+    if opts.checkpoint_dir and plan.algorithm.parameter_server and job is not None:
+        # beside the servers' shards: as many as they keep of each (their rounds may
+        # differ, with --checkpoint-every in seconds)
+        session.checkpoints = WorkerCheckpoints(opts.checkpoint_dir, job.rank,
+                                                opts.keep_checkpoints * max(1, len(job.servers)))
     return session
 
 
@@ -136,7 +147,9 @@ def _join_cluster(plan: WorkerPlan, env: ClusterEnv, settings: Dict[str, str]):
     device = device_label(plan.opts, plan.device)
     node = Node(env, "worker", device)
     try:
-        assignment = node.register(plan.opts.start_timeout, device=device, settings=settings)
+        wanted = {} if env.worker_id is None else {"rank": env.worker_id}
+        assignment = node.register(plan.opts.start_timeout, device=device, settings=settings,
+                                   **wanted)
     except BaseException as e:
         node.__exit__(type(e), e, None)
         raise
@@ -182,6 +195,8 @@ def _join_process_group(plan: WorkerPlan, env: DDPEnv):
               store=store, host=env.local_address())
 
     def leave(error: Optional[BaseException]) -> None:
+        if error is not None:  # a peer may be inside a collective with this rank, which
+            return             # would never end: leave the group to the process's exit
         dist.destroy_process_group()
         gc.collect()  # the group's last work objects, before the interpreter exits
 

@@ -79,6 +79,11 @@ class KVStore:
         #: seconds the last push waited at the servers for the other workers' (the most
         #: any of its chunks waited, as the servers said)
         self.waited = 0.0
+        #: from server 0's latest answer: the samples the job's pushes trained so far
+        self.job_samples = 0
+        #: the newest checkpoint round any server's answers named (see `checkpoints`)
+        self.checkpoint_round: Optional[int] = None
+        self._new_checkpoints: List[int] = []
 
     # --- sending ------------------------------------------------------------------------
     def _send(self, sock: zmq.Socket, header: Dict, sections=()) -> None:
@@ -135,7 +140,20 @@ class KVStore:
             self.model_round = header["updates"]
             age = header.get("age")
             self.model_age = float(age) if isinstance(age, (int, float)) else None
+            trained = header.get("trained")
+            if type(trained) is int and trained >= 0:
+                self.job_samples = trained
+        checkpoint = header.get("checkpoint")
+        if type(checkpoint) is int and checkpoint > (self.checkpoint_round or 0):
+            self.checkpoint_round = checkpoint
+            self._new_checkpoints.append(checkpoint)
         return header
+
+    def checkpoints(self) -> List[int]:
+        """The checkpoint rounds the servers' answers named for the first time since the
+        last call (oldest first): a worker keeps its own state of each."""
+        new, self._new_checkpoints = self._new_checkpoints, []
+        return new
 
     def _receive(self, expected: List[int], params=None, buffers=None) -> None:
         """Receive until each server has sent `expected[s]` values (or one header-only
@@ -215,13 +233,17 @@ class KVStore:
 
     def push_pull(self, round_: int, grads: np.ndarray, buffers: np.ndarray,
                   params_out: np.ndarray, buffers_out: np.ndarray,
-                  stop: Optional[str] = None, steps: Optional[int] = None) -> None:
+                  stop: Optional[str] = None, steps: Optional[int] = None,
+                  samples: int = 0) -> None:
         """Push this round's gradient (or delta) and buffers; receive the new weights and
         buffers into `params_out` and `buffers_out` (which may be `buffers` itself).
         The weight chunks are compressed as `--compress` says; `steps` (ESync with
         --average steps or normalized) is the worker's number of local steps
-        of the round."""
+        of the round; `samples`, the samples it trained in the round (the servers count
+        the job's: `job_samples`)."""
         header = {"type": "push", "round": round_}
+        if samples:
+            header["samples"] = samples
         self.waited = 0.0
         self.compressor.begin(round_)
         if stop is not None:

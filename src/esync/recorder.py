@@ -27,14 +27,15 @@ host name, `<device>` is `--device-name` or else `cpu` / `gpu<N>`.
 | `total_time` | seconds since training started, when the round's file was written |
 | `loss` | mean training loss over the round's local iterations; `null` if it was not finite |
 | `bytes_sent`, `bytes_received` | network bytes of this round (0 in `local` mode; DDP: estimated, 2(W-1)/W of the gradient's bytes each way per step, as a ring all-reduce moves) |
-| `epoch` | passes over the partition so far (fractional) |
-| `accuracy` | test accuracy, present only in rounds that evaluated |
+| `epoch` | epochs trained so far (fractional): of the job's data where the job counts the samples every worker trained (the parameter-server and all-reduce modes' prepared loaders: the samples all workers together trained, over the samples of one pass over every partition), else passes over this worker's partition |
+| `accuracy` | test accuracy, present only in rounds that evaluated (in process, or a script's `esync.report(metric=...)`) |
 | `val_loss` | with `--metric loss`, in place of `accuracy`: the loss on the test set (lower is better), present only in rounds that evaluated; a record has `accuracy` or `val_loss`, never both |
+| `scalars` | what a training script reported by name in the round (`esync.report(name=value)`: the latest value of each) |
 | `budget` | ESync only: the local iterations the state server gave this round (= the number of entries in `time`; 1 where its answer was refused) |
 | `state_server_request` | ESync only: seconds the budget request of this round took over HTTP (it runs during the previous round's aggregation; `state server` is what the round waited for it) |
 | `synced` | with `--compress partial:K`: the `[start, stop)` of the weights vector this round synchronised (the others stayed local) |
 | `pushed_values` | with `--compress topk:R` or `threshold:T`: how many of the weights' values this worker's push sent (through the servers, as index and value; the all-reduce pads every worker's to the most any sent) |
-| `batch_sizes` | balanced DDP only: every worker's batch in this round, by rank (their sum is `-b` times the workers) |
+| `batch_sizes` | balanced DDP only: every worker's batch in this round, by rank (their sum is the ranks' loaders' batches together; `-b` times the workers in main.py's loop) |
 | `data` | shards only: the prepared loader's state as of the round's last batch (torchdata's `StatefulDataLoader` state: the lease in progress, its position, the epoch), `split` (`static` or `leased`) and the worker's `rank`; a worker continuing the job goes on from it (from `data-<n>.json`, the same state written before the round's push, where it exists). With `--remote-prep`, `sampler` (the block sampler's state as of that batch) in place of `loader` |
 | `remote_batches` | with `--remote-prep`: batches of the round made by Ray tasks |
 | `breakdown` | where the round's time went, in seconds, from the end of the previous round: `fetch` (blocked on block reads of shards), `prep` (blocked on decoding, the transform and collation, wherever they ran), `compute` (forward, backward, local update, and a `--slowdown`'s wait), `communication` (push and pull, or the all-reduce), `wait` (waiting for the other workers: a push's wait at the servers, as they measured it, or the all-reduce's first, small vector; DDP waits inside its all-reduce, so its `wait` is 0 and communication holds it), `state_server` (ESync: waiting for the budget), `other` (the rest: the user's code between steps, hooks, an evaluation in the process). They add up to the round's wall time (`esync/breakdown.py`) |

@@ -7,7 +7,7 @@ Each round record (esync.recorder) becomes these scalars at step = its round:
 
     train/loss, train/samples, train/seconds (total_time), esync/budget (ESync only),
     traffic/bytes_sent, traffic/bytes_received, eval/accuracy or eval/val_loss (where
-    evaluated, per --metric)
+    evaluated, per --metric), script/<name> (what the script reported by name)
 
 Written with torch.utils.tensorboard's SummaryWriter (the `tensorboard` package:
 `pip install -e '.[tensorboard]'`), flushed every few seconds so that a live viewer
@@ -60,10 +60,13 @@ class Scalars:
             raise UserError(f"{FLAG}: cannot write {folder}: {e.strerror or e}") from None
 
     def add(self, record: Mapping) -> None:
-        """The record's numeric fields, at step = its round."""
+        """The record's numeric fields, at step = its round (and what the script
+        reported by name, esync.report(name=value), as script/<name>)."""
         step = record["num_iters"]
-        for tag, field in TAGS.items():
-            value = record.get(field)
+        named = record.get("scalars") or {}
+        tags = [*((tag, record.get(field)) for tag, field in TAGS.items()),
+                *((f"script/{name}", value) for name, value in named.items())]
+        for tag, value in tags:
             if isinstance(value, (int, float)) and not isinstance(value, bool) \
                     and math.isfinite(value):
                 self.writer.add_scalar(tag, value, step)

@@ -86,17 +86,23 @@ WAIT_REPORTED = 1e-4
 
 
 def weights_header(shard: int, round_: int, key: Key, updates: int, age: float,
-                   stop: Optional[str], waited: Optional[float] = None) -> Dict:
+                   stop: Optional[str], waited: Optional[float] = None, trained: int = 0,
+                   checkpoint: Optional[int] = None) -> Dict:
     """The header of a `weights` answer chunk (its values follow in one frame);
     `waited`: the seconds the answered push waited here for the other workers' (the
-    round's *wait*, measured on one clock: the server's)."""
+    round's *wait*, measured on one clock: the server's); `trained`: the samples the
+    job's pushes have trained so far (all workers'); `checkpoint`: the round of the
+    shard's latest checkpoint (each worker keeps its optimizer's state of that round)."""
     section, offset = key
     header = {"type": "weights", "shard": shard, "round": round_, "section": section,
-              "offset": offset, "updates": updates, "age": round(age, 6)}
+              "offset": offset, "updates": updates, "age": round(age, 6),
+              "trained": trained}
     if stop is not None:
         header["stop"] = stop
     if waited is not None and waited >= WAIT_REPORTED:
         header["waited"] = round(waited, 6)
+    if checkpoint is not None:
+        header["checkpoint"] = checkpoint
     return header
 
 
@@ -123,6 +129,9 @@ class ShardServer:
         self.age_offset = 0.0  # a restored shard's training clock at its checkpoint
         self.checkpoints, (self.every_rounds, self.every_seconds) = checkpoints, every
         self.saved_updates, self.saved_at = 0, time.monotonic()
+        self.checkpointed: Optional[int] = None  # the round of the latest checkpoint
+        #: samples the job's pushes trained so far (each push says its own: `samples`)
+        self.trained = 0
 
     @property
     def updates(self) -> int:
@@ -278,12 +287,16 @@ class ShardServer:
         if problem:
             raise MessageError(problem)
         steps = integer_field(header, "steps", 1, 2**31, required=False)
+        samples = integer_field(header, "samples", 0, 2**40, required=False)
         self._take_stop(worker, header)
         for stale in self.rule.move_to(round_):
             self._answer_waiting(stale)
         complete = self.rule.add(worker, key, values, steps)
+        if key == (WEIGHTS, 0) and samples:  # once per push
+            self.trained += samples
         self.waiting.setdefault(key, []).append((identity, worker, round_, time.monotonic()))
         if complete:
+            self._maybe_checkpoint()  # a round's end: its answers say it is checkpointed
             self._answer_waiting(key)
         self._after_change()
 
@@ -378,8 +391,9 @@ class ShardServer:
         age = 0.0 if self.started_at is None else time.monotonic() - self.started_at
         self.checkpoints.save(self.updates, tensors, dict(
             meta, rule=self.rule.config.to_header(), updates=self.updates, age=round(age, 6),
-            shard=self.rank))
+            shard=self.rank, trained=self.trained))
         self.saved_updates, self.saved_at = self.updates, time.monotonic()
+        self.checkpointed = self.updates
         log.debug("[server %d] checkpoint of round %d", self.rank, self.updates)
 
     def restore(self, rounds: Optional[List[int]], members: List[int], resumed: bool) -> None:
@@ -396,7 +410,9 @@ class ShardServer:
         self.sections = (tensors.pop("weights").copy(), tensors.pop("buffers").copy())
         self.rule = make_rule(*self.sections, config)
         self.rule.restore(tensors, meta, members)
-        self.saved_updates = self.updates
+        self.saved_updates = self.checkpointed = self.updates
+        trained = meta.get("trained", 0)
+        self.trained = trained if isinstance(trained, int) and trained >= 0 else 0
         self.age_offset = float(meta.get("age", 0.0))
         if not resumed:  # the others train on: the clock runs
             self.started_at = time.monotonic() - self.age_offset
@@ -425,7 +441,7 @@ class ShardServer:
         section, offset = key
         age = 0.0 if self.started_at is None else time.monotonic() - self.started_at
         header = weights_header(self.rank, round_, key, self.updates, age, self.stop_reason,
-                                waited)
+                                waited, self.trained, self.checkpointed)
         values = self.sections[section][offset:offset + length]
         if worker == EVALUATOR:  # it reads mid-round: never a view the rule may change
             self._send(identity, header, [values.copy()])

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from esync.algorithms.base import Algorithm, Phases
 from esync.breakdown import breakdown
+from esync.checkpoint import WorkerCheckpoints
 from esync.clock import Clock, Slowdown
 from esync.data import METRIC_LINE, METRIC_RECORD
 from esync.data.order import DataSettings
@@ -88,6 +90,25 @@ class Session:
         self.node = None
         #: where the last round's time went (esync.breakdown), once a round has ended
         self.last_breakdown: Dict[str, float] = {}
+        #: samples this process trained so far (its local iterations' batches)
+        self.samples = 0
+        #: the batch size of the first prepared data loader (the training loader's)
+        self.loader_batch: Optional[int] = None
+        #: where rank 0 writes the job's final model (None: nowhere)
+        self.model_file: Optional[str] = None
+        #: where this worker keeps its own state at the job's checkpoints (None: nowhere)
+        self.checkpoints: Optional[WorkerCheckpoints] = None
+        #: the optimizers and prepared schedulers whose state is kept ("optimizer" or
+        #: "scheduler", the object), in the order the script made them
+        self._stateful: List[Tuple[str, Any]] = []
+        #: resuming: the state kept at the checkpoint the job goes on from
+        self._resumed: Optional[Dict[str, Any]] = None
+        #: the prepared loaders' passes: how many ended, and whether one is under way
+        self.passes_done = 0
+        self.in_pass = False
+        self._empty_passes = 0  # passes asked for once the job had stopped
+        self._reported_metric: Optional[float] = None  # esync.report(metric=...)
+        self._scalars: Dict[str, float] = {}  # esync.report(name=value), for the record
         self._budget = 0          # local iterations of the round in progress; 0: none
         self._round_end = time.perf_counter()  # when the last round ended (or training began)
         self._last_eval = 0.0
@@ -113,7 +134,53 @@ class Session:
         continues = self.algorithm.continues()
         if continues is not None:
             self._continue(*continues)
+        if self.algorithm.resumed_from is not None and self.checkpoints is not None:
+            self._take_back(self.algorithm.resumed_from)
         return self.algorithm.training_module(model)
+
+    # --- the worker's own state at the job's checkpoints -----------------------------------
+    def keep_state(self, kind: str, thing: Any) -> None:
+        """Keep `thing`'s state (an optimizer, or a prepared scheduler: `kind`) with the
+        job's checkpoints; resuming, give it back the state it had at the checkpoint
+        the job goes on from (the optimizers' again after a scheduler's: a scheduler
+        made sets the learning rate it starts at)."""
+        self._stateful.append((kind, thing))
+        if self._resumed is None:
+            return
+        index = sum(1 for k, _ in self._stateful if k == kind) - 1
+        saved = self._resumed.get(f"{kind}s", [])
+        if index < len(saved):
+            thing.load_state_dict(saved[index])
+            if kind == "scheduler":
+                for i, (k, optimizer) in enumerate(o for o in self._stateful
+                                                   if o[0] == "optimizer"):
+                    if i < len(self._resumed.get("optimizers", [])):
+                        optimizer.load_state_dict(self._resumed["optimizers"][i])
+        else:
+            log.warning("resuming: no %s state was kept for this worker's %s number %d; it "
+                        "starts afresh", kind, kind, index + 1)
+
+    def _keep_states(self) -> None:
+        """After a round's synchronisation: the state of each checkpoint it named."""
+        for round_ in self.algorithm.checkpointed():
+            if self.checkpoints is None:
+                continue
+            state: Dict[str, Any] = {"round": round_, "optimizers": [], "schedulers": []}
+            for kind, thing in self._stateful:
+                state[f"{kind}s"].append(thing.state_dict())
+            self.checkpoints.save(round_, state)
+
+    def _take_back(self, round_: int) -> None:
+        found = self.checkpoints.newest(round_)
+        if found is None:
+            log.warning("resuming from round %d: no optimizer or scheduler state was kept "
+                        "for worker %d (in %s); they start afresh", round_, self.rank,
+                        self.checkpoints.path)
+            return
+        kept, self._resumed = found
+        if kept != round_:
+            log.warning("resuming from round %d: worker %d's optimizer and scheduler state "
+                        "is of round %d, the newest kept", round_, self.rank, kept)
 
     def _continue(self, first: Optional[int], elapsed: float) -> None:
         """A process continuing a job (rejoining it, or resuming it from a checkpoint)
@@ -142,6 +209,48 @@ class Session:
         """Whether a round has begun and not ended."""
         return bool(self._budget)
 
+    #: passes asked for after the job stopped: a warning, then an error (a loop that
+    #: does not end on esync.should_stop() would otherwise spin for ever, silently)
+    EMPTY_PASSES_WARNED, EMPTY_PASSES_REFUSED = 1000, 1_000_000
+
+    def pass_after_stop(self) -> None:
+        """A prepared loader was asked for a pass once the job had stopped: it yields
+        nothing (an epoch loop runs out its epochs at once); a loop that keeps asking,
+        not ending on esync.should_stop(), is told so, then stopped with an error."""
+        self._empty_passes += 1
+        advice = (f"the job has stopped ({self.stop_reason}) and its prepared loader "
+                  f"yields nothing; a loop that counts its own steps or epochs must end on "
+                  f"esync.should_stop() too")
+        if self._empty_passes == self.EMPTY_PASSES_WARNED:
+            log.warning("%s: %d empty passes so far", advice, self._empty_passes)
+        if self._empty_passes >= self.EMPTY_PASSES_REFUSED:
+            raise RuntimeError(f"{advice} ({self._empty_passes} empty passes)")
+
+    def job_samples(self) -> int:
+        """The samples every worker together has trained so far (as of the last
+        synchronisation; alone: this process's)."""
+        counted = self.algorithm.job_samples()
+        return self.samples if counted is None else counted
+
+    def global_steps(self) -> int:
+        """How far the job is, in steps of one device's plain loop, the same number on
+        a fast and a slow device (prepare_scheduler steps a learning-rate schedule by
+        it): with --max-rounds, the rounds ended (a job bounded in rounds counts in
+        rounds); where every device takes one step a round (SSGD, DDP, alone), this
+        process's local iterations; otherwise (ESync's budgets, ASGD) the batches every
+        worker together trained, over the number of workers, as of the last
+        synchronisation. A schedule sized as the plain loop's (epochs times
+        len(loader)) so ends when the job has trained that many epochs."""
+        ended = self.round - (1 if self.in_round else 0)
+        if self.stop.max_rounds is not None:
+            return ended
+        if self.algorithm.lockstep:
+            return self.iterations
+        batch = self.loader_batch or (self.samples / self.iterations if self.iterations else 0)
+        if not batch:
+            return ended
+        return int(self.job_samples() // (self.num_workers * batch))
+
     # --- a local iteration ---------------------------------------------------------------
     def batch_size(self) -> Optional[int]:
         """The next local iteration's batch (None: the loader's own); begins a round."""
@@ -162,14 +271,23 @@ class Session:
         self._prep_work += seconds - fetched if prep is None else prep
         self._batch_ready = time.perf_counter()
 
-    def report(self, loss: Optional[float] = None, samples: Optional[int] = None) -> None:
+    def report(self, loss: Optional[float] = None, samples: Optional[int] = None,
+               metric: Optional[float] = None,
+               scalars: Optional[Dict[str, float]] = None) -> None:
         """The user's loss of this local iteration (and its samples, where the loader is
-        not esync's)."""
+        not esync's); a metric it measured and other scalars, for the next round's
+        record (esync.api.report)."""
+        if loss is not None or samples is not None:
+            self._begin_round()  # they are the local iteration's, of its round
         if loss is not None:
             self._loss_sum += float(loss)
             self._losses += 1
         if samples is not None:
             self._samples = samples
+        if metric is not None:
+            self._reported_metric = float(metric)
+        if scalars:
+            self._scalars.update((k, float(v)) for k, v in scalars.items())
 
     def step(self, update: Callable[[], Any]) -> Any:
         """The end of a local iteration: the algorithm's local update (it calls `update`,
@@ -200,6 +318,7 @@ class Session:
         i = len(self._times)
         self._times[i] = {**self._first_phases, **phases} if i == 0 else phases
         self._round_samples += self._samples or 0
+        self.samples += self._samples or 0
         self.iterations += 1
         self._next_iteration()
         if len(self._times) >= self._budget or (
@@ -238,10 +357,20 @@ class Session:
             hook()
         self._times[len(self._times) - 1].update(self.algorithm.end_round(self.round, self.model))
         self._budget = 0
+        self._keep_states()
         metric = self._evaluate()
+        if metric is None and self._reported_metric is not None:  # the script's own
+            metric = self.metric = self._reported_metric
+        self._reported_metric = None
+        if self._scalars:
+            evaluated_scalars, self._scalars = self._scalars, {}
+        else:
+            evaluated_scalars = None
         sent, received = self.algorithm.traffic()
         mean_loss = self._loss_sum / self._losses if self._losses else math.nan
         evaluated = {} if metric is None else {METRIC_RECORD[self.metric_kind]: metric}
+        if evaluated_scalars:
+            evaluated["scalars"] = evaluated_scalars
         ended = time.perf_counter()
         evaluated["breakdown"] = breakdown(
             self._times.values(), *self._stalls, self.algorithm.waited_seconds(),
@@ -267,7 +396,8 @@ class Session:
             self._stopped("stopped: the training loss is not finite (learning rate too high?)")
             return
         reason = self.algorithm.agree_stop(
-            announce or self.stop.reason(self.round, self.epochs_done(), elapsed, metric))
+            announce or self.stop.reason(self.round, self.epochs_done(), elapsed, metric),
+            everyone=announce is None and self.stop.rounds_reached(self.round))
         if reason:
             self._stopped(reason)
 
@@ -290,10 +420,34 @@ class Session:
 
     def _stopped(self, reason: str) -> None:
         self.stop_reason = reason
+        if self.rank == 0 and self.model is not None:
+            self.algorithm.final_model(self.model)
+            self._write_model()
         self._finish_algorithm()
         log.info("[%s] %s after %d rounds, %d iterations, %.1fs; last %s %s",
                  self.algorithm.name, reason, self.round, self.iterations, self.clock(),
                  METRIC_LINE[self.metric_kind], "n/a" if self.metric is None else f"{self.metric:.4f}")
+
+    def _write_model(self) -> None:
+        """The job's final model as a state_dict in safetensors (no pickle): load it with
+        `model.load_state_dict(safetensors.torch.load_file(path))`."""
+        if self.model_file is None:
+            return
+        from safetensors.torch import save_file
+
+        state = {k: v.detach().to("cpu").contiguous().clone()  # tied weights: copies
+                 for k, v in self.model.state_dict().items()}
+        try:
+            os.makedirs(os.path.dirname(self.model_file) or ".", exist_ok=True)
+            save_file(state, self.model_file + ".partial",
+                      metadata={"round": str(self.round), "stop": self.stop_reason or ""})
+            os.replace(self.model_file + ".partial", self.model_file)
+        except OSError as e:
+            log.warning("cannot write the job's model to %s: %s", self.model_file,
+                        e.strerror or e)
+            return
+        log.info("[%s] the job's model (its state_dict, safetensors): %s",
+                 self.algorithm.name, self.model_file)
 
     def _finish_algorithm(self) -> None:
         if not self._finished:

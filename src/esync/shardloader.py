@@ -127,6 +127,9 @@ class ShardLoader:
         if loader.batch_size is None:
             raise UserError("prepare_data_loader: the loader has no batch_size (a "
                             "batch_sampler of its own): give it a batch_size")
+        if session.loader_batch is None:  # the training loader: the first prepared
+            session.loader_batch = loader.batch_size
+            session.algorithm.loader_prepared(loader.batch_size)
         shards = loader.dataset.shards
         self.session, self.settings = session, settings
         blocks = shards.blocks(settings.block_size)
@@ -251,7 +254,16 @@ class ShardLoader:
 
     def __iter__(self) -> Iterator[Any]:
         if self.session.stop_reason is not None:
+            self.session.pass_after_stop()
             return
+        self.session.in_pass = True
+        try:
+            yield from self._pass()
+        finally:
+            self.session.in_pass = False
+            self.session.passes_done += 1
+
+    def _pass(self) -> Iterator[Any]:
         started, read = time.perf_counter(), self.sampler.read_seconds
         batches = self._batches()  # the DataLoader's workers' first batches are read here
         while True:

@@ -46,6 +46,11 @@ class StopCriteria:
             return None
         return reached + (f" (held {self.target_hold:g} s)" if self.target_hold else "")
 
+    def rounds_reached(self, rounds: int) -> bool:
+        """Whether --max-rounds is reached: a limit every worker of a job reaches after
+        a round of the same number."""
+        return self.max_rounds is not None and rounds >= self.max_rounds
+
     def reason(self, rounds: int, epochs_done: float, elapsed: float,
                metric: Optional[float]) -> Optional[str]:
         reached = self.target_held(metric, elapsed)
@@ -53,7 +58,7 @@ class StopCriteria:
             return reached
         if self.epochs_reached(epochs_done):
             return f"finished {self.epochs:g} epoch{'' if self.epochs == 1 else 's'}"
-        if self.max_rounds is not None and rounds >= self.max_rounds:
+        if self.rounds_reached(rounds):
             return f"finished {self.max_rounds} rounds"
         if self.time_limit is not None and elapsed >= self.time_limit:
             return f"reached the time limit of {self.time_limit:g} s"

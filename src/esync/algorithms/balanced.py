@@ -6,6 +6,12 @@ the ranks finish computing at about the same moment and none waits long in the
 all-reduce. The global batch (-b times the ranks) and the learning rate stay those of
 plain DDP.
 
+- *Batches of the user's loader*: the global batch is the ranks' prepared loaders'
+  batch sizes together (-b times the ranks in main.py's loop); each local iteration
+  takes the next global batch of one order of the whole data set (the same on every
+  rank: esync.loader's shared batches) and each rank its part, so that every rank takes
+  as many steps in a pass, an epoch loop ends on every rank after the same step, and
+  every sample is trained once a pass whatever the batches.
 - *Speed*: each rank keeps the computing time of its steps as the loop measures it
   (`iteration_timed`: the simulated slowdown included, time inside collectives not),
   as seconds per sample of its batch. Every PERIOD rounds the ranks
@@ -23,8 +29,8 @@ plain DDP.
 Every round record carries the batches of that round (`batch_sizes`, by rank); each
 change is logged as a line.
 
-A rank's partition is the same as under plain DDP, so a fast rank goes through its
-partition more often than a slow one (as with DistributedSampler and unequal batches).
+(main.py's built-in loop over data in memory draws each rank's batches from its own
+partition, as plain DDP's, so a fast rank goes through its partition more often there.)
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ import logging
 import statistics
 import time
 from collections import deque
-from typing import Any, Deque, Dict, List, Optional, Sequence
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -40,6 +46,7 @@ from torch import nn
 
 from esync.algorithms.base import Job, Phases
 from esync.algorithms.ddp import DDP
+from esync.errors import UserError
 from esync.link import Link, link_of
 
 log = logging.getLogger(__name__)
@@ -97,8 +104,28 @@ class BalancedDDP(DDP):
     def batch_size(self) -> int:
         return self.batches[self.rank]
 
+    def loader_prepared(self, batch_size: int) -> None:
+        """The global batch is the ranks' loaders' batches together (a collective: every
+        rank prepares its loader), apportioned by speed from then on."""
+        mine = torch.tensor([batch_size], dtype=torch.int64, device=self._device)
+        everyone = [torch.zeros_like(mine) for _ in range(self.world)]
+        dist.all_gather(everyone, mine)
+        batches = [int(t.item()) for t in everyone]
+        if self.min_batch * self.world > sum(batches):
+            raise UserError(f"--min-batch {self.min_batch}: the ranks' loaders take "
+                            f"{sum(batches)} samples a step together, fewer than "
+                            f"{self.min_batch} for each of {self.world} ranks")
+        self.global_batch = sum(batches)
+        self.use(batches)
+        self._used = self.batches
+
+    def batch_slice(self) -> Tuple[int, int, int]:
+        """This rank's part of each global batch: after the lower ranks' parts."""
+        return sum(self.batches[:self.rank]), self.batches[self.rank], self.global_batch
+
     def iteration_timed(self, computing: float, samples: int) -> None:
-        self._per_sample.append(computing / samples)
+        self._per_sample.append(computing / max(1, samples))
+        self._job_samples += self.global_batch
 
     def end_round(self, round_: int, model: nn.Module) -> Phases:
         self._used = self.batches

@@ -56,6 +56,15 @@ class Algorithm:
     #: whether every worker waits for all in each round (a worker leaving early must
     #: then end its round, so that the others learn it and stop)
     synchronous = False
+    #: whether a pass of a prepared loader is an epoch of the job (every worker's samples
+    #: together, `job_samples`) rather than of this worker's partition, so that workers
+    #: of different speeds end their passes, and an epoch loop, after the same round
+    job_epochs = False
+    #: whether every device takes one local iteration a round, as every other does
+    #: (SSGD, DDP, one device alone): the job's steps are then this process's iterations
+    lockstep = True
+    #: the servers' checkpoint round a resumed job took its model from (None: none)
+    resumed_from: Optional[int] = None
 
     @classmethod
     def from_options(cls, opts: "Options", job: Optional[Job]) -> "Algorithm":
@@ -102,6 +111,27 @@ class Algorithm:
         """Samples of the next local iteration's batch; None: the flags' -b."""
         return None
 
+    def loader_prepared(self, batch_size: int) -> None:
+        """A prepared data loader's batch size (the first one prepared: the training
+        loader's), before its first batch; every worker's loader is prepared alike."""
+
+    def batch_slice(self) -> Optional[Tuple[int, int, int]]:
+        """Where this worker's batch lies in a global batch that the workers share, at
+        each local iteration: (offset, size, global size), or None where each worker
+        draws its own batches from its own partition."""
+        return None
+
+    def job_samples(self) -> Optional[int]:
+        """The samples every worker together has trained so far, as the last
+        synchronisation said (None: this process alone knows only its own)."""
+        return None
+
+    def checkpointed(self) -> List[int]:
+        """The rounds the job's model was checkpointed at since the last call (the
+        servers say so with the round's answers): this worker keeps its own state of
+        each (its optimizer's and schedulers'), so that a resumed job goes on whole."""
+        return []
+
     def iteration_timed(self, computing: float, samples: int) -> None:
         """After each local iteration: its seconds of computing (the simulated slowdown
         included, communication not) and its number of samples, as the loop logs them."""
@@ -130,14 +160,21 @@ class Algorithm:
         worker 0's do): if not, an epoch limit does not cut its rounds short either."""
         return True
 
-    def agree_stop(self, reason: Optional[str]) -> Optional[str]:
+    def agree_stop(self, reason: Optional[str], everyone: bool = False) -> Optional[str]:
         """Given this process's own stop decision after a round (None: go on), the
-        decision that holds; distributed algorithms agree on it with the others."""
+        decision that holds; distributed algorithms agree on it with the others.
+        `everyone`: every worker reaches the same decision after its own round of this
+        number (--max-rounds), so none needs telling, and none trains a round more."""
         return reason
 
     def traffic(self) -> Tuple[int, int]:
         """Bytes sent and received over the network so far (cumulative)."""
         return 0, 0
+
+    def final_model(self, model: nn.Module) -> None:
+        """After the job stopped, on the worker that keeps the job's model (rank 0):
+        bring `model` to the job's final weights where this worker's may be behind
+        (ASGD's worker 0, whose last push came before the others' last)."""
 
     def finish(self) -> None:
         """Called once after the last round, also when training stops on an error."""

@@ -8,8 +8,11 @@ built-in loop's `torch.optim.SGD` with the flags' learning rate, momentum and we
 decay), the same partitions and batch size as every mode. Each step all-reduces the gradients (the average over ranks, DDP's default)
 during backward, so every step waits for the slowest rank.
 
-Four additions, each needed for the comparison and none changing DDP's arithmetic or
-adding a collective to a step (one all-gather at the start):
+Five additions, each needed for the comparison or by a script, none changing DDP's
+arithmetic or adding a collective to a step (one all-gather at the start):
+- *Evaluating on one rank*: a forward in evaluation mode runs the wrapped module alone
+  (LocalEvaluation), without DDP's buffer broadcast, a collective the other ranks would
+  never join when rank 0 validates by itself.
 - *Agreeing to stop* without a collective per step: rank 0 decides (its time limit, its
   epochs, the evaluator's target) and writes the round after which every rank stops
   into torch.distributed's store, where the other ranks read it after each step (one
@@ -60,6 +63,18 @@ log = logging.getLogger(__name__)
 STOP_KEY = "esync/ddp/stop-after-round/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
 
 
+class LocalEvaluation(DistributedDataParallel):
+    """DistributedDataParallel, as its users run it, except that a forward in evaluation
+    mode (`model.eval()`) runs the wrapped module alone, with no collective: rank 0
+    validating by itself would otherwise start DDP's buffer broadcast, which the other
+    ranks never join (a hang, or a crash once they have left)."""
+
+    def forward(self, *args, **kwargs):
+        if not self.module.training:
+            return self.module(*args, **kwargs)
+        return super().forward(*args, **kwargs)
+
+
 class DDP(Algorithm):
     name = "ddp"
 
@@ -84,6 +99,7 @@ class DDP(Algorithm):
         #                            the all-reduce (BalancedDDP weighs by batch size)
         self._device: Optional[torch.device] = None
         self._round = 0
+        self._job_samples = 0  # every rank's samples so far (each step: all ranks')
 
     @classmethod
     def from_options(cls, opts, job: Optional[Job]) -> "DDP":
@@ -110,7 +126,7 @@ class DDP(Algorithm):
     def setup(self, model: nn.Module, device: torch.device) -> None:
         self._device = device
         self._check_agreement()
-        self.module = DistributedDataParallel(
+        self.module = LocalEvaluation(
             model, device_ids=[device.index] if device.type == "cuda" else None)
         self.module.register_comm_hook(None, self._allreduce)
         self.module.register_forward_pre_hook(self._forward_begins)
@@ -173,6 +189,12 @@ class DDP(Algorithm):
         self.bytes += self.step_bytes  # all-reduced in backward, stepped or skipped
         return step()
 
+    def iteration_timed(self, computing: float, samples: int) -> None:
+        self._job_samples += samples * self.world  # every rank's batch is as big
+
+    def job_samples(self) -> Optional[int]:
+        return self._job_samples
+
     def end_round(self, round_: int, model: nn.Module) -> Phases:
         if self.publisher is not None:
             self.publisher.offer(round_)
@@ -185,7 +207,8 @@ class DDP(Algorithm):
     def decides_stop(self) -> bool:
         return self.rank == 0
 
-    def agree_stop(self, reason: Optional[str]) -> Optional[str]:
+    def agree_stop(self, reason: Optional[str], everyone: bool = False) -> Optional[str]:
+        # --max-rounds (`everyone`) was written as the last round at the start
         if self.rank == 0:
             if reason is None and self.publisher is not None:
                 reason = self.publisher.stop_reason

@@ -50,6 +50,7 @@ class ESync(PushPull):
                           **registry.AVERAGES[average])
         super().__init__(rule, job, eval_every, synchronous=True, link=link,
                          backend=backend, compression=compression)
+        self.lockstep = False  # a round is each device's budget of local iterations
         self.state = state
         self.max_local_steps = max_local_steps
         self.round_time = round_time  # None: the slowest device sets the round

@@ -20,7 +20,7 @@ it with a budget of local steps and pushes its model delta. With `--compress par
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -42,10 +42,13 @@ if TYPE_CHECKING:
 
 
 class PushPull(Algorithm):
+    job_epochs = True
+
     def __init__(self, rule: RuleConfig, job: Job, eval_every: int, synchronous: bool,
                  link: Optional[Link] = None, backend: str = "ps",
                  compression: Compression = Compression()):
         self.name = rule.name
+        self.lockstep = synchronous  # SSGD; ASGD's workers each go at their own pace
         self.rule, self.job, self.node = rule, job, job.node
         self.backend, self.compression = backend, compression
         self.rank = job.rank
@@ -60,6 +63,8 @@ class PushPull(Algorithm):
         self.kv: Union[KVStore, "AllReduce", None] = None
         self.partial: Optional[PartialSync] = None  # --compress partial:K
         self._announced: Optional[str] = None
+        self._round_samples = 0  # samples of the round in progress (iteration_timed)
+        self.resumed_from: Optional[int] = None
 
     @classmethod
     def from_options(cls, opts, job: Optional[Job]) -> "PushPull":
@@ -111,6 +116,8 @@ class PushPull(Algorithm):
             self.flat.load_host_state()
             first = self.kv.model_round + 1 if self.synchronous else None
             self._continues = (first, self.kv.model_age or 0.0)
+            self.resumed_from = self.kv.model_round
+            self.kv.checkpoints()  # the one resumed from is known
 
     #: attempts of a worker coming back to agree a round with every server
     JOIN_ATTEMPTS = 20
@@ -138,7 +145,19 @@ class PushPull(Algorithm):
 
     def begin_round(self, round_: int) -> Tuple[int, Phases]:
         self.round_start_weights.copy_(self.flat.params)
+        self._round_samples = 0
         return 1, {}
+
+    def iteration_timed(self, computing: float, samples: int) -> None:
+        self._round_samples += samples
+
+    def job_samples(self) -> Optional[int]:
+        """The samples every worker's rounds trained so far, as the last synchronisation
+        said (the servers count them; the all-reduce sums them)."""
+        return self.kv.job_samples if self.kv is not None else None
+
+    def checkpointed(self) -> List[int]:
+        return self.kv.checkpoints() if isinstance(self.kv, KVStore) else []
 
     #: the log's name of end_round's phase: push, wait for the servers, pull
     aggregate_phase = "global aggregate"
@@ -183,13 +202,14 @@ class PushPull(Algorithm):
         pushed = self.pushed(steps)
         if self.all_reduce:
             self.kv.push_pull(round_, pushed, stop=self._announced,
-                              steps=self.pushed_steps(steps))
+                              steps=self.pushed_steps(steps), samples=self._round_samples)
         else:
             if self.partial is not None:
                 self.partial.keep_local(self.flat.params)
             self.kv.push_pull(round_, self.flat.to_host("grads"), self.flat.to_host("buffers"),
                               self.flat.host("params"), self.flat.host("buffers"),
-                              stop=self._announced, steps=self.pushed_steps(steps))
+                              stop=self._announced, steps=self.pushed_steps(steps),
+                              samples=self._round_samples)
             self.flat.load_host_state()
         if self.partial is not None:
             self.partial.synchronised(self.flat.params, pulled=not self.all_reduce)
@@ -213,20 +233,33 @@ class PushPull(Algorithm):
     def evaluates(self, round_: int) -> bool:
         return self.rank == 0 and self.eval_every > 0 and round_ % self.eval_every == 0
 
-    def agree_stop(self, reason: Optional[str]) -> Optional[str]:
+    def agree_stop(self, reason: Optional[str], everyone: bool = False) -> Optional[str]:
         """SSGD and ESync: any worker's stop criterion ends the job for all (whichever
         worker is alive: worker 0 may have died), told through the servers with its next
         push; all then stop after that round (one leaving alone would stall the round).
-        ASGD: a worker stops alone; worker 0 also tells the others, as before."""
+        ASGD: a worker stops alone; worker 0 also tells the others, as before. A limit
+        every worker reaches at the same round of its own (`everyone`: --max-rounds)
+        stops each at once, untold: exactly that many rounds."""
         stop = self.kv.stop_reason
         if stop is not None:
             return stop if stop == self._announced else f"the job ends: {stop}"
-        if reason is None:
-            return None
+        if reason is None or everyone:
+            return reason
         if self.synchronous or self.rank == 0:
             self._announced = self._announced or reason
             return None
         return reason
+
+    def final_model(self, model: nn.Module) -> None:
+        """ASGD and DC-ASGD: the others' last pushes come after worker 0 stopped; wait
+        until every other worker has finished, then take the servers' model. (In SSGD
+        and ESync the last round's pull is the job's model already.)"""
+        if self.synchronous or self.all_reduce or self.kv is None:
+            return
+        self.node.wait_for_others()
+        params, buffers = self.flat.host_state()
+        self.kv.pull(params, buffers)
+        self.flat.load_host_state()
 
     def traffic(self) -> Tuple[int, int]:
         return (self.kv.bytes_sent, self.kv.bytes_received) if self.kv else (0, 0)

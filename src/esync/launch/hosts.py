@@ -43,8 +43,11 @@ comment line `# HOST: ROLE` (workers: `# HOST: worker K`, K their index on that 
 and the shell command to run ON that host:
 
     cd DIR && env DMLC_ROLE=... DMLC_PS_ROOT_URI=<scheduler host> DMLC_PS_ROOT_PORT=<port>
-        DMLC_NUM_SERVER=<servers> DMLC_NUM_WORKER=<workers> [DMLC_INTERFACE=...]
-        PYTHON main.py <main.py flags> [worker flags]
+        DMLC_NUM_SERVER=<servers> DMLC_NUM_WORKER=<workers> [DMLC_WORKER_ID=<rank>]
+        [DMLC_INTERFACE=...] PYTHON main.py <main.py flags> [worker flags]
+
+(a worker's DMLC_WORKER_ID is its rank: the host file's workers in order, from 0, so
+that each keeps its rank, its data and its name from run to run)
     cd DIR/stateserver && PYTHON manage.py runserver 0.0.0.0:<state port>
 
 Worker flags, after the main.py flags so that they win: `--device-name SHORT-wK` (SHORT:
@@ -424,10 +427,13 @@ def commands(hosts: Sequence[Host], args,
     live = live_url(hosts, args)
     out: List[Tuple[str, str, str]] = []
 
-    def node(host: Host, role: str, extra: Sequence[str] = ()) -> str:
+    def node(host: Host, role: str, extra: Sequence[str] = (),
+             rank: Optional[int] = None) -> str:
         env = [f"DMLC_ROLE={role}", f"DMLC_PS_ROOT_URI={scheduler.address}",
                f"DMLC_PS_ROOT_PORT={port}", f"DMLC_NUM_SERVER={num_servers}",
                f"DMLC_NUM_WORKER={num_workers}"]
+        if rank is not None:  # the host file's k-th worker is rank k, in every run
+            env.append(f"DMLC_WORKER_ID={rank}")
         if host.iface:
             env.append(f"DMLC_INTERFACE={host.iface}")
         if live is not None:
@@ -450,6 +456,7 @@ def commands(hosts: Sequence[Host], args,
     for host in hosts:
         if "server" in host.roles:
             out.append((host.name, "server", node(host, "server")))
+    rank = 0
     for host in hosts:
         for k in range(host.workers):
             extra = ["--device-name", f"{shorts[host.address]}-w{k}"]
@@ -458,7 +465,8 @@ def commands(hosts: Sequence[Host], args,
                 extra += ["--slowdown", host.slowdown]
             if state is not None:
                 extra += ["-ip", state.address, "-port", str(state_port)]
-            out.append((host.name, "worker", node(host, "worker", extra)))
+            out.append((host.name, "worker", node(host, "worker", extra, rank)))
+            rank += 1
     return out
 
 

@@ -45,15 +45,18 @@ failing whose failure ends the job (below) stops every child (launch.supervisor:
 SIGTERM to each child's process group, SIGKILL after 5 s); children, restarted ones
 too, also die with the launcher if it is killed outright.
 
-With a scheduler (sync, async, esync), the job can lose a server or a worker: once
-training has begun (a round is logged), one that dies is left to the scheduler, which
-goes on without a worker (--on-worker-failure continue), waits --server-patience for a
-server, or ends the job; the scheduler's exit decides the job's end (before the first
-round, a node that dies ends the job: it may never have registered, and the scheduler
-would wait for it). `--restart-failed` starts a server or a worker that dies (non-zero
-status or a signal) again, with the same command and variables (so it takes its rank
-back and rejoins; a server restores its shard from --checkpoint-dir), up to
-`--max-restarts` times each, while the scheduler runs.
+With a scheduler (sync, async, esync), the job can lose a server or a worker as it
+would lose a machine: once training has begun (a round is logged), one killed by a
+signal is left to the scheduler, which goes on without a worker (--on-worker-failure
+continue), waits --server-patience for a server, or ends the job; the scheduler's exit
+decides the job's end. A process that exits with an error status failed in its code
+(an exception in the training script, bad input): that ends the job, exit status 1,
+with its last line, as does any death before the first round (a node may never have
+registered, and the scheduler would wait for it). `--restart-failed` starts a server or
+a worker killed by a signal again, with the same command and variables (so it takes
+its rank back and rejoins; a server restores its shard from --checkpoint-dir), up to
+`--max-restarts` times each, while the scheduler runs. The last line says which workers
+the job lost.
 
 Exit status: 0 when the job ended well (the scheduler and the evaluator exited 0), 1
 when a process whose failure ends the job failed, 130 on Ctrl-C or SIGTERM, 2 for bad
@@ -87,7 +90,8 @@ from esync.options import build_parser as options_parser
 from esync.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
 from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
 from esync.launch.progress import Progress
-from esync.launch.supervisor import GRACE_S, Child, ChildFailed, Supervisor, interrupt_on
+from esync.launch.supervisor import (GRACE_S, Child, ChildFailed, Supervisor, ended_how,
+                                    interrupt_on)
 
 #: the checkout (main.py and the state server's Django project, stateserver/): three
 #: folders above this file (src/esync/launch/)
@@ -241,8 +245,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument("--no-progress", action="store_true",
                         help="no live progress bar or lines")
     parser.add_argument("--restart-failed", action="store_true",
-                        help="start a server or a worker that dies (non-zero status or a "
-                             "signal) again, with the same command and variables, while "
+                        help="start a server or a worker killed by a signal (a lost "
+                             "machine; an error status ends the job) again, with the same "
+                             "command and variables, while "
                              "the scheduler runs: it takes its rank back (a server restores "
                              "its shard from --checkpoint-dir); sync, async and esync only")
     parser.add_argument("--max-restarts", metavar="N", default=None,
@@ -492,6 +497,16 @@ def process_state(child) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exited {code}"
 
 
+def lost_note(lost: Sequence) -> str:
+    """What the job's end line adds when it went on without some of its processes:
+    `; without worker1 (signal 9), which the job lost` (the others trained its share
+    of the data from then on, or nobody did, with static partitions)."""
+    if not lost:
+        return ""
+    names = ", ".join(f"{child.name} ({ended_how(child.returncode)})" for child in lost)
+    return f"; without {names}, which the job lost"
+
+
 def last_line(path: Optional[str]) -> str:
     """The last line with text of a process's log ("" if none, or no log)."""
     try:
@@ -593,10 +608,13 @@ class Launcher:
                     PYTHONUNBUFFERED="1", **extra)
 
     def _fatal(self, child: Child) -> bool:
-        """Whether a server or worker that died (for good) ends the job: only before
-        training has begun, when it may never have registered (the scheduler would wait
-        for it); from then on the scheduler decides."""
-        return not self._training_began()
+        """Whether a server or worker that died ends the job: one that exited with an
+        error status (its code failed, or its input: a restart would fail the same way,
+        and it has told the scheduler, which ends the job), and any before training has
+        begun (it may never have registered: the scheduler would wait for it). One killed
+        by a signal once training runs is a lost machine: the scheduler decides."""
+        code = child.returncode
+        return (code is not None and code > 0) or not self._training_began()
 
     def _training_began(self) -> bool:
         if not self._training:
@@ -616,7 +634,8 @@ class Launcher:
             options["cwd"] = fill(options["cwd"])
         return self.supervisor.start(name, [fill(a) for a in argv],
                                      env=self._env(**{k: fill(v) for k, v in env.items()}),
-                                     log=os.path.join(p.host_dir, log), **options)
+                                     log=os.path.join(p.host_dir, log),
+                                     append=p.options.resume, **options)
 
     def _address(self, child: Child) -> str:
         """The address the others reach `child` at."""
@@ -630,7 +649,8 @@ class Launcher:
         main = [PYTHON, os.path.join(CODE, "main.py")]
 
         # with a scheduler, the job can lose (and restart) a server or a worker
-        member = dict(fatal=self._fatal, restart=p.restarts) \
+        # (one that exits with an error status failed in its code: not restarted)
+        member = dict(fatal=self._fatal, restart=p.restarts, restart_errors=False) \
             if p.algorithm.parameter_server else {}
 
         def worker(k: int, env: Dict[str, str], extra: Sequence[str] = (),
@@ -687,8 +707,8 @@ class Launcher:
         for s in range(p.servers):
             self._start_role(f"server{s}", p.server_argv(main),
                              dict(cluster, DMLC_ROLE="server"), f"server{s}.log", **member)
-        for k in range(p.workers):
-            worker(k, dict(cluster, DMLC_ROLE="worker"), state_args)
+        for k in range(p.workers):  # worker k is rank k, whatever order they register in
+            worker(k, dict(cluster, DMLC_ROLE="worker", DMLC_WORKER_ID=str(k)), state_args)
 
     # --- the live page -----------------------------------------------------------------
     def _report_live(self) -> None:
@@ -795,7 +815,7 @@ class Launcher:
                 self.say(f"error: {self.describe(outcome.failed)}; stopping the job")
                 return 1
             status = self.status()
-            line = self.status_line(status)
+            line = self.status_line(status) + lost_note(outcome.lost)
             if bar.terminal:
                 bar.show(*status, line)
                 if self.nested:

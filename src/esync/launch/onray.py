@@ -325,9 +325,10 @@ class RayJob:
     def start(self, name: str, argv: Sequence[str], *, env: Dict[str, str], log: str,
               cwd: Optional[str] = None, essential: bool = True, ready: bool = False,
               fatal: Union[bool, Callable[[RoleHandle], bool]] = True,
-              restart: int = 0) -> RoleHandle:
+              restart: int = 0, restart_errors: bool = True) -> RoleHandle:
         """Start process `name` in its actor; with `ready`, wait for its port
-        (ChildFailed if it dies first)."""
+        (ChildFailed if it dies first). (No restarts on Ray: `restart` and
+        `restart_errors` are Supervisor.start's, and refused by the plan.)"""
         actor = self._actors[name]
         handle = RoleHandle(name, actor, essential, fatal, "", "", "")
         self.children.append(handle)

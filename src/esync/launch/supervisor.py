@@ -35,6 +35,8 @@ What it guarantees, on Linux:
   leaves behind; `wait` then goes on, says so (`say`), and counts it as exited, and the
   job's end is decided by the others.
 * **Restarts** (`restart=N`): a child that fails while the job runs is started again
+  (with `restart_errors=False`, only one killed by a signal: an error status is then the
+  job's failure, a bug that would fail again)
   with the same argv, environment, folder, output and readiness, up to N times, with a
   note (`worker1 died (signal 9); restarting it (restart 1 of 3)`); whatever its dead
   process left in its process group is killed first, and its log file is appended to
@@ -161,6 +163,7 @@ class Child:
     fatal: Union[bool, Callable[["Child"], bool]] = True
     max_restarts: int = 0             # started again up to this many times (restart=)
     restarts: int = 0                 # times it was started again so far
+    restart_errors: bool = True       # restarted after an error status too, not only a signal
     _spec: Dict[str, Any] = field(default_factory=dict, repr=False)  # how to start it
     _settled: bool = False            # its exit was looked at (restart, note, verdict)
     _tolerated: bool = False          # it failed and the job goes on without it
@@ -241,20 +244,24 @@ class Supervisor:
               cwd: Optional[str] = None, log: Optional[str] = None,
               essential: bool = True, ready: bool = False,
               fatal: Union[bool, Callable[[Child], bool]] = True,
-              restart: int = 0) -> Child:
+              restart: int = 0, restart_errors: bool = True,
+              append: bool = False) -> Child:
         """Start one child (OSError if it cannot be started). `log`: a file for its
-        output (without: it writes where the launcher does). `ready`: it reports its
-        port (wait_ready).
+        output (without: it writes where the launcher does); `append`: added to the
+        file rather than replacing it (a resumed job keeps what its killed run said).
+        `ready`: it reports its port (wait_ready).
         `fatal`: whether its failure ends the job (a callable: asked at its death);
-        `restart`: how many times it is started again when it fails while the job runs."""
+        `restart`: how many times it is started again when it fails while the job runs
+        (`restart_errors` False: only when killed by a signal)."""
         if restart < 0:
             raise ValueError(f"restart={restart}: expected a number of restarts >= 0")
         argv = list(argv)
         spec = dict(env=dict(os.environ if env is None else env), cwd=cwd, ready=ready)
         with _signals_held():
-            proc, ready_r = self._popen(argv, spec, log, f"# {shlex.join(argv)}\n", "w")
+            proc, ready_r = self._popen(argv, spec, log, f"# {shlex.join(argv)}\n",
+                                        "a" if append else "w")
             child = Child(name, argv, proc, essential, log, fatal=fatal,
-                          max_restarts=restart, _spec=spec)
+                          max_restarts=restart, restart_errors=restart_errors, _spec=spec)
             self._watch(child, ready_r)
             self.children.append(child)
         return child
@@ -408,7 +415,10 @@ class Supervisor:
             if child.returncode == 0 or not child.essential:
                 continue
             runs = self._job_runs()
-            if runs and child.restarts < child.max_restarts:
+            # with restart_errors=False, an error status is the job's failure (a bug
+            # would fail again): only a signal (a lost machine) is restarted
+            erred = child.returncode > 0 and not child.restart_errors
+            if runs and child.restarts < child.max_restarts and not erred:
                 self._note(f"{child.name} died ({child.how()}); restarting it (restart "
                            f"{child.restarts + 1} of {child.max_restarts})")
                 try:

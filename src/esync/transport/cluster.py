@@ -27,6 +27,10 @@ class ClusterEnv:
     verbose: bool = False  # PS_VERBOSE: the CLI logs the transport's messages (DEBUG)
     heartbeat_interval: float = config.HEARTBEAT_INTERVAL
     heartbeat_timeout: float = config.HEARTBEAT_TIMEOUT
+    #: DMLC_WORKER_ID (as BytePS spells it): the rank this worker asks for, so that a
+    #: launcher's worker k is rank k in every run (None: the scheduler deals ranks in
+    #: the order the workers register)
+    worker_id: Optional[int] = None
 
     @property
     def scheduler_address(self) -> str:
@@ -65,10 +69,16 @@ class ClusterEnv:
         if timeout <= interval:
             raise UserError(f"PS_HEARTBEAT_TIMEOUT={timeout:g} must be longer than "
                             f"PS_HEARTBEAT_INTERVAL={interval:g}")
+        workers = number("DMLC_NUM_WORKER", int, 1)
+        worker_id = number("DMLC_WORKER_ID", int, 0) if role == "worker" else None
+        if worker_id is not None and worker_id >= workers:
+            raise UserError(f"DMLC_WORKER_ID={worker_id}: expected a rank below "
+                            f"DMLC_NUM_WORKER={workers}")
         return cls(role, environ["DMLC_PS_ROOT_URI"], port,
-                   number("DMLC_NUM_SERVER", int, 0), number("DMLC_NUM_WORKER", int, 1),
+                   number("DMLC_NUM_SERVER", int, 0), workers,
                    environ.get("DMLC_INTERFACE") or None,
-                   environ.get("PS_VERBOSE", "0") not in ("", "0"), interval, timeout)
+                   environ.get("PS_VERBOSE", "0") not in ("", "0"), interval, timeout,
+                   worker_id)
 
 
 def resolve(host: str, what: str) -> str:

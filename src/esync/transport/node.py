@@ -25,6 +25,7 @@ import secrets
 import socket
 import threading
 import time
+import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import zmq
@@ -237,9 +238,16 @@ class Node:
         """A worker is done; when all are, the scheduler shuts the servers down."""
         self._request({"type": "finished"})
 
+    def wait_for_others(self) -> None:
+        """A worker that has stopped waits until every other living worker has finished
+        (their last pushes are in: ASGD's worker 0 then takes the job's final model)."""
+        self._request({"type": "others"})
+
     def fail(self, reason: str, user_error: bool = False) -> None:
-        """Tell the scheduler this node cannot go on: it ends the job for everyone, or,
-        for a worker that crashed (not `user_error`, bad input), may go on without it."""
+        """Tell the scheduler this node cannot go on. `user_error`: the failure is the
+        code's or its input's (bad input, an exception in the training script), which a
+        restart would repeat: the job ends for everyone. Otherwise (interrupted: the node
+        is lost as a machine is) the scheduler may go on without a worker."""
         try:
             self._control.send_multipart(encode({"sender": self.uid, "type": "abort",
                                                  "reason": f"{self.name} failed: {reason}",
@@ -344,6 +352,20 @@ class Node:
 
     def __exit__(self, kind, error, traceback) -> None:
         if error is not None and not isinstance(error, JobAborted):
-            self.fail(str(error) if isinstance(error, UserError)
-                      else f"{kind.__name__}: {error}", isinstance(error, UserError))
+            self.fail(str(error) if isinstance(error, UserError) else failure_line(error),
+                      user_error=not isinstance(error, (KeyboardInterrupt, SystemExit)))
         self.close()
+
+
+def failure_line(error: BaseException) -> str:
+    """`ValueError: bad thing (train.py, line 12)`: an exception and where the code that
+    raised it is (its innermost frame outside esync and torch, else its innermost)."""
+    where = ""
+    frames = traceback.extract_tb(error.__traceback__) if error.__traceback__ else []
+    own = [f for f in frames if not any(part in f.filename for part in (
+        f"{os.sep}esync{os.sep}", f"{os.sep}torch{os.sep}", f"{os.sep}zmq{os.sep}"))]
+    frame = (own or frames or [None])[-1]
+    if frame is not None:
+        where = f" ({os.path.basename(frame.filename)}, line {frame.lineno})"
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}{': ' + text[0] if text else ''}{where}"

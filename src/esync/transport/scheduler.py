@@ -12,13 +12,15 @@ torch.distributed store and its model publisher are; the others and the evaluato
 told), and a worker that dies ends it.
 
 Failures (`Policy`, from main.py's flags):
-- a worker that dies (no heartbeat for PS_HEARTBEAT_TIMEOUT, or a crash it reports) is
+- a worker that dies (no heartbeat for PS_HEARTBEAT_TIMEOUT, or interrupted) is
   left behind (`--on-worker-failure continue`, the default): the servers are told
   (`left`), so that synchronous rounds go on with the living workers. Fewer than
   `--min-workers` living workers end the job. A worker started again with the same
   variables takes a dead worker's rank (the one with its --device-name and host, if
-  any) and rejoins (`rejoin` in its assignment). A worker that fails on bad input (a
-  UserError) ends the job: a restart would fail the same way.
+  any) and rejoins (`rejoin` in its assignment). A worker that fails with an error of
+  its own (bad input, or an exception in its training code: `user_error` in its abort)
+  ends the job: a restart would fail the same way, and a bug must not pass for a lost
+  machine.
 - a server that dies is waited for `--server-patience` seconds: a server started again
   takes its rank, restores its shard from its latest checkpoint (`restore`), and every
   worker and evaluator is told the new address (`servers`). Otherwise the job ends.
@@ -72,7 +74,7 @@ from esync.transport.quiet import Quiet
 
 POLL_MS = 100
 REQUESTS = ("register", "heartbeat", "barrier", "finished", "abort", "bye", "who",
-            "rendezvous", "stalled", "lease", "leases")
+            "rendezvous", "stalled", "lease", "leases", "others")
 ROLES = ("server", "worker", EVALUATOR)
 QUEUED = 16
 JOB_FILE = "job.json"
@@ -151,6 +153,7 @@ class Member:
     settings: Dict[str, str]
     device: str = ""
     rank: Optional[int] = None
+    wanted_rank: Optional[int] = None  # a worker's DMLC_WORKER_ID
     finished: bool = False
     dead_since: Optional[float] = None  # left behind (worker) or awaited (server)
     checkpoints: Dict[int, List[int]] = field(default_factory=dict)
@@ -201,6 +204,8 @@ class Scheduler:
     leases: Optional[LeaseDesk] = None  # blocks of shards leased to the workers
     #: --resume: the worker rank each device (label@host) had (job.json)
     previous_ranks: Dict[str, int] = field(default_factory=dict)
+    #: workers waiting for every other worker to have finished or died (`others`)
+    waiting_for_others: List[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.agreed = {name: (value, "the scheduler") for name, value in self.settings.items()}
@@ -267,16 +272,21 @@ class Scheduler:
         self.context.term()
 
     def _in_rank_order(self, role: str) -> List[Member]:
-        """The members of `role` in the order of their ranks: of registration, except
-        that in a resumed job a worker takes the rank its device (--device-name and
-        host) had, so that it goes on with its own data (job.json's `ranks`)."""
+        """The members of `role` in the order of their ranks: a worker that asks for a
+        rank (DMLC_WORKER_ID: a launcher's worker k is rank k in every run, so that rank
+        0, the names and the data are the same each time) has it; in a resumed job a
+        worker takes the rank its device (--device-name and host) had, so that it goes
+        on with its own data (job.json's `ranks`); the others fill the ranks left in the
+        order they registered."""
         members = [m for m in self.members.values() if m.role == role]
-        if role != "worker" or not self.previous_ranks:
+        if role != "worker":
             return members
         order: List[Optional[Member]] = [None] * len(members)
         others = []
         for m in members:
-            rank = self.previous_ranks.get(f"{m.device}@{m.hostname}")
+            rank = m.wanted_rank
+            if rank is None:
+                rank = self.previous_ranks.get(f"{m.device}@{m.hostname}")
             if isinstance(rank, int) and 0 <= rank < len(order) and order[rank] is None:
                 order[rank] = m
             else:
@@ -436,6 +446,13 @@ class Scheduler:
             member.finished = True
             self._send(identity, {"type": "ack"})
             self._maybe_closing()
+            self._answer_others()
+            return None
+        if msg.type == "others":  # a worker (ASGD's worker 0) waits for the last pushes
+            if member.role != "worker":
+                raise MessageError("only workers wait for the other workers")
+            self.waiting_for_others.append(uid)
+            self._answer_others()
             return None
         if msg.type == "bye":  # a server confirms the shutdown
             member.finished = True
@@ -452,7 +469,7 @@ class Scheduler:
                 self._send(identity, {"type": "ack"})
             return None
         reason = text_field(msg.header, "reason", 2000, required=False) or "failed"
-        if msg.header.get("user_error") is True:  # bad input: a restart fails the same way
+        if msg.header.get("user_error") is True:  # the code's: a restart fails the same way
             return self._abort(reason, exclude=uid)
         return self._lost(member, f"failed: {reason}")
 
@@ -511,6 +528,9 @@ class Scheduler:
                         _settings(header),
                         text_field(header, "device", required=False) or "",
                         checkpoints=_checkpoint_rounds(header))
+        if role == "worker":
+            member.wanted_rank = integer_field(header, "rank", 0, self.env.num_workers - 1,
+                                               required=False)
         if role == "server" and member.address is None:
             raise MessageError("a server registers with its 'host' and 'port'")
         if role == EVALUATOR:  # an observer: it is compared, never compared with
@@ -560,7 +580,8 @@ class Scheduler:
         """A worker or server that registers once the job runs takes a dead one's rank:
         the one with its device label and host if there is one."""
         dead = [m for m in self.members.values() if m.role == member.role and not m.alive]
-        dead.sort(key=lambda m: (m.device != member.device or m.hostname != member.hostname,
+        dead.sort(key=lambda m: (member.wanted_rank is not None and m.rank != member.wanted_rank,
+                                 m.device != member.device or m.hostname != member.hostname,
                                  m.rank))
         if not dead:  # perhaps the one it replaces is not yet known to be dead: wait
             if len(self.queued) >= QUEUED:
@@ -738,6 +759,7 @@ class Scheduler:
             self._release_barriers()
             self._take_queued("worker")
             self._maybe_closing()
+            self._answer_others()
             return None
         if member.role == "server" and self.policy.server_patience > 0:
             member.dead_since = time.monotonic()
@@ -779,6 +801,16 @@ class Scheduler:
                 return self._abort(f"{m.describe()} died and was not started again within "
                                    f"--server-patience {self.policy.server_patience:g} s")
         return None
+
+    def _answer_others(self) -> None:
+        """Answer each worker waiting for the others once every other living worker
+        has finished (a dead one is not waited for)."""
+        for uid in list(self.waiting_for_others):
+            others = [m for m in self.members.values() if m.role == "worker" and m.alive
+                      and m.uid != uid and not m.finished]
+            if not others:
+                self.waiting_for_others.remove(uid)
+                self._send(f"{uid}/ctl".encode(), {"type": "ack"})
 
     def _maybe_closing(self) -> None:
         workers = [m for m in self.members.values() if m.role == "worker" and m.alive]
