@@ -5,7 +5,10 @@ serve`; the pages exist only in the build, never in the repository, so the flags
 manual lists are the flags the commands take. Each command's parser is the one the
 command itself builds (its module's `build_parser(prog)`); each page lists every
 action of the parser with its option strings, value, default, choices and help, by
-argument group, with mutually exclusive groups and subcommands.
+argument group, with mutually exclusive groups and subcommands. A command whose --help
+lists several parsers' flags (esync-run: the launcher's and the job's, marked as a
+script uses them) has a `help_sections` function in its module, from which both its
+--help and its page are made (`sections_markdown`).
 
 Besides the commands, the state server's HTTP API page is written here: its modules'
 docstrings (the budget API, the live page, a live report's fields), by mkdocstrings.
@@ -66,17 +69,16 @@ COMMANDS: List[Command] = [
             notes="Every other flag is [`esync`'s](esync.md) (main.py's), checked by its "
                   "parser before anything starts and passed to every worker; those of "
                   "checkpoints and failures go to the scheduler and the servers too."),
-    Command("esync-run", "esync.launch.local",
+    Command("esync-run", "esync.launch.run",
             "A training script of your own as the job's workers, with the rest of the "
             "job beside them, as torchrun starts a script: "
-            "`esync-run [esync-launch's and esync's flags] SCRIPT.py [SCRIPT's ARGS]`. "
-            "The script is the first argument ending in `.py`; everything after it is "
-            "the script's own. `esync-run --help` prints this summary.",
+            "`esync-run [launcher flags] [job flags] SCRIPT.py [script args]`.",
             "../../tutorials/your-own-script.md",
-            notes="esync-run has no parser of its own: the flags before the script are "
-                  "[esync-launch's](esync-launch.md), listed above from its parser, and "
-                  "[`esync`'s](esync.md) (main.py's), which reach the script in "
-                  "`ESYNC_ARGS`, where `esync.init()` reads them."),
+            notes="The launcher flags are [esync-launch's](esync-launch.md), the job "
+                  "flags [`esync`'s](esync.md) (main.py's), which reach the script in "
+                  "`ESYNC_ARGS`, where `esync.init()` reads them. This page and "
+                  "`esync-run --help` come from one function, "
+                  "`esync.launch.run.help_sections`."),
     Command("esync-hosts", "esync.launch.hosts",
             "The command for each role on each host of a real cluster, from a host file, "
             "or a Slurm batch script (`--slurm`); it starts nothing itself.",
@@ -98,7 +100,12 @@ COMMANDS: List[Command] = [
             notes="Besides these, it takes the job's configuration as the job would be "
                   "started: [esync-launch's](esync-launch.md) per-device flags "
                   "(`--workers`, `--slowdown`, `--bandwidth`, `--latency`, `--devices`) "
-                  "and [`esync`'s](esync.md)."),
+                  "and [`esync`'s](esync.md). A training script of your own and its "
+                  "arguments may follow them, as with [esync-run](esync-run.md): its job "
+                  "is then run once as esync-run starts it, for `--seconds` of training, "
+                  "and each worker's logged rounds say where its time went (the what-ifs "
+                  "are not predicted for a script). Without a script and without `-n`, "
+                  "the built-in network and data are measured, which it says."),
     Command("esync-summary", "esync.logs_tools.summary",
             "One run's iteration logs to its summary, `<Name>.json`.",
             "../../how-to/logs-and-figures.md"),
@@ -282,14 +289,33 @@ def actions_of(parser: argparse.ArgumentParser) -> Iterator[Tuple[argparse.Argum
             yield parser, action
 
 
+def sections_markdown(module, level: int = 2) -> List[str]:
+    """The flags of a command whose --help lists several parsers' (esync-run: the
+    launcher's and the job's), from the module's `help_sections`, as its --help shows
+    them: its usage, description and log paths, then each section's table."""
+    lines = ["```text", module.USAGE, "```", ""]
+    for paragraph in module.description():
+        lines += [_escape(paragraph), ""]
+    lines += ["```text", *module.log_lines(), "```", ""]
+    sections = module.help_sections(module.PROG)
+    for section in sections:
+        lines += [f"{'#' * level} {section.title[:1].upper()}{section.title[1:]}", ""]
+        lines += [_escape(section.description), ""]
+        lines += _table(section.parser, section.actions) + [""]
+    return lines + _prose(sections[0].parser, sections[0].parser.epilog)
+
+
 def page(command: Command) -> str:
     """The reference page of one command (markdown)."""
-    parser = parser_of(command)
+    module = importlib.import_module(command.module)
     lines = [f"# {command.name}", "",
              f"{command.what} Explained in [its guide]({command.guide}).", "",
              "Generated from the command's own parser "
              f"(`{command.module}`), as `{command.name} --help` shows it.", ""]
-    lines += parser_markdown(parser)
+    if hasattr(module, "help_sections"):
+        lines += sections_markdown(module)
+    else:
+        lines += parser_markdown(parser_of(command))
     if command.notes:
         lines += [command.notes, ""]
     return "\n".join(lines)

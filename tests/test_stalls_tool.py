@@ -191,6 +191,7 @@ def test_a_job_of_two_devices_gets_a_table_and_a_recommendation_each(tmp_path):
     (["-m", "local", "--dataset", "shards:/no/such/folder"], "/no/such/folder"),
     (["-m", "local", "--seconds", "-1"], "--seconds"),
     (["-m", "local", "--links", "10,x"], "--links"),
+    (["-m", "sync", "no_such_script.py", "--its-flag"], "no_such_script.py: no such training"),
 ])
 def test_a_bad_flag_is_one_line_and_exit_status_2(args, says):
     done = run(*args, timeout=60)
@@ -198,3 +199,105 @@ def test_a_bad_flag_is_one_line_and_exit_status_2(args, says):
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("esync-stalls: error: ")
     assert says in done.stderr, done.stderr
     assert done.stdout == ""
+
+
+# --- a training script of the user's ------------------------------------------------
+TINY_SCRIPT = '''"""A tiny training script on esync's API (tests/test_stalls_tool.py)."""
+import sys
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import esync
+
+esync.init()
+with open(sys.argv[sys.argv.index("--mark") + 1] + f".{esync.get_session().rank}", "w") as f:
+    f.write(" ".join(sys.argv[1:]))
+torch.manual_seed(0)
+x = torch.randn(256, 8)
+y = (x[:, 0] > 0).long()
+model = esync.prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                                                torch.nn.Linear(8, 2)))
+loader = esync.prepare_data_loader(DataLoader(TensorDataset(x, y), batch_size=16,
+                                              shuffle=True))
+opt = esync.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+while not esync.should_stop():
+    for inputs, targets in loader:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(inputs), targets)
+        esync.report(loss.item())
+        loss.backward()
+        opt.step()
+'''
+
+
+def test_a_script_is_split_off_as_esync_run_does(tmp_path):
+    from esync.launch import stalls
+
+    script = tmp_path / "train.py"
+    script.write_text(TINY_SCRIPT)
+    args, plan, _, given, rest = stalls._plan(
+        ["--seconds", "2", "-m", "sync", "--workers", "2", str(script), "--mark", "x",
+         "--seconds", "9"])
+    assert args.seconds == 2  # the script's own --seconds is its own
+    assert plan.script == [str(script), "--mark", "x", "--seconds", "9"]
+    assert rest == ["-m", "sync", "--workers", "2"]
+    assert stalls.built_in_note(plan, given) is None
+
+
+def test_without_a_script_or_a_network_it_says_what_it_measures():
+    from esync.launch import stalls
+
+    _, plan, _, given, _ = stalls._plan(["-m", "local"])
+    note = stalls.built_in_note(plan, given)
+    assert note.startswith("esync-stalls: no script and no -n: measuring the built-in "
+                           f"network {plan.options.network} ")
+    assert f"--dataset {plan.options.dataset}" in note and "\n" not in note
+    _, plan, _, given, _ = stalls._plan(["-m", "local", "-n", "lenet"])
+    assert stalls.built_in_note(plan, given) is None
+
+
+def test_script_recommendations_name_the_largest_stall():
+    from esync.launch.stalls import script_recommendation
+
+    shares = {"fetch": 0.0, "prep": 0.5, "communication": 0.1, "wait": 0.05,
+              "state_server": 0.0, "compute": 0.3, "other": 0.05}
+    assert script_recommendation("w1", shares).startswith(
+        "device w1: 50% prep-stalled (decoding, its transform and collation): more worker "
+        "processes in the script's DataLoader")
+    busy = dict(shares, prep=0.05, communication=0.05, compute=0.8)
+    assert script_recommendation("w0", busy) == (
+        "device w0: compute-bound (80% computing): a faster accelerator is what helps")
+
+
+@pytest.mark.slow  # runs the script's job, 2 workers (about 15 s)
+def test_a_script_is_measured_in_one_run_of_its_job(tmp_path):
+    script = tmp_path / "tiny.py"
+    script.write_text(TINY_SCRIPT)
+    report = tmp_path / "stalls.json"
+    mark = tmp_path / "argv"
+    done = run("--seconds", "2", "--json", str(report), "-m", "sync", "--workers", "2",
+               "--slowdown", "1,2", "--num-threads", "1", str(script), "--mark", str(mark),
+               timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    out = done.stdout
+    # the script ran as each worker, with its own flags, not the built-in lenet
+    for rank in (0, 1):
+        assert (tmp_path / f"argv.{rank}").read_text() == f"--mark {mark}"
+    assert "lenet" not in out + done.stderr
+    assert [line for line in out.splitlines() if "none is predicted for a script" in line] \
+        == [f"tiny.py: measured in one run of its job as esync-run starts it (2 s of "
+            f"training); the what-ifs (--loader-workers, --cache-fraction, link "
+            f"bandwidths) need the built-in loop's runs alone, on its own data and "
+            f"DataLoader, so none is predicted for a script"]
+    for label in ("w0", "w1-x2"):
+        assert any(line.startswith(f"{label} ") for line in out.splitlines()), out
+        lines = [line for line in out.splitlines() if line.startswith(f"device {label}: ")]
+        assert len(lines) == 1, out
+    data = json.loads(report.read_text())
+    assert [d["label"] for d in data["devices"]] == ["w0", "w1-x2"]
+    for d in data["devices"]:
+        assert d["rounds"] > 0 and d["run"]["rate"] > 0
+        assert sum(d["shares"].values()) == pytest.approx(1.0)
+    assert data["job"]["script"] == [str(script), "--mark", str(mark)]

@@ -352,6 +352,17 @@ class Options:
                             type=_non_negative_int)
 
 
+#: the settings (Options field names) that only main.py's built-in loop (esync/train.py,
+#: esync/task.py, esync/worker.py) reads: a script's own optimizer and DataLoader take
+#: their place (-ll is ESync's local SGD step, -b the built-in loader's batch, which a
+#: script's DataLoader gives, speed-balanced DDP's global batch included,
+#: --loader-workers the built-in DataLoader's workers). Not -l: a script's SSGD/ASGD step
+#: is pushed as the gradient (w_start - w) / lr with -l as lr, which DC-ASGD's
+#: compensation and --compress threshold:T read. esync-run's help marks them.
+BUILT_IN_LOOP_ONLY = frozenset({"local_lr", "momentum", "weight_decay", "batch_size",
+                                "loader_workers"})
+
+
 class _OneLineParser(ArgumentParser):
     """argparse prints usage plus an error and exits; we raise the one line naming the
     flag as a UserError, which esync.cli prints (and reports to the scheduler)."""

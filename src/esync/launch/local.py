@@ -105,6 +105,10 @@ _ITER = re.compile(r"iter-(\d+)\.json$")
 #: what the job does when a node dies or does not come
 EVERY_ROLE = ("checkpoint_dir", "checkpoint_every", "keep_checkpoints", "resume",
               "on_worker_failure", "min_workers", "server_patience", "start_timeout")
+#: the job's settings the launcher gives each worker itself (a user's are refused, or
+#: come before the launcher's): its log folder and label (from --out and --slowdown),
+#: and the state server's address (-m esync)
+LAUNCHER_SETS = ("log_dir", "device_name", "state_server_ip", "state_server_port")
 #: what gives the job its key and the state server its token (--no-auth: none of them)
 AUTH_VARIABLES = (KEY_ENV, KEY_FILE_ENV, STATE_TOKEN_ENV)
 #: --max-restarts's default
@@ -338,7 +342,7 @@ def plan(argv: Sequence[str], prog: str = PROG,
     and test data as plug-ins (-n, --dataset), and there is none without -n."""
     args, rest = build_parser(prog).parse_known_args(list(argv))
     opts, given = _worker_options(args.mode, rest)
-    for dest in ("log_dir", "device_name"):
+    for dest in LAUNCHER_SETS[:2]:
         if dest in given:
             flag = "-ld/--log-dir" if dest == "log_dir" else "--device-name"
             raise LaunchError(f"{flag} is set by the launcher (see --out, --slowdown)")

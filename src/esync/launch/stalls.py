@@ -16,17 +16,34 @@ line per device; `--json FILE` writes the numbers.
 
 Each device is measured as if it had this machine to itself (its cores, its storage);
 the devices of a job that esync-launch starts on one machine share them, which the
-figures do not show.
+figures do not show. Without a script and without -n, the built-in network and data
+(main.py's defaults) are measured, which it says in one line.
+
+A training script of your own, as esync-run takes it (its flags before the script, the
+first argument ending in `.py`, esync.launch.run's `split`; the script's own after it):
+
+    esync-stalls -m esync --workers 2 --slowdown 1,3 [--seconds 10] train.py --lr 3e-4
+
+Its workers cannot be measured alone in this process (its model, data, DataLoader and
+loop are its own): the job is run once as esync-run starts it (esync.launch.local.run
+with the script), for --seconds of training, its logs in a temporary folder (or --out),
+and each worker's rounds after the warm-up (esync.stallprobe.steady) say where its
+time went: fetch, prep, compute, communication, wait, state_server, other, with one
+line per worker naming its largest stall and what would cut it. The what-ifs, which
+need the built-in loop's runs alone, are not predicted: one line says so.
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
+import shutil
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass, replace
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from esync.errors import UserError
 
@@ -55,15 +72,21 @@ def _list(kind, name: str, low: float):
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, allow_abbrev=False,
+        usage=f"{prog} [-h] [--seconds S] [--json FILE] [--cache-fractions LIST] "
+              f"[--links LIST] [launcher flags] [job flags] [SCRIPT.py [script args]]",
         description="Measure each device of a job in short runs alone and predict its "
                     "stalls and what would remove them. The job's flags are esync-launch's "
                     "(-m, --workers, --slowdown, --bandwidth, --latency, --devices) and "
                     "main.py's (-n, --dataset, -b, --loader-workers, --cache-fraction, "
-                    "--disk-bandwidth, ...).")
+                    "--disk-bandwidth, ...). Given a training script (the first argument "
+                    "ending in .py; its own flags after it), its job is run once as "
+                    "esync-run starts it, for --seconds of training, and each worker's "
+                    "logged rounds say where its time went.")
     parser.add_argument("--seconds", type=float, default=3.0,
                         help="seconds of each measuring run (default 3; 4 or 5 runs a "
                              "device: synthetic, cached with 0, 1 and the job's DataLoader "
-                             "workers, cold)")
+                             "workers, cold); with a script: the seconds of training of "
+                             "its one run (its --time-limit)")
     parser.add_argument("--json", metavar="FILE", help="also write the numbers to FILE")
     parser.add_argument("--cache-fractions", type=_list(float, "fractions in [0, 1]", 0.0),
                         default=list(FRACTIONS), metavar="LIST",
@@ -87,25 +110,51 @@ class Device:
     device_args: List[str]
 
 
+def _split(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """(our and the job's arguments, the training script and its own: [] if none), as
+    esync-run splits its command line."""
+    from esync.launch.local import LaunchError
+    from esync.launch.run import split
+
+    try:
+        return split(argv)
+    except LaunchError:  # no script: the built-in loop, measured here
+        return list(argv), []
+
+
 def _plan(argv: Sequence[str]):
-    """(our args, the launcher's plan of the job, torch threads); UserError on bad
-    input."""
+    """(our args, the launcher's plan of the job, torch threads, the settings the job's
+    flags give, the job's flags); UserError on bad input."""
     from esync.options import flags_given
     from esync.launch import local
 
-    args, rest = build_parser().parse_known_args(list(argv))
+    ours, script = _split(argv)
+    args, rest = build_parser().parse_known_args(ours)
     if not (0 < args.seconds < 3600) or any(x > 1 for x in args.cache_fractions):
         raise UserError("--seconds must lie in (0, 3600) and --cache-fractions in [0, 1]")
     check = local.build_parser(PROG)
     check.error = _raise  # the launcher's own flags, checked in one line
     _, main_flags = check.parse_known_args(rest)
     try:
-        plan = local.plan(rest, PROG)
+        plan = local.plan(rest, PROG, script=script)
     except local.LaunchError as e:
         raise UserError(str(e)) from None
+    given = flags_given(main_flags, PROG)
     # one torch thread a run, unless the job gives its workers a number
-    threads = plan.options.num_threads if "num_threads" in flags_given(main_flags, PROG) else 1
-    return args, plan, threads
+    threads = plan.options.num_threads if "num_threads" in given else 1
+    return args, plan, threads, given, rest
+
+
+def built_in_note(plan, given) -> Optional[str]:
+    """The line that says which network and data are measured where the command line
+    named neither a script nor a network (None where it named one)."""
+    if plan.script or "network" in given:
+        return None
+    opts = plan.options
+    data = "" if "dataset" in given else " (main.py's default)"
+    return (f"{PROG}: no script and no -n: measuring the built-in network {opts.network} "
+            f"(main.py's default) on --dataset {opts.dataset}{data}; give -n and "
+            f"--dataset, or a SCRIPT.py, to measure yours")
 
 
 def devices_of(plan) -> List[Device]:
@@ -167,6 +216,7 @@ def analyse(args, plan, threads: int = 1) -> dict:
     K, x = opts.loader_workers, opts.cache_fraction
     seconds = [batch_seconds(c, K, x) for _, _, c in found]
     return {"job": {"mode": plan.mode, "workers": plan.workers, "backend": job.backend,
+                    "network": opts.network, "dataset": opts.dataset,
                     "model_bytes": job.model_bytes, "loader_workers": K, "cache_fraction": x,
                     "disk_bandwidth": opts.disk_bandwidth, "cores": cores,
                     "seconds_per_run": args.seconds},
@@ -229,7 +279,8 @@ def _pct(value: float) -> str:
 def print_report(report: dict, out=sys.stdout) -> None:
     job = report["job"]
     say = lambda line="": print(line, file=out)  # noqa: E731
-    say(f"job: -m {job['mode']}, {job['workers']} worker(s), --loader-workers "
+    say(f"job: -m {job['mode']}, -n {job['network']} --dataset {job['dataset']}, "
+        f"{job['workers']} worker(s), --loader-workers "
         f"{job['loader_workers']}, --cache-fraction {job['cache_fraction']:g}, "
         f"--disk-bandwidth {job['disk_bandwidth'] or 'none'}; a round moves "
         f"{job['model_bytes'] / 1e6:.2f} MB ({job['backend']}); {job['cores']} cores here")
@@ -274,15 +325,143 @@ def print_report(report: dict, out=sys.stdout) -> None:
         say(d["recommendation"])
 
 
+# --- a training script of the user's: one run of its job ------------------------------
+#: the breakdown's categories (esync.breakdown), stalls first
+PHASES = ("fetch", "prep", "communication", "wait", "state_server", "compute", "other")
+#: below this share of a worker's time no stall is worth naming: it is compute-bound
+NAMED_STALL = 0.10
+#: what cuts each stall of a script's worker (its loop and DataLoader are its own)
+REMEDIES = {
+    "fetch": "fetch-stalled (block reads of shards): a memory cache (--cache-fraction) "
+             "or faster storage would cut it",
+    "prep": "prep-stalled (decoding, its transform and collation): more worker processes "
+            "in the script's DataLoader (num_workers) would cut it",
+    "communication": "communication-stalled: --compress (fp16, topk:R), fewer, longer "
+                     "rounds (-m esync --round-time) or a faster link would cut it",
+    "wait": "waiting for the other workers: -m esync's budgets (or -m async) would let "
+            "it train meanwhile",
+    "state_server": "waiting for the state server's budgets: longer rounds (--round-time) "
+                    "would cut it",
+    "other": "in neither the loader, computing nor the job's traffic (the script's own "
+             "code between steps, the round's bookkeeping)",
+}
+#: the table's headings of the longer categories
+SHORT = {"communication": "comm", "state_server": "state"}
+NOT_PREDICTED = ("{script}: measured in one run of its job as esync-run starts it ({seconds:g} "
+                 "s of training); the what-ifs (--loader-workers, --cache-fraction, link "
+                 "bandwidths) need the built-in loop's runs alone, on its own data and "
+                 "DataLoader, so none is predicted for a script")
+
+
+def _job_argv(rest: Sequence[str], out: Optional[str], seconds: float) -> List[str]:
+    """The job's flags as esync-run takes them, its logs in `out` (None: the user's
+    --out), its training cut to `seconds` (its own stop criteria may end it earlier)."""
+    argv = [*rest, "--time-limit", f"{seconds:g}", "--no-progress"]
+    return argv if out is None else [*argv, "--out", out]
+
+
+def _gave_out(rest: Sequence[str]) -> bool:
+    return any(arg == "--out" or arg.startswith("--out=") for arg in rest)
+
+
+def profile_script(args, plan, rest: Sequence[str]) -> dict:
+    """Run the script's job once, as esync-run would, and read where each worker's time
+    went from its logged rounds; the report as a dict. RuntimeError if the job failed
+    (its logs are kept) or a worker logged no round."""
+    from esync.launch import local
+
+    keep = _gave_out(rest)
+    work = None if keep else tempfile.mkdtemp(prefix="esync-stalls-")
+    argv = _job_argv(rest, work, args.seconds)
+    try:
+        job = local.plan(argv, PROG, script=plan.script)
+    except local.LaunchError as e:
+        raise UserError(str(e)) from None
+    print(f"{PROG}: running {os.path.basename(plan.script[0])} as esync-run would, for "
+          f"{args.seconds:g} s of training ...", file=sys.stderr, flush=True)
+    started = time.time() - 1.0  # file systems with coarse times
+    code = local.run(argv, progress=False, out=sys.stderr, prog=PROG, script=plan.script)
+    if code != 0:
+        raise RuntimeError(f"the job ended with exit status {code}; its logs are in "
+                           f"{job.folder}")
+    devices = [_worker_report(job, k, started) for k in range(job.workers)]
+    if work is not None:
+        shutil.rmtree(work, ignore_errors=True)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"job": {"mode": job.mode, "workers": job.workers, "script": job.script,
+                    "seconds_of_training": args.seconds, "cores": cores,
+                    "logs": job.folder if keep else None},
+            "not_predicted": NOT_PREDICTED.format(script=os.path.basename(job.script[0]),
+                                                  seconds=args.seconds),
+            "devices": devices}
+
+
+def _worker_report(job, k: int, since: float) -> dict:
+    """Worker k's rounds after the warm-up: its rate, breakdown, shares and line."""
+    from esync.stallprobe import steady
+
+    label = job.label(k)
+    records = []
+    for path in glob.glob(os.path.join(job.folder, "*", label, "iter-*.json")):
+        if os.stat(path).st_mtime >= since:
+            with open(path) as f:
+                records.append(json.load(f))
+    if not records:
+        raise RuntimeError(f"worker {label} logged no round in {job.folder}: give it more "
+                           f"--seconds")
+    run = steady(records)
+    total = sum(run.breakdown.values()) or 1.0
+    share = {phase: run.breakdown.get(phase, 0.0) / total for phase in PHASES}
+    link = job.links[k]
+    return {"label": label, "slowdown": job.slowdowns[k], "link": " ".join(link) or "unpaced",
+            "rounds": len(records), "run": _run_dict(run), "shares": share,
+            "recommendation": script_recommendation(label, share)}
+
+
+def script_recommendation(label: str, share: Dict[str, float]) -> str:
+    """One line: the worker's largest stall and what would cut it, or that it computes."""
+    stall = max((p for p in PHASES if p != "compute"), key=lambda p: share.get(p, 0.0))
+    if share.get(stall, 0.0) < NAMED_STALL:
+        return (f"device {label}: compute-bound ({_pct(share.get('compute', 0.0))} "
+                f"computing): a faster accelerator is what helps")
+    return f"device {label}: {_pct(share[stall])} {REMEDIES[stall]}"
+
+
+def print_script_report(report: dict, out=sys.stdout) -> None:
+    job = report["job"]
+    say = lambda line="": print(line, file=out)  # noqa: E731
+    say(f"job: -m {job['mode']}, {job['workers']} worker(s) running "
+        f"{' '.join(job['script'])}; {job['cores']} cores here")
+    say(report["not_predicted"])
+    say()
+    say(f"{'device':<12}{'rounds':>7}{'samples/s':>10}{'ms/iter':>9}"
+        + "".join(f"{SHORT.get(p, p):>8}" for p in PHASES))
+    for d in report["devices"]:
+        run = d["run"]
+        say(f"{d['label']:<12}{d['rounds']:>7}{run['rate']:>10.0f}"
+            f"{1e3 * run['seconds_per_batch']:>9.1f}"
+            + "".join(f"{_pct(d['shares'][p]):>8}" for p in PHASES))
+    say()
+    for d in report["devices"]:
+        say(d["recommendation"])
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from esync.console import configure_logging, say_error
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args, plan, threads = _plan(argv)
+        args, plan, threads, given, rest = _plan(argv)
         configure_logging()
-        report = analyse(args, plan, threads)
-        print_report(report)
+        if plan.script:
+            report = profile_script(args, plan, rest)
+            print_script_report(report)
+        else:
+            note = built_in_note(plan, given)
+            if note:
+                print(note, file=sys.stderr, flush=True)
+            report = analyse(args, plan, threads)
+            print_report(report)
         if args.json:
             try:
                 with open(args.json, "w") as f:
@@ -292,7 +471,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except UserError as e:
         say_error(PROG, e)
         return 2
-    except RuntimeError as e:  # a measuring run that logged nothing
+    except RuntimeError as e:  # a measuring run that logged nothing, a job that failed
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
