@@ -26,11 +26,12 @@ from examples.charlm import build_data, build_model, loss_fn  # noqa: E402
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, loader: DataLoader) -> float:
+def evaluate(model: torch.nn.Module, loader: DataLoader, device: torch.device) -> float:
     """Mean validation loss over the whole (fixed) validation set."""
     model.eval()
     total, count = 0.0, 0
     for x, y in loader:
+        x, y = x.to(device), y.to(device)
         total += loss_fn(model(x), y).item() * len(x)
         count += len(x)
     model.train()
@@ -50,6 +51,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    device = esync.get_device()
     train_set, val_set = build_data()
     model = esync.prepare_model(build_model())
     opt = esync.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01))
@@ -61,10 +63,11 @@ def main() -> None:
 
     start, cpu_start = time.perf_counter(), time.process_time()
     eval_time, step, done = 0.0, 0, False
-    print(f"step 0 time 0.0s val_loss {evaluate(model, val_loader):.3f}", flush=True)
+    print(f"step 0 time 0.0s val_loss {evaluate(model, val_loader, device):.3f}", flush=True)
     eval_time += time.perf_counter() - start
     while not done and not esync.should_stop():
         for x, y in loader:
+            x, y = x.to(device), y.to(device)
             opt.zero_grad()
             loss = loss_fn(model(x), y)
             loss.backward()
@@ -74,7 +77,7 @@ def main() -> None:
             done = time.perf_counter() - start >= args.seconds
             if done or step % args.eval_every == 0:
                 t0 = time.perf_counter()
-                val = evaluate(model, val_loader)
+                val = evaluate(model, val_loader, device)
                 eval_time += time.perf_counter() - t0
                 print(f"step {step} time {t0 - start:.1f}s val_loss {val:.3f} train_loss {loss.item():.3f} "
                       f"cpu {time.process_time() - cpu_start:.1f}s", flush=True)

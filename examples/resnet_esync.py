@@ -27,11 +27,12 @@ from examples.resnet_bn import build_data, build_model, write_digits_folder, wri
 
 
 @torch.no_grad()
-def accuracy(model: nn.Module, loader: DataLoader) -> float:
+def accuracy(model: nn.Module, loader: DataLoader, device: torch.device) -> float:
     """Fraction of correctly classified test images (BatchNorm in eval mode)."""
     model.eval()
     correct = total = 0
     for x, y in loader:
+        x, y = x.to(device), y.to(device)
         correct += (model(x).argmax(1) == y).sum().item()
         total += len(y)
     model.train()
@@ -60,6 +61,7 @@ def main() -> None:
         write_digits_folder(args.data) if args.digits else write_image_folder(args.data, classes=args.classes,
                                                                               seed=args.seed)
         print(f"wrote {args.data}", flush=True)
+    device = esync.get_device()
     train_set, test_set = build_data(args.data, augment=args.augment)
     model = esync.prepare_model(build_model(num_classes=len(train_set.classes), width=args.width))
     opt = esync.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01))
@@ -74,6 +76,7 @@ def main() -> None:
     reached = None
     while time.perf_counter() - start < args.seconds and not esync.should_stop():
         for x, y in loader:
+            x, y = x.to(device), y.to(device)
             opt.zero_grad()
             loss = loss_fn(model(x), y)
             loss.backward()
@@ -81,7 +84,7 @@ def main() -> None:
             opt.step()
             step += 1
         epoch += 1
-        acc = accuracy(model, test_loader)
+        acc = accuracy(model, test_loader, device)
         elapsed = time.perf_counter() - start
         print(f"epoch {epoch} step {step} time {elapsed:.1f}s train_loss {loss.item():.3f} test_accuracy {acc:.3f}",
               flush=True)

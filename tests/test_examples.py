@@ -6,6 +6,7 @@ PyTorch script differs from it by at most 10 lines."""
 import difflib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -21,10 +22,16 @@ LM = ["-n", "examples.charlm:build_model", "--dataset", "examples.charlm:build_d
       "--loss", "examples.charlm:loss_fn", "--metric", "loss", "--target-loss", "3.0"]
 
 
+def code_of(path):
+    """A script's lines after its module docstring (which says how to run it)."""
+    text = open(path).read()
+    return text.split('"""', 2)[2].splitlines() if text.startswith('"""') else text.splitlines()
+
+
 def added_lines(name):
-    """The lines examples/<name>_esync.py adds to (or changes in) <name>_plain.py."""
-    plain = open(os.path.join(EXAMPLES, f"{name}_plain.py")).read().splitlines()
-    converted = open(os.path.join(EXAMPLES, f"{name}_esync.py")).read().splitlines()
+    """The lines of code examples/<name>_esync.py adds to (or changes in) <name>_plain.py."""
+    plain = code_of(os.path.join(EXAMPLES, f"{name}_plain.py"))
+    converted = code_of(os.path.join(EXAMPLES, f"{name}_esync.py"))
     return [line for line in difflib.unified_diff(plain, converted, lineterm="", n=0)
             if line.startswith("+") and not line.startswith("+++")]
 
@@ -117,3 +124,30 @@ def test_the_resnet_with_batchnorm_reaches_90_percent_in_esync(tmp_path, shapes,
     assert accuracies and max(accuracies) >= 0.9
     assert "reached target accuracy 0.9" in logs["evaluator.log"]
     _summarise_and_draw(tmp_path, "resnet_esync", folder)
+
+
+#: tests/virtual_device's sitecustomize: CUDA's device rule enforced on the CPU
+VIRTUAL_DEVICE = {"ESYNC_VIRTUAL_DEVICE": "1", "PYTHONPATH": os.pathsep.join(
+    [os.path.join(REPO, "tests", "virtual_device"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["charlm_esync.py", "resnet_esync.py"])
+def test_the_examples_move_every_batch_they_use_to_esync_s_device(tmp_path, shapes, script):
+    """On a GPU worker a batch left on the CPU crashes the first forward it meets: under
+    the tests' virtual device (CUDA's rule, on this CPU) each example trains and
+    validates in DDP (rank 0 validating alone) without one. (The parameter-server modes'
+    CPU path shares the device's memory with numpy, which the virtual device cannot
+    tell from a GPU's host copy; their device code is the same as here.)"""
+    args = ["--seconds", "5", "--eval-every", "10"] if script.startswith("charlm") else \
+        ["--data", str(shapes), "--seconds", "5"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "esync.launch.run", "--workers", "2", "--no-progress",
+         "--num-threads", "1", "--out", str(tmp_path), "-m", "ddp", "--time-limit", "60",
+         os.path.join(EXAMPLES, script), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=240,
+        env=dict(os.environ, **VIRTUAL_DEVICE))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (log,) = (tmp_path / script[:-3] / "ddp").glob("*/w0/worker.log")
+    validated = re.findall(r"val_loss|test_accuracy", log.read_text())
+    assert len(validated) >= 2, log.read_text()[-2000:]

@@ -103,6 +103,7 @@ class Session:
         self._stateful: List[Tuple[str, Any]] = []
         #: resuming: the state kept at the checkpoint the job goes on from
         self._resumed: Optional[Dict[str, Any]] = None
+        self._to_keep: List[int] = []  # checkpoint rounds whose state is not kept yet
         #: the prepared loaders' passes: how many ended, and whether one is under way
         self.passes_done = 0
         self.in_pass = False
@@ -161,14 +162,24 @@ class Session:
                         "starts afresh", kind, kind, index + 1)
 
     def _keep_states(self) -> None:
-        """After a round's synchronisation: the state of each checkpoint it named."""
-        for round_ in self.algorithm.checkpointed():
-            if self.checkpoints is None:
-                continue
-            state: Dict[str, Any] = {"round": round_, "optimizers": [], "schedulers": []}
+        """At the next round's start, the state of each checkpoint the last round's
+        synchronisation named: as the script's loop left it after that round (its
+        scheduler stepped after the round's last optimizer step), as the model is."""
+        rounds, self._to_keep = self._to_keep, []
+        if self.checkpoints is None:
+            return
+        for round_ in rounds:
+            state: Dict[str, Any] = {"round": round_, "optimizers": [], "schedulers": [],
+                                     "iterations": self.iterations, "samples": self.samples,
+                                     "counts": self._counts()}
             for kind, thing in self._stateful:
                 state[f"{kind}s"].append(thing.state_dict())
             self.checkpoints.save(round_, state)
+
+    def _counts(self) -> Dict[str, torch.Tensor]:
+        """The model's integer buffers (BatchNorm's num_batches_tracked): each worker's
+        own, not synchronised, so kept with its state."""
+        return {name: b for name, b in self.model.named_buffers() if not b.is_floating_point()}
 
     def _take_back(self, round_: int) -> None:
         found = self.checkpoints.newest(round_)
@@ -178,6 +189,14 @@ class Session:
                         self.checkpoints.path)
             return
         kept, self._resumed = found
+        for name in ("iterations", "samples"):  # the job's steps go on from there
+            if isinstance(self._resumed.get(name), int):
+                setattr(self, name, self._resumed[name])
+        counts = self._counts()
+        for name, value in (self._resumed.get("counts") or {}).items():
+            if name in counts and isinstance(value, torch.Tensor) \
+                    and value.shape == counts[name].shape:
+                counts[name].copy_(value)
         if kept != round_:
             log.warning("resuming from round %d: worker %d's optimizer and scheduler state "
                         "is of round %d, the newest kept", round_, self.rank, kept)
@@ -336,6 +355,8 @@ class Session:
             return
         if self.model is None:
             raise RuntimeError("call esync.prepare_model(model) before training")
+        if self._to_keep:
+            self._keep_states()
         self.round += 1
         budget, self._first_phases = self.algorithm.begin_round(self.round)
         if budget < 1:
@@ -357,7 +378,7 @@ class Session:
             hook()
         self._times[len(self._times) - 1].update(self.algorithm.end_round(self.round, self.model))
         self._budget = 0
-        self._keep_states()
+        self._to_keep += self.algorithm.checkpointed()  # kept as the next round begins
         metric = self._evaluate()
         if metric is None and self._reported_metric is not None:  # the script's own
             metric = self.metric = self._reported_metric
@@ -488,6 +509,8 @@ class Session:
             return
         self._closed = True
         try:
+            if error is None and self._to_keep:  # the last round's, as the loop left it
+                self._keep_states()
             self._finish_algorithm()
             self.recorder.close()
         finally:

@@ -1,0 +1,304 @@
+"""A researcher's own script (tests/researcher_plain.py: dict batches, BatchNorm and
+LayerNorm in a model over 64 KB, AdamW with two parameter groups, OneCycleLR stepped
+every step, clipping, bf16 autocast, validation and saving on rank 0), converted by the
+tutorial alone (tests/researcher_script.py), run by esync-run as its user would, in
+every mode: to the end of its epoch loop under a time limit, and for exactly
+--max-rounds rounds; with its other loop shapes; with a worker that raises; resumed
+from a checkpoint against an uninterrupted run; with files beside it named as esync's
+modules once were."""
+import difflib
+import json
+import os
+import re
+import signal
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers import REPO, assert_no_traceback
+
+PLAIN = os.path.join(REPO, "tests", "researcher_plain.py")
+SCRIPT = os.path.join(REPO, "tests", "researcher_script.py")
+TUTORIAL = os.path.join(REPO, "docs", "tutorials", "your-own-script.md")
+MODES = {"esync": ["-m", "esync"], "sync": ["-m", "sync"], "async": ["-m", "async"],
+         "dcasgd": ["-m", "async", "-dcasgd", "1"], "ddp": ["-m", "ddp"],
+         "ddp-balanced": ["-m", "ddp", "--balance-batches", "1"],
+         "sync-allreduce": ["-m", "sync", "--backend", "allreduce"], "local": ["-m", "local"]}
+FOLDERS = {"sync-allreduce": "sync"}
+#: two fast devices and a slow one, where the mode has several
+HETEROGENEOUS = ["--workers", "3", "--slowdown", "1,1,3"]
+
+
+def esync_run(tmp_path, flags, script_args=(), script=SCRIPT, timeout=240, cwd=None,
+              expect=0):
+    """esync-run as its user types it; (the process, {rank: what the script saw})."""
+    seen = tmp_path / "seen"
+    seen.mkdir(exist_ok=True)
+    proc = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "esync-run"), "--out",
+         str(tmp_path / "runs"), "--no-progress", "--num-threads", "1", *flags, str(script),
+         str(seen), *script_args],
+        cwd=cwd or tmp_path, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-3000:]
+    found = {int(re.search(r"seen-(\d+)", f).group(1)): json.load(open(seen / f))
+             for f in os.listdir(seen) if f.startswith("seen-")}
+    return proc, found
+
+
+def job_folder(tmp_path, mode, name="researcher_script"):
+    """OUT/<script>/<the mode's log folder>."""
+    return tmp_path / "runs" / name / FOLDERS.get(mode, mode)
+
+
+def records(folder):
+    """{device label: [its round records, in order]} of a job's folder."""
+    (host,) = [h for h in folder.iterdir() if h.is_dir()]
+    out = {}
+    for device in host.iterdir():
+        if device.is_dir() and device.name != "evaluator":
+            files = sorted(device.glob("iter-*.json"), key=lambda p: int(p.stem[5:]))
+            out[device.name] = [json.load(open(f)) for f in files]
+    return out
+
+
+def logs(folder):
+    (host,) = [h for h in folder.iterdir() if h.is_dir()]
+    return {str(p.relative_to(host)): p.read_text() for p in host.rglob("*.log")}
+
+
+def final_model(folder):
+    """The job's model.safetensors, loaded into the script's model."""
+    from safetensors.torch import load_file
+
+    sys.path.insert(0, os.path.dirname(PLAIN))
+    try:
+        from researcher_plain import MLP
+    finally:
+        sys.path.remove(os.path.dirname(PLAIN))
+    model = MLP()
+    model.load_state_dict(load_file(str(folder / "model.safetensors")))
+    return model
+
+
+# --- the conversion ----------------------------------------------------------------------
+
+def tutorial_idioms():
+    """The esync calls of the tutorial's conversion (its lines marked `# esync`), and the
+    loop conditions its Loops section gives."""
+    page = open(TUTORIAL).read()
+    marked = [line.split("#")[0] for line in page.splitlines() if "# esync" in line]
+    calls = set(re.findall(r"esync\.[A-Za-z_]+\((?:\)|metric=)?", "\n".join(marked)))
+    calls.add("import esync")
+    loops = re.findall(r"`(while [^`]*esync\.should_stop\(\)[^`]*)`|end on `(esync\.should_stop\(\))`",
+                       page)
+    return calls, bool(loops)
+
+
+def test_the_conversion_adds_only_the_tutorial_s_lines():
+    calls, loops_documented = tutorial_idioms()
+    assert {"esync.init()", "esync.get_device()", "esync.prepare_model(",
+            "esync.prepare_data_loader(", "esync.DistributedOptimizer(",
+            "esync.prepare_scheduler(", "esync.report(", "esync.get_session()"} <= calls, calls
+    assert loops_documented
+    plain = open(PLAIN).read().split('"""', 2)[2].splitlines()
+    converted = open(SCRIPT).read().split('"""', 2)[2].splitlines()
+    added = [line for line in difflib.unified_diff(plain, converted, lineterm="", n=0)
+             if line.startswith("+") and not line.startswith("+++")]
+    assert 10 <= len(added) <= 14, added
+    for line in added:
+        assert any(call in line for call in calls) or "esync.should_stop()" in line \
+            or line.strip() == "+" or line.lstrip("+ ").startswith("{"), line
+
+
+# --- every mode ---------------------------------------------------------------------------
+
+def _check_job(tmp_path, mode, seen, rounds=None):
+    folder = job_folder(tmp_path, mode)
+    every = records(folder)
+    workers = 1 if mode == "local" else 3
+    assert sorted(seen) == list(range(workers))
+    assert_no_traceback(logs(folder))
+    for rank, saw in seen.items():
+        # the prepared scheduler never steps a OneCycleLR past its end (which raises)
+        assert saw["last_epoch"] <= saw["total_steps"]
+        if rounds is not None:  # exactly --max-rounds: as many rounds, as many steps
+            assert saw["last_epoch"] == rounds, (rank, saw)
+        else:  # the epoch loop ran to its end: the schedule is done on every device
+            assert saw["last_epoch"] == saw["total_steps"], (rank, saw)
+    for device, done in every.items():
+        if rounds is not None:
+            assert len(done) == rounds, (device, len(done))
+    # worker 0 is rank 0 (it validates: its records carry the metric it reported)
+    first = "w0" if mode != "local" else next(iter(every))
+    assert any("accuracy" in r for r in every[first]), [sorted(r) for r in every[first]]
+    # the job's final model, a state_dict in safetensors, as good as rank 0's last look
+    model = final_model(folder)
+    assert sum(p.numel() * 4 for p in model.parameters()) > 64 * 1024
+    assert (tmp_path / "seen" / "best.pt").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(MODES))
+def test_the_epoch_loop_runs_to_its_end_under_a_time_limit(tmp_path, mode):
+    """The loop ends by itself, whichever worker's first: exit 0 long before the limit,
+    the schedule done on every device, the job's model written."""
+    flags = [*MODES[mode], *([] if mode == "local" else HETEROGENEOUS), "--time-limit", "120"]
+    started = time.monotonic()
+    proc, seen = esync_run(tmp_path, flags, ["--epochs", "2", "--val-every", "3"])
+    assert time.monotonic() - started < 90, proc.stdout
+    _check_job(tmp_path, mode, seen)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(MODES))
+def test_max_rounds_means_exactly_that_many_rounds_and_scheduler_steps(tmp_path, mode):
+    flags = [*MODES[mode], *([] if mode == "local" else HETEROGENEOUS), "--max-rounds", "5"]
+    _, seen = esync_run(tmp_path, flags, ["--epochs", "50", "--val-every", "2"])
+    _check_job(tmp_path, mode, seen, rounds=5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop, flags", [
+    ("steps", ["--time-limit", "3"]),        # its own step count, cut by the job's limit
+    ("forever", ["--max-rounds", "6"]),      # while not esync.should_stop()
+    ("epochs", ["--time-limit", "3"]),       # epochs it never reaches
+], ids=["steps-time-limit", "forever-max-rounds", "epochs-time-limit"])
+def test_other_loop_shapes_end_with_the_job(tmp_path, loop, flags):
+    _, seen = esync_run(tmp_path, ["-m", "esync", *HETEROGENEOUS, *flags],
+                        ["--loop", loop, "--steps", "100000", "--epochs", "100000"])
+    assert sorted(seen) == [0, 1, 2]
+    every = records(job_folder(tmp_path, "esync"))
+    if "--max-rounds" in flags:
+        assert {len(done) for done in every.values()} == {6}
+    else:
+        last = max(r["total_time"] for done in every.values() for r in done)
+        assert 3 <= last < 10
+
+
+# --- failures ----------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["esync", "ddp"])
+def test_an_exception_in_a_worker_ends_the_job_with_its_line(tmp_path, mode):
+    """A bug is not a lost machine: exit status 1, the error and the script's line in the
+    launcher's last words, within seconds, nothing left behind."""
+    started = time.monotonic()
+    proc, _ = esync_run(tmp_path, [*MODES[mode], *HETEROGENEOUS, "--time-limit", "120"],
+                        ["--epochs", "1000", "--raise-at", "4", "--raise-rank", "1"],
+                        expect=1)
+    assert time.monotonic() - started < 60
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "launch: error:" in last and "ValueError: a bug at step 4" in last, proc.stderr
+    if mode != "ddp":
+        assert "worker 1 failed" in last and "researcher_script.py, line" in last, last
+    worker_log = logs(job_folder(tmp_path, mode))["w1/worker.log"]
+    assert "Traceback" in worker_log and "a bug at step 4" in worker_log
+
+
+@pytest.mark.slow
+def test_a_worker_killed_is_survived_and_named_at_the_end(tmp_path):
+    """A lost machine (SIGKILL) is survivable: the job goes on and ends 0, and its last
+    line names the worker it lost."""
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    proc = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "esync-run"), "--out",
+         str(tmp_path / "runs"), "--no-progress", "--num-threads", "1", "-m", "sync",
+         "--workers", "3", "--time-limit", "8", SCRIPT, str(seen), "--epochs", "1000"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        folder = tmp_path / "runs" / "researcher_script" / "sync"
+        deadline = time.monotonic() + 120
+        while not list(folder.glob("*/w2/iter-3.json")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        # the pid in its log folder's lock (esync.recorder)
+        victim = int(next(folder.glob("*/w2/.lock")).read_text().strip())
+        os.kill(victim, signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out + err
+    assert "worker2 died (signal 9); the job goes on without it" in err
+    assert err.strip().splitlines()[-1].endswith("without worker2 (signal 9), which the job lost")
+
+
+# --- resume -------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_resumed_job_goes_on_with_its_schedule_and_optimizer_as_if_never_stopped(tmp_path):
+    """SSGD on two workers (deterministic): 12 rounds straight, against 8 rounds then
+    --resume 1 from the checkpoint of round 4 to round 12. Every round's learning rate
+    and the final model are the uninterrupted run's: the schedule and AdamW's moments went
+    on where they were (from zero, the model differs at once)."""
+    common = ["-m", "sync", "--workers", "2", "--checkpoint-every", "4"]
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    for folder in (straight, cut):
+        folder.mkdir()
+    _, whole = esync_run(straight, [*common, "--checkpoint-dir", str(straight / "ck"),
+                                   "--max-rounds", "12"], ["--epochs", "50"])
+    esync_run(cut, [*common, "--checkpoint-dir", str(cut / "ck"), "--max-rounds", "8"],
+              ["--epochs", "50"])
+    assert sorted(os.listdir(cut / "ck" / "worker0")) == [
+        "round-4.json", "round-4.safetensors", "round-8.json", "round-8.safetensors"]
+    shutil.rmtree(cut / "ck" / "shard0" / "round-8")  # the job was killed after round 7
+    _, resumed = esync_run(cut, [*common, "--checkpoint-dir", str(cut / "ck"),
+                                 "--max-rounds", "12", "--resume", "1"], ["--epochs", "50"])
+    for rank in (0, 1):
+        # the resumed script's steps are rounds 5..12: their learning rates are the same
+        assert resumed[rank]["lrs"] == pytest.approx(whole[rank]["lrs"][4:], rel=1e-12)
+        assert resumed[rank]["last_epoch"] == whole[rank]["last_epoch"] == 12
+    a, b = final_model(job_folder(straight, "sync")), final_model(job_folder(cut, "sync"))
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=name)
+    log = logs(job_folder(cut, "sync"))["w0/worker.log"]
+    assert log.count("# ") >= 2 and "continuing the job from round 5" in log  # appended
+
+
+# --- files beside the script ---------------------------------------------------------------
+
+@pytest.mark.slow
+def test_files_beside_the_script_named_as_esync_s_modules_change_nothing(tmp_path):
+    """A config.py, main.py and launch.py of the user's beside the script, and an esync
+    checkout in a folder named `esync`: the script trains in a job and alone."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    shutil.copy(SCRIPT, project / "train.py")
+    (project / "config.py").write_text("LEARNING_RATE = 'mine'\n")
+    (project / "main.py").write_text("raise SystemExit('the user main.py ran')\n")
+    (project / "launch.py").write_text("raise SystemExit('the user launch.py ran')\n")
+    checkout = project / "esync"
+    (checkout / "src" / "esync").mkdir(parents=True)
+    (checkout / "README.md").write_text("an esync checkout\n")
+    (checkout / "src" / "esync" / "__init__.py").write_text("raise SystemExit('wrong esync')\n")
+    esync_run(tmp_path, ["-m", "esync", "--workers", "2", "--max-rounds", "3"],
+              script=project / "train.py", cwd=project)
+    alone = subprocess.run([sys.executable, str(project / "train.py"), str(tmp_path),
+                            "--epochs", "1"], cwd=project, capture_output=True, text=True,
+                           timeout=120, env=dict(os.environ, ESYNC_ARGS='["--num-threads", "1"]'))
+    assert alone.returncode == 0, alone.stderr
+
+
+@pytest.mark.slow
+def test_the_script_uses_the_device_esync_gives_it(tmp_path):
+    """On a GPU worker a batch left on the host crashes the first forward: under the
+    tests' virtual device (CUDA's rule on this CPU, tests/virtual_device.py) the
+    converted script trains, validates and saves on rank 0 alone, in DDP."""
+    site = os.path.join(REPO, "tests", "virtual_device")
+    env = dict(os.environ, ESYNC_VIRTUAL_DEVICE="1", PYTHONPATH=os.pathsep.join(
+        [site, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    proc = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "esync-run"), "--out",
+         str(tmp_path / "runs"), "--no-progress", "--num-threads", "1", "-m", "ddp",
+         "--workers", "2", "--max-rounds", "8", str(SCRIPT), str(seen), "--val-every", "3"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (seen / "best.pt").exists()
