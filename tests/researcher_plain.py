@@ -27,6 +27,7 @@ class Config:
     lr: float = 3e-3
     val_every: int = 10
     loop: str = "epochs"
+    schedule: str = "onecycle"
     raise_at: int = 0
     raise_rank: int = -1
 
@@ -88,9 +89,13 @@ def main():
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
                              {"params": rest, "weight_decay": 0.0}], lr=cfg.lr)
     total = cfg.steps if cfg.loop == "steps" else cfg.epochs * len(train)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=total)
+    if cfg.schedule == "epoch":  # stepped once an epoch
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs)
+    else:
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=total)
     loss_fn = nn.CrossEntropyLoss()
-    seen = {"lrs": [], "best": 0.0, "len": len(train), "total_steps": total}
+    seen = {"lrs": [], "best": 0.0, "len": len(train),
+            "total_steps": cfg.epochs if cfg.schedule == "epoch" else total}
     step, best = 0, 0.0
 
     def train_step(batch):
@@ -102,7 +107,8 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        sched.step()
+        if cfg.schedule != "epoch":
+            sched.step()
         step += 1
         seen["lrs"].append(sched.get_last_lr()[0])
         if step == cfg.raise_at and rank == cfg.raise_rank:
@@ -117,6 +123,8 @@ def main():
         for epoch in range(cfg.epochs):
             for batch in train:
                 train_step(batch)
+            if cfg.schedule == "epoch":
+                sched.step()
     elif cfg.loop == "steps":
         while step < total:
             for batch in train:

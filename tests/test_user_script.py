@@ -81,7 +81,9 @@ def final_model(folder):
     finally:
         sys.path.remove(os.path.dirname(PLAIN))
     model = MLP()
-    model.load_state_dict(load_file(str(folder / "model.safetensors")))
+    (path,) = folder.glob("*/*/model.safetensors")  # rank 0's folder: w0, or alone
+    assert path.parent.name in ("w0", "cpu"), path
+    model.load_state_dict(load_file(str(path)))
     return model
 
 
@@ -109,7 +111,7 @@ def test_the_conversion_adds_only_the_tutorial_s_lines():
     converted = open(SCRIPT).read().split('"""', 2)[2].splitlines()
     added = [line for line in difflib.unified_diff(plain, converted, lineterm="", n=0)
              if line.startswith("+") and not line.startswith("+++")]
-    assert 10 <= len(added) <= 14, added
+    assert 10 <= len(added) <= 16, added
     for line in added:
         assert any(call in line for call in calls) or "esync.should_stop()" in line \
             or line.strip() == "+" or line.lstrip("+ ").startswith("{"), line
@@ -136,6 +138,8 @@ def _check_job(tmp_path, mode, seen, rounds=None):
     # worker 0 is rank 0 (it validates: its records carry the metric it reported)
     first = "w0" if mode != "local" else next(iter(every))
     assert any("accuracy" in r for r in every[first]), [sorted(r) for r in every[first]]
+    if mode == "ddp-balanced":  # the loaders' batches, shared by speed: 3 x 32 a step
+        assert all(sum(r["batch_sizes"]) == 96 for done in every.values() for r in done)
     # the job's final model, a state_dict in safetensors, as good as rank 0's last look
     model = final_model(folder)
     assert sum(p.numel() * 4 for p in model.parameters()) > 64 * 1024
@@ -169,8 +173,9 @@ def test_max_rounds_means_exactly_that_many_rounds_and_scheduler_steps(tmp_path,
     ("epochs", ["--time-limit", "3"]),       # epochs it never reaches
 ], ids=["steps-time-limit", "forever-max-rounds", "epochs-time-limit"])
 def test_other_loop_shapes_end_with_the_job(tmp_path, loop, flags):
-    _, seen = esync_run(tmp_path, ["-m", "esync", *HETEROGENEOUS, *flags],
-                        ["--loop", loop, "--steps", "100000", "--epochs", "100000"])
+    proc, seen = esync_run(tmp_path, ["-m", "esync", *HETEROGENEOUS, *flags],
+                           ["--loop", loop, "--steps", "100000", "--epochs", "100000",
+                            "--val-every", "3"])
     assert sorted(seen) == [0, 1, 2]
     every = records(job_folder(tmp_path, "esync"))
     if "--max-rounds" in flags:
@@ -178,6 +183,27 @@ def test_other_loop_shapes_end_with_the_job(tmp_path, loop, flags):
     else:
         last = max(r["total_time"] for done in every.values() for r in done)
         assert 3 <= last < 10
+    # the metric rank 0 reported is the job's: on the progress line, and drawn
+    assert re.search(r"done: .*test accuracy 0\.\d+", proc.stderr), proc.stderr[-500:]
+    base = tmp_path / "runs"
+    for tool, argv in (("esync-summary", ["-b", str(base), "-n", "researcher_script",
+                                          "-m", "esync"]),
+                       ("esync-draw", ["-b", str(base), "-n", "researcher_script",
+                                       "-o", str(tmp_path / "figures")])):
+        done = subprocess.run([os.path.join(os.path.dirname(sys.executable), tool), *argv],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "no data" not in done.stdout + done.stderr, done
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["esync", "async"])
+def test_a_schedule_stepped_once_an_epoch_follows_the_job_s_epochs(tmp_path, mode):
+    """CosineAnnealingLR(T_max=epochs), stepped after each pass: once an epoch of the
+    job's on every device, fast or slow, whatever the steps each took."""
+    _, seen = esync_run(tmp_path, ["-m", mode, *HETEROGENEOUS, "--time-limit", "120"],
+                        ["--epochs", "3", "--schedule", "epoch"])
+    assert {saw["last_epoch"] for saw in seen.values()} == {3}
+    assert len({saw["steps"] for saw in seen.values()}) > 1  # the devices' steps differ
 
 
 # --- failures ----------------------------------------------------------------------------
@@ -200,33 +226,77 @@ def test_an_exception_in_a_worker_ends_the_job_with_its_line(tmp_path, mode):
     assert "Traceback" in worker_log and "a bug at step 4" in worker_log
 
 
-@pytest.mark.slow
-def test_a_worker_killed_is_survived_and_named_at_the_end(tmp_path):
-    """A lost machine (SIGKILL) is survivable: the job goes on and ends 0, and its last
-    line names the worker it lost."""
+def kill_mid_job(tmp_path, flags, device):
+    """esync-run in the background; once `device` has logged round 3, SIGKILL its script
+    (the pid in its log folder's lock, esync.recorder). (its pid, seconds from the kill
+    to the job's end, the finished process, its stdout and stderr)."""
     seen = tmp_path / "seen"
     seen.mkdir()
     proc = subprocess.Popen(
         [os.path.join(os.path.dirname(sys.executable), "esync-run"), "--out",
-         str(tmp_path / "runs"), "--no-progress", "--num-threads", "1", "-m", "sync",
-         "--workers", "3", "--time-limit", "8", SCRIPT, str(seen), "--epochs", "1000"],
+         str(tmp_path / "runs"), "--no-progress", "--num-threads", "1", *flags, SCRIPT,
+         str(seen), "--epochs", "1000"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        folder = tmp_path / "runs" / "researcher_script" / "sync"
+        runs = tmp_path / "runs" / "researcher_script"
         deadline = time.monotonic() + 120
-        while not list(folder.glob("*/w2/iter-3.json")):
+        while not list(runs.glob(f"*/*/{device}/iter-3.json")):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
-        # the pid in its log folder's lock (esync.recorder)
-        victim = int(next(folder.glob("*/w2/.lock")).read_text().strip())
+        victim = int(next(runs.glob(f"*/*/{device}/.lock")).read_text().strip())
         os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
         out, err = proc.communicate(timeout=120)
+        return victim, time.monotonic() - killed, proc, out, err
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.slow
+def test_a_worker_killed_is_survived_and_named_at_the_end(tmp_path):
+    """A lost machine (SIGKILL) is survivable: the job goes on and ends 0, and its last
+    line names the worker it lost."""
+    victim, _, proc, out, err = kill_mid_job(
+        tmp_path, ["-m", "sync", "--workers", "3", "--time-limit", "8"], "w2")
     assert proc.returncode == 0, out + err
     assert "worker2 died (signal 9); the job goes on without it" in err
-    assert err.strip().splitlines()[-1].endswith("without worker2 (signal 9), which the job lost")
+    last = err.strip().splitlines()[-1]
+    assert "; without worker2 (signal 9), which the job lost" in last, last
+    assert "the job's model: " in last and last.endswith("/w0/model.safetensors")
+    # one process, one name: the launcher's worker2 is the scheduler's worker 2 (rank 2)
+    scheduler = logs(job_folder(tmp_path, "sync"))["scheduler.log"]
+    assert f"worker 2 (pid {victim} on" in scheduler, scheduler[-2000:]
+
+
+@pytest.mark.slow
+def test_a_ddp_rank_killed_ends_the_job_within_seconds(tmp_path):
+    """An all-reduce cannot lose a member: a rank killed mid-training ends the job,
+    non-zero, at once (the others do not wait in a collective for ever)."""
+    _, after, proc, out, err = kill_mid_job(
+        tmp_path, ["-m", "ddp", "--workers", "3", "--time-limit", "120"], "w1")
+    assert proc.returncode == 1, out + err
+    assert after < 20
+    assert "worker1" in err.strip().splitlines()[-1], err
+
+
+@pytest.mark.slow
+def test_under_asgd_the_job_s_model_is_the_servers_last(tmp_path):
+    """ASGD's worker 0 stops first; the others push after it. The model file is the
+    servers' model after every last push: the newest checkpoint's weights (a
+    checkpoint after every update), not worker 0's own."""
+    from safetensors.numpy import load_file
+
+    _, seen = esync_run(tmp_path, ["-m", "async", *HETEROGENEOUS, "--max-rounds", "6",
+                                   "--checkpoint-dir", str(tmp_path / "ck"),
+                                   "--checkpoint-every", "1"], ["--epochs", "50"])
+    model = final_model(job_folder(tmp_path, "async"))
+    shard = tmp_path / "ck" / "shard0"
+    newest = max(shard.glob("round-*"), key=lambda p: int(p.name[6:]))
+    assert int(newest.name[6:]) == 3 * 6  # every worker's every push
+    weights = load_file(str(newest / "tensors.safetensors"))["weights"]
+    flat = np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
+    np.testing.assert_array_equal(flat, weights)
 
 
 # --- resume -------------------------------------------------------------------------------

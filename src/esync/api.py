@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 
 _session: Optional[Session] = None
 _failed: Optional[BaseException] = None
+#: the process that joined the job: a process forked from it (a DataLoader worker) runs
+#: threading's exit calls too, and must not leave the job in its place
+_joined_by: Optional[int] = None
 # alone (-m local) with the model and data named as plug-ins (-n, --dataset): the task
 # whose metric this process measures by the clock, as the evaluator would in a job
 _alone_task: Optional[Callable[[], Any]] = None
@@ -77,6 +80,8 @@ def init(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Se
     except UserError as e:
         say_error(prog, e)
         raise SystemExit(2) from None
+    global _joined_by
+    _joined_by = os.getpid()
     _leave_at_exit()
     _chain_excepthook()
     return _session
@@ -402,7 +407,7 @@ def finish() -> None:
     that this worker failed (it ends, non-zero) and the process exits within
     FAILED_EXIT_S seconds whatever its peers do. Idempotent."""
     global _session, _failed
-    if _session is None:
+    if _session is None or os.getpid() != _joined_by:  # (a forked DataLoader worker)
         return
     current, _session = _session, None
     if _failed is not None:

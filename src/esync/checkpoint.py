@@ -43,7 +43,8 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded; the text names the file."""
 
 
-def _fsync(path: str) -> None:
+def fsync(path: str) -> None:
+    """Flush a file (or a folder: the renames in it) to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -111,7 +112,7 @@ class Checkpoints:
         try:
             tensors_path = os.path.join(partial, TENSORS)
             save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tensors_path)
-            _fsync(tensors_path)
+            fsync(tensors_path)
             meta = dict(meta, format=FORMAT, round=round_, sha256=_digest(tensors_path),
                         lengths={k: int(v.size) for k, v in tensors.items()})
             with open(os.path.join(partial, META), "w") as f:
@@ -121,7 +122,7 @@ class Checkpoints:
             if os.path.exists(final):  # the same round again (after a restore): replace
                 shutil.rmtree(final)
             os.rename(partial, final)
-            _fsync(self.path)
+            fsync(self.path)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise

@@ -24,16 +24,12 @@ from esync.data.order import DataSettings
 from esync.errors import UserError
 from esync.live import LiveReporter
 from esync.options import Options, check_aggregation, check_plugins
-from esync.recorder import Recorder
+from esync.recorder import MODEL_FILE, Recorder
 from esync.session import Session
 from esync.stop import StopCriteria
 from esync.transport.cluster import REQUIRED, ClusterEnv, DDPEnv, advertised_address
 
 log = logging.getLogger(__name__)
-
-
-#: the job's final model, in the log folder (-ld): rank 0 writes it when the job stops
-MODEL_FILE = "model.safetensors"
 
 
 @dataclass(frozen=True)
@@ -132,7 +128,7 @@ def join(plan: WorkerPlan, env: Union[ClusterEnv, DDPEnv, None],
                       timed, rank, workers, DataSettings.from_options(opts), on_close=leave)
     session.metric_kind = opts.metric
     session.node = job.node if job is not None else None
-    session.model_file = os.path.join(opts.log_dir, MODEL_FILE)
+    session.model_file = os.path.join(recorder.path, MODEL_FILE)
     if opts.checkpoint_dir and plan.algorithm.parameter_server and job is not None:
         # beside the servers' shards: as many as they keep of each (their rounds may
         # differ, with --checkpoint-every in seconds)

@@ -67,9 +67,13 @@ With `tensorboard` (--tensorboard DIR) each round also goes to TensorBoard
 job page (esync.live). A continuing job (`keep`: a worker rejoining, or a job resumed
 from a checkpoint) keeps its logs and goes on from where they were.
 
-Beside the records, a worker over shards keeps data-<n>.json: where its loader was when
-round n's synchronisation began (write_data), which a worker continuing the job from
-round n+1 goes on from.
+Beside the records, a worker keeps data-<n>.json: where its prepared loader was when
+round n's synchronisation began (write_data; shards: the loader's state, as `data`
+above; a map-style data set: `{"drawn": samples drawn from its order}`), which a worker
+continuing the job from round n+1 goes on from. When the job stops, rank 0 writes the
+job's final model into its folder, `model.safetensors` (MODEL_FILE): the model's
+`state_dict()` in safetensors, loaded with
+`model.load_state_dict(safetensors.torch.load_file(path))`.
 """
 from __future__ import annotations
 
@@ -88,6 +92,8 @@ from esync.scalars import Scalars
 Phases = Mapping[str, float]
 #: data-<n>.json files kept (the loader's state before each round's push; see write_data)
 KEEP_DATA = 64
+#: the job's final model, in rank 0's log folder (esync.session writes it)
+MODEL_FILE = "model.safetensors"
 
 
 def _log_dir_error(doing: str, path: str, error: OSError) -> UserError:

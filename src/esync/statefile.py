@@ -33,6 +33,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from esync.checkpoint import fsync as _fsync
 from esync.errors import UserError
 
 FORMAT, VERSION, PAIR = "esync-state", 1, "pair"
@@ -104,14 +105,6 @@ def load_state(path: str, device: Optional[Union[str, torch.device]] = None) -> 
 def exists(path: str) -> bool:
     """Whether a complete pair `<path>.json` and `<path>.safetensors` is there."""
     return os.path.isfile(path + ".json") and os.path.isfile(path + ".safetensors")
-
-
-def _fsync(name: str) -> None:
-    fd = os.open(name, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _line(e: BaseException) -> str:

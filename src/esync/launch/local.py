@@ -65,6 +65,7 @@ flags.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import re
@@ -87,6 +88,7 @@ from esync.live import URL_ENV as LIVE_URL_ENV
 from esync.options import (ARGS_VARIABLE, Options, check_aggregation, check_plugins,
                            flags_given, parse_options)
 from esync.options import build_parser as options_parser
+from esync.recorder import MODEL_FILE
 from esync.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
 from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
 from esync.launch.progress import Progress
@@ -805,6 +807,17 @@ class Launcher:
             bar = f"[{'#' * filled}{'.' * (20 - filled)}] "
         return f"{bar}{os.path.basename(self.plan.folder)}: {text}"
 
+    def _model_note(self) -> str:
+        """`; the job's model: PATH` where rank 0 wrote it in this run (esync.join's
+        MODEL_FILE, in its log folder)."""
+        for path in glob.glob(os.path.join(self.plan.folder, "*", "*", MODEL_FILE)):
+            try:
+                if os.stat(path).st_mtime >= self._started_at:
+                    return f"; the job's model: {path}"
+            except OSError:
+                continue
+        return ""
+
     def watch(self, bar: Progress) -> int:
         """Until the job ends or a child fails; returns the exit status."""
         while True:
@@ -819,7 +832,7 @@ class Launcher:
                 self.say(f"error: {self.describe(outcome.failed)}; stopping the job")
                 return 1
             status = self.status()
-            line = self.status_line(status) + lost_note(outcome.lost)
+            line = self.status_line(status) + lost_note(outcome.lost) + self._model_note()
             if bar.terminal:
                 bar.show(*status, line)
                 if self.nested:

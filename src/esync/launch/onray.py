@@ -25,8 +25,9 @@ names) fails at once, naming what is missing, e.g. `3 GPU workers asked, the clu
 1 GPU`; what it holds but others use now is waited for `--ray-timeout` seconds.
 
 Code: the checkout is shipped with the job (Ray's runtime_env working_dir, without what
-.gitignore leaves out): every node runs this checkout's main.py with its own Python, which
-needs esync's requirements (torch, ...). Paths given to main.py (--data-dir,
+.gitignore leaves out): every node runs this checkout's main.py (which puts the
+checkout's src/ first) with its own Python, which needs esync installed (the actors
+import esync.launch.onray) with its requirements (torch, ...). Paths given to main.py (--data-dir,
 --checkpoint-dir) are paths on each node (relative ones: in the shipped folder).
 
 Logs: each actor's process writes its iteration logs and output into a folder of its own
@@ -112,8 +113,8 @@ class RoleActor:
         """Start the process; with `ready`, the port it reports (RuntimeError, with its
         last lines, if it dies first)."""
         where = self.where()
-        # REPO: the checkout Ray shipped to this node
-        fill = filler(sys.executable, REPO, where["address"], self.logs, where["host"])
+        # the checkout Ray shipped to this node: the actor's folder (its working_dir)
+        fill = filler(sys.executable, os.getcwd(), where["address"], self.logs, where["host"])
 
         # the node's own key or token never count: the job's come in `env`
         full = dict(inherited(os.environ, auth=False), **{k: fill(v) for k, v in env.items()},
