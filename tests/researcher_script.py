@@ -90,6 +90,8 @@ def main():
     else:
         sched = esync.prepare_scheduler(torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=total))
     loss_fn = nn.CrossEntropyLoss()
+    if cfg.raise_at == 0 and rank == cfg.raise_rank:
+        raise ValueError("a bug at start")
     seen = {"lrs": [], "best": 0.0, "len": len(train),
             "total_steps": cfg.epochs if cfg.schedule == "epoch" else total}
     step, best = 0, 0.0

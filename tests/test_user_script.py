@@ -209,21 +209,33 @@ def test_a_schedule_stepped_once_an_epoch_follows_the_job_s_epochs(tmp_path, mod
 # --- failures ----------------------------------------------------------------------------
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["esync", "ddp"])
-def test_an_exception_in_a_worker_ends_the_job_with_its_line(tmp_path, mode):
+@pytest.mark.parametrize("mode, at", [("esync", 4), ("ddp", 4), ("ddp", 0)],
+                         ids=["esync", "ddp", "ddp-at-start"])
+def test_an_exception_in_a_worker_ends_the_job_with_its_line(tmp_path, mode, at):
     """A bug is not a lost machine: exit status 1, the error and the script's line in the
-    launcher's last words, within seconds, nothing left behind."""
+    launcher's last words, within seconds, nothing left behind (a DDP rank that fails
+    before its first step too: the others are then in their first collective)."""
     started = time.monotonic()
     proc, _ = esync_run(tmp_path, [*MODES[mode], *HETEROGENEOUS, "--time-limit", "120"],
-                        ["--epochs", "1000", "--raise-at", "4", "--raise-rank", "1"],
+                        ["--epochs", "1000", "--raise-at", str(at), "--raise-rank", "1"],
                         expect=1)
     assert time.monotonic() - started < 60
+    said = "a bug at start" if at == 0 else f"a bug at step {at}"
     last = proc.stderr.strip().splitlines()[-1]
-    assert "launch: error:" in last and "ValueError: a bug at step 4" in last, proc.stderr
+    assert "launch: error:" in last and f"ValueError: {said}" in last, proc.stderr
     if mode != "ddp":
         assert "worker 1 failed" in last and "researcher_script.py, line" in last, last
     worker_log = logs(job_folder(tmp_path, mode))["w1/worker.log"]
-    assert "Traceback" in worker_log and "a bug at step 4" in worker_log
+    assert "Traceback" in worker_log and said in worker_log
+
+
+@pytest.mark.slow
+def test_a_gpu_worker_on_a_machine_without_one_is_one_line(tmp_path):
+    """--devices gpu where there is no GPU: the worker says so, and the job ends, non-zero,
+    rather than going on without it."""
+    proc, _ = esync_run(tmp_path, ["-m", "esync", "--workers", "2", "--devices", "gpu,cpu",
+                                   "--time-limit", "60"], ["--epochs", "1"], expect=1)
+    assert "-g/--gpu 0: this machine has no CUDA device" in proc.stderr.strip().splitlines()[-1]
 
 
 def kill_mid_job(tmp_path, flags, device):

@@ -88,7 +88,6 @@ from esync.live import URL_ENV as LIVE_URL_ENV
 from esync.options import (ARGS_VARIABLE, Options, check_aggregation, check_plugins,
                            flags_given, parse_options)
 from esync.options import build_parser as options_parser
-from esync.recorder import MODEL_FILE
 from esync.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
 from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
 from esync.launch.progress import Progress
@@ -514,13 +513,17 @@ def lost_note(lost: Sequence) -> str:
 
 
 def last_line(path: Optional[str]) -> str:
-    """The last line with text of a process's log ("" if none, or no log)."""
+    """What a process's log says last of why it ended: among its last lines, the last
+    that names an error (a traceback's exception, `error: ...`), else its last line with
+    text ("" if none, or no log). A scheduler that aborted says why, then that it stays to
+    tell late nodes."""
     try:
         with open(path, errors="replace") as f:
-            tail = [line.rstrip() for line in f.readlines()[-3:] if line.strip()]
+            tail = [line.rstrip() for line in f.readlines()[-12:] if line.strip()]
     except (OSError, TypeError):
         return ""
-    return tail[-1] if tail else ""
+    errors = [line for line in tail if re.search(r"\b(error|[A-Za-z]*Error)\b", line)]
+    return (errors or tail or [""])[-1]
 
 
 def inherited(environ: Mapping[str, str], auth: bool) -> Dict[str, str]:
@@ -810,6 +813,8 @@ class Launcher:
     def _model_note(self) -> str:
         """`; the job's model: PATH` where rank 0 wrote it in this run (esync.join's
         MODEL_FILE, in its log folder)."""
+        from esync.recorder import MODEL_FILE  # (not for esync-hosts, which imports this)
+
         for path in glob.glob(os.path.join(self.plan.folder, "*", "*", MODEL_FILE)):
             try:
                 if os.stat(path).st_mtime >= self._started_at:
