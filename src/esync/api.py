@@ -246,7 +246,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.defaults = optimizer.defaults
         self._optimizer_step_pre_hooks: Dict[int, Callable] = {}
         self._optimizer_step_post_hooks: Dict[int, Callable] = {}
-        self.session.keep_state("optimizer", self)  # with the job's checkpoints
+        self.session.kept.add("optimizer", self)  # with the job's checkpoints
 
     @property
     def param_groups(self):
@@ -355,7 +355,7 @@ def prepare_scheduler(scheduler: Any) -> JobScheduler:
     (--checkpoint-dir) and given back on --resume."""
     session = get_session()
     prepared = JobScheduler(scheduler, session)
-    session.keep_state("scheduler", prepared)
+    session.kept.add("scheduler", prepared)
     return prepared
 
 

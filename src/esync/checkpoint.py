@@ -176,49 +176,98 @@ class Checkpoints:
                         f"{problem}")
 
 
-class WorkerCheckpoints:
-    """A worker's own state at the job's checkpoints: CHECKPOINT_DIR/worker<rank>/
-    round-<n>.{json,safetensors} (esync.statefile: no pickle), its optimizers' and
-    learning-rate schedulers' `state_dict()`s as of the end of round n, kept when the
-    servers checkpoint the model at round n, so that a resumed job goes on with Adam's
-    moments and the schedule where they were. The newest `keep` are kept."""
+class WorkerState:
+    """A worker's own state at the job's checkpoints: its optimizers' and prepared
+    learning-rate schedulers' `state_dict()`s (in the order the script made them), its
+    counts of local iterations and samples, and the model's integer buffers (BatchNorm's
+    num_batches_tracked, each worker's own), as of the end of round n, kept in
+    CHECKPOINT_DIR/worker<rank>/round-<n>.{json,safetensors} (esync.statefile: no pickle)
+    when the servers checkpoint the model at round n, so that a resumed job goes on with
+    Adam's moments and the schedule where they were. The newest `keep` are kept. Without
+    a folder it keeps nothing (and a resumed job finds nothing)."""
 
-    def __init__(self, folder: str, rank: int, keep: int = 3):
-        self.path = os.path.join(folder, f"worker{rank}")
+    def __init__(self, folder: Optional[str] = None, rank: int = 0, keep: int = 3):
+        self.path = os.path.join(folder, f"worker{rank}") if folder else None
         self.rank, self.keep = rank, keep
+        self.stateful: List[Tuple[str, Any]] = []  # ("optimizer" or "scheduler", it)
+        self.pending: List[int] = []  # checkpoint rounds whose state is not kept yet
+        self.resumed: Optional[Dict[str, Any]] = None  # the state the job goes on with
+
+    def add(self, kind: str, thing: Any) -> None:
+        """Keep `thing`'s state (an optimizer or a prepared scheduler: `kind`); resuming,
+        give it back the state it had at the checkpoint the job goes on from (and the
+        optimizers theirs again after a scheduler's: a scheduler made sets the learning
+        rate it starts at)."""
+        self.stateful.append((kind, thing))
+        if self.resumed is None:
+            return
+        index = sum(1 for k, _ in self.stateful if k == kind) - 1
+        saved = self.resumed.get(f"{kind}s", [])
+        if index >= len(saved):
+            log.warning("resuming: no %s state was kept for this worker's %s number %d; it "
+                        "starts afresh", kind, kind, index + 1)
+            return
+        thing.load_state_dict(saved[index])
+        if kind == "scheduler":
+            optimizers = [o for k, o in self.stateful if k == "optimizer"]
+            for optimizer, state in zip(optimizers, self.resumed.get("optimizers", [])):
+                optimizer.load_state_dict(state)
+
+    def keep_pending(self, counts: Dict[str, Any], integers: Dict[str, Any]) -> None:
+        """The state of each checkpoint round pending, as the script's loop leaves it now
+        (`counts`: the session's iterations and samples; `integers`: the model's integer
+        buffers)."""
+        rounds, self.pending = self.pending, []
+        if self.path is None:
+            return
+        from esync import statefile
+
+        for round_ in rounds:
+            state = {"round": round_, **counts, "counts": dict(integers),
+                     "optimizers": [t.state_dict() for k, t in self.stateful if k == "optimizer"],
+                     "schedulers": [t.state_dict() for k, t in self.stateful if k == "scheduler"]}
+            try:
+                os.makedirs(self.path, exist_ok=True)
+                statefile.save_state(os.path.join(self.path, f"round-{round_}"), state)
+            except OSError as e:
+                raise UserError(f"--checkpoint-dir: cannot write worker {self.rank}'s state "
+                                f"in {self.path}: {e.strerror}") from None
+            for old in self.rounds()[:-self.keep]:
+                for suffix in (".json", ".safetensors"):
+                    try:
+                        os.remove(os.path.join(self.path, f"round-{old}{suffix}"))
+                    except OSError:
+                        pass
 
     def rounds(self) -> List[int]:
         try:
-            names = os.listdir(self.path)
+            names = os.listdir(self.path) if self.path else []
         except OSError:
             return []
         found = (re.fullmatch(r"round-(\d{1,12})\.json", name) for name in names)
         return sorted(int(m.group(1)) for m in found if m)
 
-    def save(self, round_: int, state: Dict[str, Any]) -> None:
+    def take_back(self, round_: int, integers: Dict[str, Any]) -> Dict[str, Any]:
+        """Resuming from round `round_`: the newest state kept at or before it (a damaged
+        one is skipped with a warning), given back as the optimizers and schedulers are
+        made; the model's integer buffers now; returns the counts it had ({} if none)."""
         from esync import statefile
 
-        try:
-            os.makedirs(self.path, exist_ok=True)
-            statefile.save_state(os.path.join(self.path, f"round-{round_}"), state)
-        except OSError as e:
-            raise UserError(f"--checkpoint-dir: cannot write worker {self.rank}'s state "
-                            f"in {self.path}: {e.strerror}") from None
-        for old in self.rounds()[:-self.keep]:
-            for suffix in (".json", ".safetensors"):
-                try:
-                    os.remove(os.path.join(self.path, f"round-{old}{suffix}"))
-                except OSError:
-                    pass
-
-    def newest(self, at_most: int) -> Optional[Tuple[int, Dict[str, Any]]]:
-        """(round, state) of the newest state kept at or before round `at_most` (None:
-        none); a damaged one is skipped with a warning."""
-        from esync import statefile
-
-        for round_ in sorted((r for r in self.rounds() if r <= at_most), reverse=True):
+        for kept in sorted((r for r in self.rounds() if r <= round_), reverse=True):
             try:
-                return round_, statefile.load_state(os.path.join(self.path, f"round-{round_}"))
+                self.resumed = statefile.load_state(os.path.join(self.path, f"round-{kept}"))
             except UserError as e:
                 log.warning("[worker %d] skipping a damaged state: %s", self.rank, e)
-        return None
+                continue
+            if kept != round_:
+                log.warning("resuming from round %d: worker %d's optimizer and scheduler "
+                            "state is of round %d, the newest kept", round_, self.rank, kept)
+            for name, value in (self.resumed.get("counts") or {}).items():
+                mine = integers.get(name)
+                if mine is not None and getattr(value, "shape", None) == mine.shape:
+                    mine.copy_(value)
+            return {k: self.resumed[k] for k in ("iterations", "samples")
+                    if isinstance(self.resumed.get(k), int)}
+        log.warning("resuming from round %d: no optimizer or scheduler state was kept for "
+                    "worker %d (in %s); they start afresh", round_, self.rank, self.path)
+        return {}

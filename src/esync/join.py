@@ -19,7 +19,7 @@ import torch
 
 from esync import registry
 from esync.algorithms.base import Job
-from esync.checkpoint import WorkerCheckpoints
+from esync.checkpoint import WorkerState
 from esync.data.order import DataSettings
 from esync.errors import UserError
 from esync.live import LiveReporter
@@ -132,8 +132,8 @@ def join(plan: WorkerPlan, env: Union[ClusterEnv, DDPEnv, None],
     if opts.checkpoint_dir and plan.algorithm.parameter_server and job is not None:
         # beside the servers' shards: as many as they keep of each (their rounds may
         # differ, with --checkpoint-every in seconds)
-        session.checkpoints = WorkerCheckpoints(opts.checkpoint_dir, job.rank,
-                                                opts.keep_checkpoints * max(1, len(job.servers)))
+        session.kept = WorkerState(opts.checkpoint_dir, job.rank,
+                                   opts.keep_checkpoints * max(1, len(job.servers)))
     return session
 
 

@@ -15,14 +15,14 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 from torch import nn
 
 from esync.algorithms.base import Algorithm, Phases
 from esync.breakdown import breakdown
-from esync.checkpoint import WorkerCheckpoints
+from esync.checkpoint import WorkerState
 from esync.clock import Clock, Slowdown
 from esync.data import METRIC_LINE, METRIC_RECORD
 from esync.data.order import DataSettings
@@ -96,14 +96,8 @@ class Session:
         self.loader_batch: Optional[int] = None
         #: where rank 0 writes the job's final model (None: nowhere)
         self.model_file: Optional[str] = None
-        #: where this worker keeps its own state at the job's checkpoints (None: nowhere)
-        self.checkpoints: Optional[WorkerCheckpoints] = None
-        #: the optimizers and prepared schedulers whose state is kept ("optimizer" or
-        #: "scheduler", the object), in the order the script made them
-        self._stateful: List[Tuple[str, Any]] = []
-        #: resuming: the state kept at the checkpoint the job goes on from
-        self._resumed: Optional[Dict[str, Any]] = None
-        self._to_keep: List[int] = []  # checkpoint rounds whose state is not kept yet
+        #: this worker's own state, kept with the job's checkpoints (where there are some)
+        self.kept = WorkerState()
         #: the prepared loaders' passes: how many ended, and whether one is under way
         self.passes_done = 0
         self.in_pass = False
@@ -135,71 +129,23 @@ class Session:
         continues = self.algorithm.continues()
         if continues is not None:
             self._continue(*continues)
-        if self.algorithm.resumed_from is not None and self.checkpoints is not None:
-            self._take_back(self.algorithm.resumed_from)
+        if self.algorithm.resumed_from is not None and self.kept.path is not None:
+            for name, value in self.kept.take_back(self.algorithm.resumed_from,
+                                                   self._integers()).items():
+                setattr(self, name, value)  # the job's steps go on from there
         return self.algorithm.training_module(model)
 
-    # --- the worker's own state at the job's checkpoints -----------------------------------
-    def keep_state(self, kind: str, thing: Any) -> None:
-        """Keep `thing`'s state (an optimizer, or a prepared scheduler: `kind`) with the
-        job's checkpoints; resuming, give it back the state it had at the checkpoint
-        the job goes on from (the optimizers' again after a scheduler's: a scheduler
-        made sets the learning rate it starts at)."""
-        self._stateful.append((kind, thing))
-        if self._resumed is None:
-            return
-        index = sum(1 for k, _ in self._stateful if k == kind) - 1
-        saved = self._resumed.get(f"{kind}s", [])
-        if index < len(saved):
-            thing.load_state_dict(saved[index])
-            if kind == "scheduler":
-                for i, (k, optimizer) in enumerate(o for o in self._stateful
-                                                   if o[0] == "optimizer"):
-                    if i < len(self._resumed.get("optimizers", [])):
-                        optimizer.load_state_dict(self._resumed["optimizers"][i])
-        else:
-            log.warning("resuming: no %s state was kept for this worker's %s number %d; it "
-                        "starts afresh", kind, kind, index + 1)
-
-    def _keep_states(self) -> None:
-        """At the next round's start, the state of each checkpoint the last round's
-        synchronisation named: as the script's loop left it after that round (its
-        scheduler stepped after the round's last optimizer step), as the model is."""
-        rounds, self._to_keep = self._to_keep, []
-        if self.checkpoints is None:
-            return
-        for round_ in rounds:
-            state: Dict[str, Any] = {"round": round_, "optimizers": [], "schedulers": [],
-                                     "iterations": self.iterations, "samples": self.samples,
-                                     "counts": self._counts()}
-            for kind, thing in self._stateful:
-                state[f"{kind}s"].append(thing.state_dict())
-            self.checkpoints.save(round_, state)
-
-    def _counts(self) -> Dict[str, torch.Tensor]:
+    def _integers(self) -> Dict[str, torch.Tensor]:
         """The model's integer buffers (BatchNorm's num_batches_tracked): each worker's
         own, not synchronised, so kept with its state."""
         return {name: b for name, b in self.model.named_buffers() if not b.is_floating_point()}
 
-    def _take_back(self, round_: int) -> None:
-        found = self.checkpoints.newest(round_)
-        if found is None:
-            log.warning("resuming from round %d: no optimizer or scheduler state was kept "
-                        "for worker %d (in %s); they start afresh", round_, self.rank,
-                        self.checkpoints.path)
-            return
-        kept, self._resumed = found
-        for name in ("iterations", "samples"):  # the job's steps go on from there
-            if isinstance(self._resumed.get(name), int):
-                setattr(self, name, self._resumed[name])
-        counts = self._counts()
-        for name, value in (self._resumed.get("counts") or {}).items():
-            if name in counts and isinstance(value, torch.Tensor) \
-                    and value.shape == counts[name].shape:
-                counts[name].copy_(value)
-        if kept != round_:
-            log.warning("resuming from round %d: worker %d's optimizer and scheduler state "
-                        "is of round %d, the newest kept", round_, self.rank, kept)
+    def _keep_states(self) -> None:
+        """The state of each checkpoint the last round's synchronisation named, as the
+        script's loop left it after that round (its scheduler stepped after the round's
+        last optimizer step): as the next round begins, or at the end."""
+        self.kept.keep_pending({"iterations": self.iterations, "samples": self.samples},
+                               self._integers())
 
     def _continue(self, first: Optional[int], elapsed: float) -> None:
         """A process continuing a job (rejoining it, or resuming it from a checkpoint)
@@ -355,7 +301,7 @@ class Session:
             return
         if self.model is None:
             raise RuntimeError("call esync.prepare_model(model) before training")
-        if self._to_keep:
+        if self.kept.pending:
             self._keep_states()
         self.round += 1
         budget, self._first_phases = self.algorithm.begin_round(self.round)
@@ -378,7 +324,7 @@ class Session:
             hook()
         self._times[len(self._times) - 1].update(self.algorithm.end_round(self.round, self.model))
         self._budget = 0
-        self._to_keep += self.algorithm.checkpointed()  # kept as the next round begins
+        self.kept.pending += self.algorithm.checkpointed()  # kept as the next round begins
         metric = self._evaluate()
         if metric is None and self._reported_metric is not None:  # the script's own
             metric = self.metric = self._reported_metric
@@ -509,7 +455,7 @@ class Session:
             return
         self._closed = True
         try:
-            if error is None and self._to_keep:  # the last round's, as the loop left it
+            if error is None and self.kept.pending:  # the last round's, as the loop left it
                 self._keep_states()
             self._finish_algorithm()
             self.recorder.close()
