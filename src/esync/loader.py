@@ -178,9 +178,9 @@ class SampleLoader:
       needed, so that devices of different speeds end their passes, and an epoch loop,
       after the same round (under SSGD, exactly a pass over the partition);
     - otherwise (plain DDP, one device alone) one epoch of this worker's partition.
-    Where it is (the samples drawn from its order) goes into data-<n>.json before each
-    round's synchronisation, so that a worker continuing the job goes on at its next
-    sample."""
+    In a job with a scheduler, where it is (the samples drawn from its order) goes into
+    data-<n>.json before each round's synchronisation, so that a worker continuing the
+    job (rejoining it, or resuming it) goes on at its next sample."""
 
     def __init__(self, loader: DataLoader, session: Session, settings: DataSettings):
         dataset = loader.dataset
@@ -215,7 +215,8 @@ class SampleLoader:
         self.epoch_samples = max(1, per_pass * session.num_workers)
         if self.primary:
             session.epochs_done = self.epochs_done
-            session.before_push.append(self._keep_position)
+            if session.node is not None:  # a job a worker can rejoin, or resume
+                session.before_push.append(self._keep_position)
         sampler = _SharedBatches(self.order, session) if shared else \
             _Batches(self.order, loader.batch_size, loader.drop_last, session,
                      endless=self.job_epochs)
