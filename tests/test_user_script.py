@@ -96,8 +96,8 @@ def tutorial_idioms():
     marked = [line.split("#")[0] for line in page.splitlines() if "# esync" in line]
     calls = set(re.findall(r"esync\.[A-Za-z_]+\((?:\)|metric=)?", "\n".join(marked)))
     calls.add("import esync")
-    loops = re.findall(r"`(while [^`]*esync\.should_stop\(\)[^`]*)`|end on `(esync\.should_stop\(\))`",
-                       page)
+    loops = re.findall(r"`(while [^`]*esync\.should_stop\(\)[^`]*)`"
+                       r"|end on `(esync\.should_stop\(\))`", page)
     return calls, bool(loops)
 
 
@@ -180,9 +180,10 @@ def test_other_loop_shapes_end_with_the_job(tmp_path, loop, flags):
     every = records(job_folder(tmp_path, "esync"))
     if "--max-rounds" in flags:
         assert {len(done) for done in every.values()} == {6}
-    else:
-        last = max(r["total_time"] for done in every.values() for r in done)
-        assert 3 <= last < 10
+    else:  # ended by the job's time limit, not by its own (unreachable) count
+        assert max(r["total_time"] for done in every.values() for r in done) >= 3
+        said = "".join(logs(job_folder(tmp_path, "esync")).values())
+        assert "reached the time limit of 3 s" in said
     # the metric rank 0 reported is the job's: on the progress line, and drawn
     assert re.search(r"done: .*test accuracy 0\.\d+", proc.stderr), proc.stderr[-500:]
     base = tmp_path / "runs"
