@@ -25,6 +25,8 @@ class Config:
     schedule: str = "onecycle"
     raise_at: int = 0
     raise_rank: int = -1
+    leave_at: int = 0  # this rank's loop ends after this step, whatever the others'
+    leave_rank: int = -1
 
 
 class Blobs(Dataset):
@@ -123,6 +125,10 @@ def main():
         for epoch in range(cfg.epochs):
             for batch in train:
                 train_step(batch)
+                if step == cfg.leave_at and rank == cfg.leave_rank:
+                    break
+            if step == cfg.leave_at and rank == cfg.leave_rank:
+                break
             if cfg.schedule == "epoch":
                 sched.step()
     elif cfg.loop == "steps":

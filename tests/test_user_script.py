@@ -231,6 +231,24 @@ def test_an_exception_in_a_worker_ends_the_job_with_its_line(tmp_path, mode, at)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode, leaver", [("ddp", 1), ("ddp", 0), ("ddp-balanced", 2),
+                                          ("esync", 1)])
+def test_a_worker_whose_loop_ends_first_ends_the_job_cleanly(tmp_path, mode, leaver):
+    """One worker's own loop ends after its step 5 (its own count, as a clock of its own
+    would), the others' go on: every one stops right after, exit 0 (under DDP the one
+    that left takes the others' next step with them, untrained, rather than leave them
+    waiting in a collective)."""
+    proc, seen = esync_run(tmp_path, [*MODES[mode], *HETEROGENEOUS, "--time-limit", "120"],
+                           ["--epochs", "1000", "--leave-at", "5", "--leave-rank",
+                            str(leaver)])
+    assert seen[leaver]["steps"] == 5
+    every = records(job_folder(tmp_path, mode))
+    assert max(len(done) for done in every.values()) <= 7, \
+        {device: len(done) for device, done in every.items()}
+    assert_no_traceback(logs(job_folder(tmp_path, mode)))
+
+
+@pytest.mark.slow
 def test_a_gpu_worker_on_a_machine_without_one_is_one_line(tmp_path):
     """--devices gpu where there is no GPU: the worker says so, and the job ends, non-zero,
     rather than going on without it."""

@@ -428,6 +428,9 @@ class Session:
         that this worker stops, so that all stop after that round."""
         if self.stop_reason is not None or self.model is None:
             return
+        if not self._budget and self.algorithm.leave(reason):
+            self._stopped(reason)
+            return
         if not (self._budget and self._times) and not self.algorithm.synchronous:
             self._stopped(reason)  # nothing to push, and nobody waits for it
             return

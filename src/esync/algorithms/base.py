@@ -171,6 +171,13 @@ class Algorithm:
         """Bytes sent and received over the network so far (cumulative)."""
         return 0, 0
 
+    def leave(self, reason: str) -> bool:
+        """This process's own loop ended before the job's criteria (esync.Session.leave):
+        True where the algorithm has taken care of the others itself (DDP: a last step
+        with them), False for the session's way (a synchronous job: a last round that
+        tells them, with the push)."""
+        return False
+
     def final_model(self, model: nn.Module) -> None:
         """After the job stopped, on the worker that keeps the job's model (rank 0):
         bring `model` to the job's final weights where this worker's may be behind

@@ -15,8 +15,12 @@ arithmetic or adding a collective to a step (one all-gather at the start):
   never join when rank 0 validates by itself.
 - *Agreeing to stop* without a collective per step: rank 0 decides (its time limit, its
   epochs, the evaluator's target) and writes the round after which every rank stops
-  into torch.distributed's store, where the other ranks read it after each step (one
-  small request to the store, no waiting for anyone). A decision taken after round r
+  into torch.distributed's store, where every rank reads it after each step (one
+  small request to the store, no waiting for anyone); a rank whose own loop ends first
+  lowers it to the next round, which it takes with the others without training
+  (`leave`: its last input forward and a zero loss backward, as DDP's Join shadows a
+  rank out of data), so that no rank waits for it in a collective nor dies of its
+  leaving. A decision taken after round r
   ends the job after round r+1: a rank that has finished round r+1 has all-reduced with
   rank 0 in it, so it surely sees what rank 0 wrote before that round; round r itself
   could be over on a rank before rank 0 decides. --max-rounds is written at the start,
@@ -44,7 +48,7 @@ import gc
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -61,6 +65,19 @@ log = logging.getLogger(__name__)
 #: the store key holding the round after which every rank stops (0: not decided); a
 #: job restarted by torchrun has keys of its own
 STOP_KEY = "esync/ddp/stop-after-round/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+#: why, where a rank other than rank 0 (or rank 0's own loop) ended the job early
+WHY_KEY = STOP_KEY + "/why"
+
+
+def _tensors(value: Any) -> List[torch.Tensor]:
+    """The tensors in a module's output (a tensor, or tuples, lists and dicts of them)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item)]
+    return []
 
 
 class LocalEvaluation(DistributedDataParallel):
@@ -100,6 +117,7 @@ class DDP(Algorithm):
         self._device: Optional[torch.device] = None
         self._round = 0
         self._job_samples = 0  # every rank's samples so far (each step: all ranks')
+        self._last_input: Optional[Tuple[tuple, dict]] = None  # of the last training step
 
     @classmethod
     def from_options(cls, opts, job: Optional[Job]) -> "DDP":
@@ -129,7 +147,7 @@ class DDP(Algorithm):
         self.module = LocalEvaluation(
             model, device_ids=[device.index] if device.type == "cuda" else None)
         self.module.register_comm_hook(None, self._allreduce)
-        self.module.register_forward_pre_hook(self._forward_begins)
+        self.module.register_forward_pre_hook(self._forward_begins, with_kwargs=True)
         model.register_forward_pre_hook(self._buffers_broadcast)
         gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters()
                              if p.requires_grad)
@@ -151,8 +169,10 @@ class DDP(Algorithm):
         return self.module
 
     # --- communication: the buffer broadcast and the all-reduce, timed and paced -------
-    def _forward_begins(self, module, args) -> None:  # DDP's forward: before the broadcast
+    def _forward_begins(self, module, args, kwargs) -> None:  # DDP's: before the broadcast
         self._forward_start = time.perf_counter()
+        if module.module.training:  # a training step's input: a last step may need it
+            self._last_input = (args, kwargs)
 
     def _buffers_broadcast(self, module, args) -> None:  # the wrapped module's: after it
         if self._forward_start is not None:  # (not an evaluation of the bare model)
@@ -214,13 +234,52 @@ class DDP(Algorithm):
                 reason = self.publisher.stop_reason
             self._reason = self._reason or reason
             if self._reason and (self.stop_after is None or self.stop_after > self._round + 1):
-                self._say_stop_after(self._round + 1)
-        else:
-            self._read_stop_after()
+                self._lower_stop_after(self._round + 1)
+        self._read_stop_after()  # (rank 0 too: a rank whose loop ended may have lowered it)
         if self.stop_after is None or self._round < self.stop_after:
             return None
         dist.barrier()  # no rank leaves (rank 0: with the store) while another reads it
-        return (self._reason or reason) if self.rank == 0 else "rank 0 ended the job"
+        if self.rank == 0 and self._reason:
+            return self._reason
+        why = self.store.get(WHY_KEY).decode() if self.store.check([WHY_KEY]) else ""
+        return why or "rank 0 ended the job"
+
+    def leave(self, reason: str) -> bool:
+        """This rank's loop ended (its own count, its own clock) while the others may
+        be in their next step's collectives already: every rank stops after that step
+        (the store's round, lowered), which this rank takes with them without training,
+        as DDP's Join shadows a rank out of data: a forward on its last input and the
+        backward of a zero loss (its gradients all-reduced as zeros), then the end's
+        barrier. So no rank waits for it, nor dies of its leaving."""
+        if self.module is None or self._last_input is None:
+            return False
+        self.store.set(WHY_KEY, reason)
+        self._lower_stop_after(self._round + 1)
+        args, kwargs = self._last_input
+        training = self.module.training
+        self.module.train()
+        with torch.enable_grad():
+            learned = [t for t in _tensors(self.module(*args, **kwargs)) if t.requires_grad]
+            if not learned:
+                raise RuntimeError(f"rank {self.rank}'s model gives no output with a "
+                                   "gradient: it cannot take the job's last step")
+            (sum(t.float().sum() for t in learned) * 0.0).backward()
+        self.module.train(training)
+        self.communication_seconds()  # (not logged: no round of its own)
+        self._round += 1
+        self.agree_stop(reason)  # the store's round is reached: the end's barrier
+        return True
+
+    def _lower_stop_after(self, round_: int) -> None:
+        """Any rank: every rank stops after round `round_` at the latest."""
+        while True:
+            current = self.store.add(STOP_KEY, 0)
+            if current and current <= round_:
+                break
+            if self.store.compare_set(STOP_KEY, str(current), str(round_)) == \
+                    str(round_).encode():
+                break
+        self.stop_after = self.store.add(STOP_KEY, 0) or None
 
     def _say_stop_after(self, round_: int) -> None:
         """Rank 0: every rank stops after round `round_` (0: not decided)."""
