@@ -11,8 +11,8 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from esync.console import configure_logging, report_failed_start, say_error
-from esync.errors import UserError
+from esync.console import configure_logging, report_failed_start
+from esync.errors import UserError, command_main, say_error
 
 
 def _scheduler_cannot_start(prog: str, error: UserError) -> int:
@@ -115,20 +115,9 @@ def _run_ddp(opts, role: Optional[str]) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
-    prog = prog or os.path.basename(sys.argv[0]) or "esync"
     # SIGPIPE stays ignored (Python's default): a peer that hangs up (the state server
     # restarting) must be an error to handle, not a signal that kills the process
-    try:
-        return _run(argv, prog)
-    except BrokenPipeError:  # `esync | head`: the reader left; end quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except UserError as e:
-        say_error(prog, e)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+    return command_main(_run, argv, prog, "esync")
 
 
 def console_main(prog: Optional[str] = None) -> int:

@@ -1,5 +1,6 @@
 """How esync's processes speak to their user: log lines on the standard streams, and
-the one line a bad input gets. Used by the command line (esync.cli) and the API's
+the one line a bad input gets (esync.errors' `say_error`, and `command_main`, which
+runs every console command). Used by the command line (esync.cli) and the API's
 `init` alike.
 
 Every module logs to its own logger (`logging.getLogger(__name__)`); here the lines go
@@ -12,7 +13,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Optional
 
-from esync.errors import UserError
+from esync.errors import UserError, say_error  # noqa: F401 (the one-line error, here too)
 
 if TYPE_CHECKING:
     from esync.transport.cluster import ClusterEnv
@@ -74,10 +75,3 @@ def report_failed_start(env: Optional["ClusterEnv"], error: UserError) -> None:
         from esync.transport.node import report_failed_start
 
         report_failed_start(env, str(error))
-
-
-def say_error(prog: str, error: UserError) -> None:
-    """Bad input as the one line users get: `main.py: error: ...`."""
-    print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
-
-

@@ -131,17 +131,19 @@ import secrets
 import shlex
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from esync import config
 from esync import registry
-from esync.errors import UserError
+from esync.errors import UserError, command_main
 from esync.options import check_aggregation, parse_options
 from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
 from esync.live import JOB_ID, JOB_ID_ENV, JOB_ID_FORM, page_url
 from esync.live import URL_ENV as LIVE_URL_ENV
-from esync.launch.local import STATE_TOKEN_ENV, new_token
+from esync.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
+from esync.launch.job import (SCHEDULER, STATESERVER, WORKER, Endpoint, Role, launch,
+                              new_token, roles)
 
 ROLES = ("scheduler", "server", "worker", "stateserver")
 KEYS = ("roles", "workers", "gpus", "slowdown", "dir", "python", "iface")
@@ -159,8 +161,9 @@ TOKEN_FILE = "state.token"
 SLURM_GRACE_S = 10
 
 
-class HostFileError(ValueError):
-    """A bad host file (or host file and flags that do not fit): one line, exit 2."""
+#: a bad host file (or host file and flags that do not fit): one line, exit 2 (esync.errors'
+#: one type, under the name this module's callers know)
+HostFileError = UserError
 
 
 @dataclass
@@ -401,9 +404,6 @@ def commands(hosts: Sequence[Host], args,
     no host has one, UserError when a main.py flag is bad."""
     path = getattr(args, "hostfile", "host file")
     flags = list(getattr(args, "flags", []) or [])
-    port = getattr(args, "port", config.SCHEDULER_PORT)
-    state_port = getattr(args, "state_port", config.STATE_SERVER_PORT)
-    remote_dir = getattr(args, "remote_dir", DEFAULT_REMOTE_DIR)
     scheduler = next(h for h in hosts if "scheduler" in h.roles)
     state = next((h for h in hosts if "stateserver" in h.roles), None)
     opts = options_of(flags)
@@ -422,52 +422,76 @@ def commands(hosts: Sequence[Host], args,
         check_aggregation(opts, num_servers if algorithm.parameter_server else None)
     except UserError as e:
         raise UserError(f"{e} (a main.py flag after --)") from None
-    num_workers = sum(h.workers for h in hosts)
-    shorts = _short_names(hosts)
-    live = live_url(hosts, args)
-    out: List[Tuple[str, str, str]] = []
+    printed = _Commands(hosts, args, job, scheduler, state, flags)
+    launch(roles("ps", num_servers, sum(h.workers for h in hosts),
+                 state_server=state is not None, state_flags=state is not None), printed)
+    return printed.out
 
-    def node(host: Host, role: str, extra: Sequence[str] = (),
-             rank: Optional[int] = None) -> str:
-        env = [f"DMLC_ROLE={role}", f"DMLC_PS_ROOT_URI={scheduler.address}",
-               f"DMLC_PS_ROOT_PORT={port}", f"DMLC_NUM_SERVER={num_servers}",
-               f"DMLC_NUM_WORKER={num_workers}"]
-        if rank is not None:  # the host file's k-th worker is rank k, in every run
-            env.append(f"DMLC_WORKER_ID={rank}")
-        if host.iface:
-            env.append(f"DMLC_INTERFACE={host.iface}")
-        if live is not None:
-            env += [f"{JOB_ID_ENV}={args.job_id}", f"{LIVE_URL_ENV}={live}"]
-        words = [shlex.quote(w) for w in env]
-        words.append(_quote_path(host.python))
-        words += [shlex.quote(w) for w in ["main.py", *flags, *extra]]
-        return (f"cd {_quote_path(host.dir or remote_dir)} && {auth()}env "
-                + " ".join(words))
 
-    def auth(up: str = "") -> str:
-        return job.assignments(up) if job is not None else ""
+@dataclass
+class _Commands:
+    """The job's roles as shell commands, each on its host (a job.Backend): the host
+    file's scheduler and state server at their fixed ports."""
 
-    if state is not None:
-        out.append((state.name, "stateserver",
-                    f"cd {_quote_path(_join_path(state.dir or remote_dir, 'stateserver'))} && "
-                    f"{auth('../')}{_quote_path(state.python)} manage.py runserver "
-                    f"{shlex.quote(f'0.0.0.0:{state_port}')}"))
-    out.append((scheduler.name, "scheduler", node(scheduler, "scheduler")))
-    for host in hosts:
-        if "server" in host.roles:
-            out.append((host.name, "server", node(host, "server")))
-    rank = 0
-    for host in hosts:
-        for k in range(host.workers):
-            extra = ["--device-name", f"{shorts[host.address]}-w{k}"]
+    hosts: Sequence[Host]
+    args: object
+    job: Optional[JobSecrets]
+    scheduler: Host
+    state: Optional[Host]
+    flags: List[str]
+    out: List[Tuple[str, str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.servers = [h for h in self.hosts if "server" in h.roles]
+        #: worker k (its rank: the host file's workers in order) and its index on its host
+        self.workers = [(h, k) for h in self.hosts for k in range(h.workers)]
+        self.shorts = _short_names(self.hosts)
+        self.live = live_url(self.hosts, self.args)
+        self.remote_dir = getattr(self.args, "remote_dir", DEFAULT_REMOTE_DIR)
+
+    def endpoint(self, name: str) -> Endpoint:
+        if name == SCHEDULER:
+            return (self.scheduler.address,
+                    str(getattr(self.args, "port", config.SCHEDULER_PORT)))
+        return self.state.address, str(self._state_port)
+
+    @property
+    def _state_port(self) -> int:
+        return getattr(self.args, "state_port", config.STATE_SERVER_PORT)
+
+    def _auth(self, up: str = "") -> str:
+        return self.job.assignments(up) if self.job is not None else ""
+
+    def start(self, role: Role) -> None:
+        if role.kind == STATESERVER:
+            state = self.state
+            self.out.append((state.name, STATESERVER, (
+                f"cd {_quote_path(_join_path(state.dir or self.remote_dir, 'stateserver'))} "
+                f"&& {self._auth('../')}{_quote_path(state.python)} manage.py runserver "
+                f"{shlex.quote(f'0.0.0.0:{self._state_port}')}")))
+            return
+        role = role.resolved(self.endpoint)
+        extra: List[str] = []
+        if role.kind == SCHEDULER:
+            host = self.scheduler
+        elif role.kind == WORKER:
+            host, k = self.workers[role.index]
+            extra = ["--device-name", f"{self.shorts[host.address]}-w{k}"]
             extra += ["-g", str(host.gpus[k % len(host.gpus)])] if host.gpus else ["-c", "1"]
             if host.slowdown is not None:
                 extra += ["--slowdown", host.slowdown]
-            if state is not None:
-                extra += ["-ip", state.address, "-port", str(state_port)]
-            out.append((host.name, "worker", node(host, "worker", extra, rank)))
-            rank += 1
-    return out
+        else:
+            host = self.servers[role.index]
+        env = [f"{k}={v}" for k, v in role.env.items()]
+        if host.iface:
+            env.append(f"DMLC_INTERFACE={host.iface}")
+        if self.live is not None:
+            env += [f"{JOB_ID_ENV}={self.args.job_id}", f"{LIVE_URL_ENV}={self.live}"]
+        words = [shlex.quote(w) for w in env]
+        words.append(_quote_path(host.python))
+        words += [shlex.quote(w) for w in ["main.py", *self.flags, *extra, *role.flags]]
+        self.out.append((host.name, role.kind, f"cd {_quote_path(host.dir or self.remote_dir)} "
+                                               f"&& {self._auth()}env " + " ".join(words)))
 
 
 def secret_commands(hosts: Sequence[Host], args,
@@ -710,8 +734,12 @@ def live_url(hosts: Sequence[Host], args) -> Optional[str]:
                     job_id)
 
 
-def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
+    """The `esync-hosts` command (see the module's docstring)."""
+    return command_main(_main, argv, prog, PROG)
+
+
+def _main(argv: List[str], prog: str) -> int:
     if "--" in argv:
         cut = argv.index("--")
         own, flags = argv[:cut], argv[cut + 1:]
@@ -727,22 +755,15 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
         parser.error(f"argument --ssh: expected a command such as {DEFAULT_SSH!r} ({e})")
     args.job_id = args.job_id or (f"job-{time.strftime('%Y%m%d-%H%M%S')}-"
                                   f"{secrets.token_hex(2)}")
-    try:
-        hosts = parse_hostfile(args.hostfile)
-        job = None if args.no_auth or args.slurm else JobSecrets.for_job(os.environ)
-        cmds = commands(hosts, args, job)
-    except (HostFileError, UserError) as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
-    try:
-        if args.slurm:
-            sys.stdout.write(slurm_script(hosts, args, cmds, auth=not args.no_auth,
-                                          generated_by=shlex.join([prog, *argv])))
-        else:
-            _print_commands(args, cmds, job, hosts)
-        sys.stdout.flush()
-    except BrokenPipeError:  # `hosts.py FILE | head`: the reader left
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    hosts = parse_hostfile(args.hostfile)
+    job = None if args.no_auth or args.slurm else JobSecrets.for_job(os.environ)
+    cmds = commands(hosts, args, job)
+    if args.slurm:
+        sys.stdout.write(slurm_script(hosts, args, cmds, auth=not args.no_auth,
+                                      generated_by=shlex.join([prog, *argv])))
+    else:
+        _print_commands(args, cmds, job, hosts)
+    sys.stdout.flush()  # `hosts.py FILE | head`: a reader that left ends it quietly
     return 0
 
 
@@ -765,7 +786,7 @@ def _print_commands(args, cmds: Sequence[Tuple[str, str, str]], job: Optional[Jo
 
 def console_main() -> int:
     """The `esync-hosts` command."""
-    return main(prog="esync-hosts")
+    return main()
 
 
 if __name__ == "__main__":

@@ -67,9 +67,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from esync.remoteprep import ADDRESS_ENV, NAMESPACE_ENV, RUNTIME_ENV_ENV, TASKS_ENV
 from esync.launch import rayprep
-from esync.launch.local import REPO, STATE_DB, Launcher, Plan, filler, inherited, last_line
+from esync.errors import UserError
+from esync.launch.job import REPO, STATE_DB, Plan, filler, inherited, last_line
+from esync.launch.launcher import Launcher
 from esync.launch.supervisor import (GRACE_S, ChildFailed, Outcome, Supervisor, ended_how,
-                              fails_job)
+                                     fails_job)
 
 #: the head node's resource in Ray (every cluster has it on its head)
 HEAD_RESOURCE = "node:__internal_head__"
@@ -84,10 +86,6 @@ FOLDER_PREFIX = "esync-ray-"
 #: what the checkout ships without (beside .gitignore's; patterns as .gitignore's, `/`:
 #: the checkout's top folder)
 EXCLUDES = ["/.git", "/.venv", "/runs", "/logs", "/data", "*.sqlite3"]
-
-
-class PlacementError(Exception):
-    """The cluster cannot hold the job: one line, naming what is missing."""
 
 
 # --- on the nodes ---------------------------------------------------------------------
@@ -198,7 +196,7 @@ def _remove_orphans() -> None:
 # --- placement ------------------------------------------------------------------------
 
 def bundles(plan: Plan) -> Dict[str, Dict[str, float]]:
-    """Each process's resources, by its name (as Launcher.start_all names them)."""
+    """Each process's resources, by its name (as Plan.roles names them)."""
     service: Dict[str, float] = {"CPU": 1.0}
     where = plan.ray.servers_on
     if where == "head":
@@ -227,31 +225,32 @@ def label_of(plan: Plan) -> Optional[Tuple[str, str]]:
 
 
 def check_placeable(plan: Plan, nodes: Sequence[Mapping[str, Any]]) -> None:
-    """PlacementError if the alive `nodes` (ray.nodes()) can never hold the job."""
+    """UserError (one line, naming what is missing) if the alive `nodes` (ray.nodes())
+    can never hold the job."""
     alive = [n for n in nodes if n.get("Alive")]
     wanted = bundles(plan)
     have = lambda key: sum(n["Resources"].get(key, 0.0) for n in alive)  # noqa: E731
     gpus = sum(1 for b in wanted.values() if "GPU" in b)
     if gpus > have("GPU"):
-        raise PlacementError(f"{gpus} GPU worker(s) asked, the cluster has "
-                             f"{have('GPU'):g} GPU(s)")
+        raise UserError(f"{gpus} GPU worker(s) asked, the cluster has "
+                        f"{have('GPU'):g} GPU(s)")
     cpus = sum(b["CPU"] for b in wanted.values())
     workers_cpus = sum(b["CPU"] for n, b in wanted.items() if n.startswith("worker"))
     if cpus > have("CPU"):
-        raise PlacementError(
+        raise UserError(
             f"{cpus:g} CPUs asked ({workers_cpus:g} for {plan.workers} worker(s) of "
             f"{plan.threads} thread(s), {cpus - workers_cpus:g} for the scheduler, servers, "
             f"state server and evaluator), the cluster has {have('CPU'):g}")
     largest = max((n["Resources"].get("CPU", 0.0) for n in alive), default=0.0)
     if plan.threads > largest:
-        raise PlacementError(f"a worker of {plan.threads} threads needs {plan.threads} CPUs "
-                             f"on one node; the largest node has {largest:g}")
+        raise UserError(f"a worker of {plan.threads} threads needs {plan.threads} CPUs "
+                        f"on one node; the largest node has {largest:g}")
     for name, bundle in wanted.items():
         if "GPU" in bundle and not any(n["Resources"].get("GPU", 0) >= 1 and
                                        n["Resources"].get("CPU", 0) >= bundle["CPU"]
                                        for n in alive):
-            raise PlacementError(f"a GPU worker needs a node with a GPU and "
-                                 f"{bundle['CPU']:g} CPU(s); none has both")
+            raise UserError(f"a GPU worker needs a node with a GPU and "
+                            f"{bundle['CPU']:g} CPU(s); none has both")
     services = [b for n, b in wanted.items() if not n.startswith("worker")]
     if not services:
         return
@@ -262,15 +261,15 @@ def check_placeable(plan: Plan, nodes: Sequence[Mapping[str, Any]]) -> None:
                      if k != "CPU")
               and (label is None or (n.get("Labels") or {}).get(label[0]) == label[1])]
     if not placed:
-        raise PlacementError(f"--ray-servers-on {where}: no alive node is "
-                             + ("the head" if where == "head" else
-                                f"labelled {label[0]}={label[1]}" if label else
-                                f"given the resource {where.split(':', 1)[1]!r}"))
+        raise UserError(f"--ray-servers-on {where}: no alive node is "
+                        + ("the head" if where == "head" else
+                           f"labelled {label[0]}={label[1]}" if label else
+                           f"given the resource {where.split(':', 1)[1]!r}"))
     room = max(n["Resources"].get("CPU", 0.0) for n in placed) if where != "any" else \
         have("CPU")
     if len(services) > room:
-        raise PlacementError(f"the scheduler, servers, state server and evaluator ask for "
-                             f"{len(services)} CPUs on {where}, which has {room:g}")
+        raise UserError(f"the scheduler, servers, state server and evaluator ask for "
+                        f"{len(services)} CPUs on {where}, which has {room:g}")
 
 
 # --- in the launcher ------------------------------------------------------------------
@@ -433,7 +432,7 @@ def _reason(error: BaseException) -> str:
 
 
 class RayLauncher(Launcher):
-    """esync/launch/local.py's Launcher, its processes started as Ray actors."""
+    """esync/launch/launcher.py's Launcher, its processes started as Ray actors."""
 
     inherits = False  # the exported key and token are passed on too
 
@@ -469,7 +468,7 @@ class RayLauncher(Launcher):
         wanted = bundles(p)
         try:
             check_placeable(p, ray.nodes())
-        except PlacementError as e:
+        except UserError as e:
             self.say(f"error: cannot place the job on the Ray cluster: {e}")
             return 1
         names = list(wanted)
