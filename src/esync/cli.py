@@ -117,7 +117,7 @@ def _run_ddp(opts, role: Optional[str]) -> int:
 def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
     # SIGPIPE stays ignored (Python's default): a peer that hangs up (the state server
     # restarting) must be an error to handle, not a signal that kills the process
-    return command_main(_run, argv, prog, "esync")
+    return command_main(_run, argv, prog, "main.py")
 
 
 def console_main(prog: Optional[str] = None) -> int:

@@ -5,6 +5,7 @@ esync-compare, esync-pack, esync-stalls). Imports nothing of esync: the launcher
 and the log tools' commands use it without the runtime."""
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from typing import Callable, List, Optional, Sequence
@@ -18,21 +19,26 @@ class UserError(Exception):
     """
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose bad input is a UserError: the command's one line
+    (`prog: error: ...`, status 2), without argparse's usage lines."""
+
+    def error(self, message: str):
+        raise UserError(message)
+
+
 def say_error(prog: str, error: UserError) -> None:
     """Bad input as the one line users get: `main.py: error: ...`."""
     print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
 
 
 def program_name(default: str) -> str:
-    """The name this process's command was started by, for its messages: the console
-    script's (esync-summary, or whatever it was linked as) or the file's (`python
-    compare.py`); `default` for `python -m esync...` (whose argv[0] is the module's
-    file) or an empty argv[0]."""
-    main = sys.modules.get("__main__")
+    """The name this process's command was started by, for its messages: an installed
+    console script's (esync-summary, or whatever it was linked as); `default`, the
+    command's own name, when Python was given a file (`python compare.py`, `python -m
+    esync.data.pack`: argv[0] is a .py file) or a string (`-c`)."""
     started = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    if getattr(main, "__spec__", None) is not None or started in ("", "-c"):
-        return default
-    return started
+    return default if started in ("", "-c") or started.endswith(".py") else started
 
 
 def command_main(body: Callable[[List[str], str], int], argv: Optional[Sequence[str]],

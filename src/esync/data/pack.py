@@ -42,7 +42,7 @@ import numpy as np
 from esync.data.shards import IMAGE_PARTS, INDEX, ShardWriter, write_index
 from esync.data.sources import (BUILTINS, class_files, detect_format, image_part,
                                 input_parts_left, read_corpus, read_file, walk_tar)
-from esync.errors import UserError
+from esync.errors import OneLineParser, UserError, command_main
 
 PROG = "esync-pack"
 FORMATS = ("auto", "folder", "idx", "cifar10", "npy", "text") + BUILTINS
@@ -362,15 +362,10 @@ def index_shards(folder: str) -> Packed:
 
 # --- the command ------------------------------------------------------------------------
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UserError(message)
-
-
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    p = _Parser(prog=prog, description=__doc__.split("\n\nThe functions below")[0],
-                formatter_class=argparse.RawDescriptionHelpFormatter,
-                usage="%(prog)s SRC OUT [options]\n       %(prog)s --index DIR")
+    p = OneLineParser(prog=prog, description=__doc__.split("\n\nThe functions below")[0],
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        usage="%(prog)s SRC OUT [options]\n       %(prog)s --index DIR")
     p.add_argument("src", metavar="SRC", nargs="?",
                    help="the data set: a folder, a text file, or digits/mnist/fashion-mnist")
     p.add_argument("out", metavar="OUT", nargs="?", help="the folder for shards and index")
@@ -394,33 +389,29 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
-    from esync.console import say_error
+def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
+    """The `esync-pack` command (see the module's docstring)."""
+    return command_main(_main, argv, prog, PROG)
 
-    try:
-        args = build_parser(prog).parse_args(sys.argv[1:] if argv is None else argv)
-        if args.index is not None:
-            if args.src is not None:
-                raise UserError(f"--index {args.index} indexes shards in place: no SRC or OUT")
-            print(index_shards(args.index).line("indexed"), flush=True)
-            return 0
-        if args.out is None:
-            raise UserError("expected SRC and OUT (or --index DIR)")
-        packed = pack(args.src, args.out, args.format, parse_size(args.shard_size),
-                      args.order, args.seed, args.window, args.data_dir, args.force)
-        print(packed.line(), flush=True)
+
+def _main(argv: List[str], prog: str) -> int:
+    args = build_parser(prog).parse_args(argv)
+    if args.index is not None:
+        if args.src is not None:
+            raise UserError(f"--index {args.index} indexes shards in place: no SRC or OUT")
+        print(index_shards(args.index).line("indexed"), flush=True)
         return 0
-    except UserError as e:
-        say_error(prog, e)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+    if args.out is None:
+        raise UserError("expected SRC and OUT (or --index DIR)")
+    packed = pack(args.src, args.out, args.format, parse_size(args.shard_size),
+                  args.order, args.seed, args.window, args.data_dir, args.force)
+    print(packed.line(), flush=True)
+    return 0
 
 
 def console_main() -> int:
     """The `esync-pack` command."""
-    return main(prog=PROG)
+    return main()
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from tqdm import tqdm
 from esync import config
 from esync import registry
 from esync.data import METRIC_RECORD
+from esync.errors import UserError, command_main
 from esync.launch import local
 from esync.launch.run import split as split_script
 from esync.logs_tools import compare, summary
@@ -230,7 +231,7 @@ def _script(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
     """(the experiment's arguments, the training script and its arguments, or [])."""
     try:
         return split_script(argv)
-    except local.LaunchError:
+    except UserError:
         return list(argv), []
 
 
@@ -265,17 +266,21 @@ def _done(base: str, name: str, folder: str) -> bool:
     return os.path.isfile(summary.output_path(base, name, folder))
 
 
-def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
-    ours, script = _script(sys.argv[1:] if argv is None else argv)
+def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
+    """The `esync-experiment` command (see the module's docstring)."""
+    return command_main(_main, argv, prog, PROG)
+
+
+def _main(argv: List[str], prog: str) -> int:
+    ours, script = _script(argv)
     args, extra = build_parser(prog).parse_known_args(ours)
     try:
         planned = plan(args, extra)
-        for *_, job_argv in planned:  # every job's flags, before anything starts
-            # OUT/<network, or the script's name>/<log folder>
-            name = os.path.basename(os.path.dirname(local.plan(job_argv, script=script).folder))
-    except (ValueError, local.LaunchError) as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    for *_, job_argv in planned:  # every job's flags, before anything starts
+        # OUT/<network, or the script's name>/<log folder>
+        name = os.path.basename(os.path.dirname(local.plan(job_argv, script=script).folder))
     failed = []
     start = time.monotonic()
     progress = _Jobs(len(planned))
@@ -302,7 +307,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
             try:
                 out, result = summary.write_summary(base, name, folder)
                 progress.say(summary.wrote_line(out, result), file=sys.stdout)
-            except summary.SummaryError as e:
+            except UserError as e:
                 progress.say(f"{summary.PROG}: error: {e}")
             except OSError as e:
                 progress.say(f"{summary.PROG}: error: cannot write: {e.strerror or e}")
@@ -313,7 +318,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
         print(compare.compare(args.out, name, args.targets,
                               [c.strip() for c in args.configs.split(",") if c.strip()],
                               metric=METRIC_RECORD[args.metric]), end="")
-    except compare.CompareError as e:
+    except UserError as e:
         print(f"{compare.PROG}: error: {e}", file=sys.stderr)
         compared = False
     minutes = (time.monotonic() - start) / 60
@@ -325,7 +330,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
 
 def console_main() -> int:
     """The `esync-experiment` command."""
-    return main(prog="esync-experiment")
+    return main()
 
 
 if __name__ == "__main__":

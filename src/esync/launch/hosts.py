@@ -136,7 +136,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from esync import config
 from esync import registry
-from esync.errors import UserError, command_main
+from esync.errors import OneLineParser, UserError, command_main
 from esync.options import check_aggregation, parse_options
 from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
 from esync.live import JOB_ID, JOB_ID_ENV, JOB_ID_FORM, page_url
@@ -238,8 +238,8 @@ class JobSecrets:
 
 # --- host file ------------------------------------------------------------------------
 
-def _line_error(path: str, line: int, message: str) -> HostFileError:
-    return HostFileError(f"{path}:{line}: {message}")
+def _line_error(path: str, line: int, message: str) -> UserError:
+    return UserError(f"{path}:{line}: {message}")
 
 
 def _parse_line(path: str, number: int, fields: List[str]) -> Host:
@@ -305,15 +305,15 @@ def _parse_line(path: str, number: int, fields: List[str]) -> Host:
 def parse_hostfile(path: str) -> List[Host]:
     """The hosts of a host file, in file order (see the module's docstring for the format).
 
-    Raises HostFileError (message `PATH:LINE: problem` or `PATH: problem`) on a bad line,
+    Raises UserError (message `PATH:LINE: problem` or `PATH: problem`) on a bad line,
     a host given twice, no or two schedulers, no worker, two state servers. (Whether the
     job needs a server depends on main.py's --backend: `commands` checks it.)"""
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
     except (OSError, UnicodeDecodeError) as e:
-        raise HostFileError(f"{path}: cannot read the host file: "
-                            f"{getattr(e, 'strerror', None) or e}") from None
+        raise UserError(f"{path}: cannot read the host file: "
+                        f"{getattr(e, 'strerror', None) or e}") from None
     hosts: List[Host] = []
     by_name: Dict[str, Host] = {}
     first: Dict[str, Host] = {}
@@ -337,9 +337,9 @@ def parse_hostfile(path: str) -> List[Host]:
                 first[role] = host
         hosts.append(host)
     if "scheduler" not in first:
-        raise HostFileError(f"{path}: no host has the scheduler role (roles=scheduler,...)")
+        raise UserError(f"{path}: no host has the scheduler role (roles=scheduler,...)")
     if not any("worker" in h.roles for h in hosts):
-        raise HostFileError(f"{path}: no host has a worker")
+        raise UserError(f"{path}: no host has a worker")
     return hosts
 
 
@@ -400,8 +400,8 @@ def commands(hosts: Sequence[Host], args,
     the order state server, scheduler, servers, workers. `args` needs `port`,
     `state_port`, `remote_dir` and `flags` (main.py's flags), as main()'s parser gives;
     with `job`, each command reads the job's key and token on its host (see
-    `secret_commands`). Raises HostFileError when the algorithm needs a state server and
-    no host has one, UserError when a main.py flag is bad."""
+    `secret_commands`). Raises UserError when the algorithm needs a state server and
+    no host has one, or a main.py flag is bad."""
     path = getattr(args, "hostfile", "host file")
     flags = list(getattr(args, "flags", []) or [])
     scheduler = next(h for h in hosts if "scheduler" in h.roles)
@@ -409,15 +409,15 @@ def commands(hosts: Sequence[Host], args,
     opts = options_of(flags)
     algorithm = registry.of_options(opts)
     if state is None and algorithm.state_server:
-        raise HostFileError(f"{path}: {' '.join(algorithm.flags)} needs a host with the "
-                            f"stateserver role (roles=...,stateserver)")
+        raise UserError(f"{path}: {' '.join(algorithm.flags)} needs a host with the "
+                        f"stateserver role (roles=...,stateserver)")
     num_servers = sum("server" in h.roles for h in hosts)
     all_reduce = opts.backend == "allreduce"
     if not num_servers and not all_reduce:
-        raise HostFileError(f"{path}: no host has the server role (roles=server,...)")
+        raise UserError(f"{path}: no host has the server role (roles=server,...)")
     if all_reduce and num_servers:
-        raise HostFileError(f"{path}: --backend allreduce runs without servers: no host "
-                            f"takes the server role")
+        raise UserError(f"{path}: --backend allreduce runs without servers: no host "
+                        f"takes the server role")
     try:
         check_aggregation(opts, num_servers if algorithm.parameter_server else None)
     except UserError as e:
@@ -671,11 +671,6 @@ def slurm_script(hosts: Sequence[Host], args, cmds: Sequence[Tuple[str, str, str
 
 # --- command line ---------------------------------------------------------------------
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -687,9 +682,9 @@ def _port(text: str) -> int:
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    parser = _Parser(prog=prog, description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                     usage="%(prog)s HOSTFILE [options] -- [main.py flags]")
+    parser = OneLineParser(prog=prog, description=__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter,
+                             usage="%(prog)s HOSTFILE [options] -- [main.py flags]")
     parser.add_argument("hostfile", metavar="HOSTFILE", help="the host file (format above)")
     parser.add_argument("--port", type=_port, default=config.SCHEDULER_PORT,
                         help=f"the scheduler's port, DMLC_PS_ROOT_PORT "

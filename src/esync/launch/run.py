@@ -27,7 +27,8 @@ import sys
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from esync.launch.local import LAUNCHER_SETS, LaunchError, run
+from esync.errors import UserError, command_main
+from esync.launch.local import LAUNCHER_SETS, run
 from esync.options import BUILT_IN_LOOP_ONLY
 # the flags before the script are parsed by the launcher's parser (the manual's page of
 # esync-run checks its flags against it: docs/gen_reference.py's parser_of)
@@ -160,7 +161,7 @@ def asks_help(argv: Sequence[str]) -> bool:
     """Whether -h/--help is among esync-run's own arguments (before the script)."""
     try:
         ours, _ = split(argv)
-    except LaunchError:
+    except UserError:
         ours = list(argv)
     return any(arg in ("-h", "--help") for arg in ours)
 
@@ -170,21 +171,21 @@ def split(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
     for i, arg in enumerate(argv):
         if arg.endswith(".py") and not arg.startswith("-"):
             return list(argv[:i]), list(argv[i:])
-    raise LaunchError("no training script: give it (a .py file) after esync-run's flags, "
-                      "as in esync-run --workers 2 -m esync train.py")
+    raise UserError("no training script: give it (a .py file) after esync-run's flags, "
+                    "as in esync-run --workers 2 -m esync train.py")
 
 
-def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
+    """The `esync-run` command (see the module's docstring)."""
+    return command_main(_main, argv, prog, PROG)
+
+
+def _main(argv: List[str], prog: str) -> int:
     if asks_help(argv):
         sys.stdout.write(format_help(prog))
         return 0
-    try:
-        ours, script = split(argv)
-        return run(ours, prog=prog, script=script)
-    except LaunchError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
+    ours, script = split(argv)
+    return run(ours, prog=prog, script=script)
 
 
 def console_main() -> int:

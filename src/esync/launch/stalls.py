@@ -45,7 +45,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from esync.errors import UserError
+from esync.errors import UserError, command_main
 
 PROG = "esync-stalls"
 FRACTIONS = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
@@ -113,12 +113,11 @@ class Device:
 def _split(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
     """(our and the job's arguments, the training script and its own: [] if none), as
     esync-run splits its command line."""
-    from esync.launch.local import LaunchError
     from esync.launch.run import split
 
     try:
         return split(argv)
-    except LaunchError:  # no script: the built-in loop, measured here
+    except UserError:  # no script: the built-in loop, measured here
         return list(argv), []
 
 
@@ -135,10 +134,7 @@ def _plan(argv: Sequence[str]):
     check = local.build_parser(PROG)
     check.error = _raise  # the launcher's own flags, checked in one line
     _, main_flags = check.parse_known_args(rest)
-    try:
-        plan = local.plan(rest, PROG, script=script)
-    except local.LaunchError as e:
-        raise UserError(str(e)) from None
+    plan = local.plan(rest, PROG, script=script)
     given = flags_given(main_flags, PROG)
     # one torch thread a run, unless the job gives its workers a number
     threads = plan.options.num_threads if "num_threads" in given else 1
@@ -373,10 +369,7 @@ def profile_script(args, plan, rest: Sequence[str]) -> dict:
     keep = _gave_out(rest)
     work = None if keep else tempfile.mkdtemp(prefix="esync-stalls-")
     argv = _job_argv(rest, work, args.seconds)
-    try:
-        job = local.plan(argv, PROG, script=plan.script)
-    except local.LaunchError as e:
-        raise UserError(str(e)) from None
+    job = local.plan(argv, PROG, script=plan.script)
     print(f"{PROG}: running {os.path.basename(plan.script[0])} as esync-run would, for "
           f"{args.seconds:g} s of training ...", file=sys.stderr, flush=True)
     started = time.time() - 1.0  # file systems with coarse times
@@ -446,10 +439,14 @@ def print_script_report(report: dict, out=sys.stdout) -> None:
         say(d["recommendation"])
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    from esync.console import configure_logging, say_error
+def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
+    """The `esync-stalls` command (see the module's docstring)."""
+    return command_main(_main, argv, prog, PROG)
 
-    argv = list(sys.argv[1:] if argv is None else argv)
+
+def _main(argv: List[str], prog: str) -> int:
+    from esync.console import configure_logging
+
     try:
         args, plan, threads, given, rest = _plan(argv)
         configure_logging()
@@ -462,21 +459,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 print(note, file=sys.stderr, flush=True)
             report = analyse(args, plan, threads)
             print_report(report)
-        if args.json:
-            try:
-                with open(args.json, "w") as f:
-                    json.dump(report, f, indent=1)
-            except OSError as e:
-                raise UserError(f"--json {args.json}: {e.strerror or e}") from None
-    except UserError as e:
-        say_error(PROG, e)
-        return 2
     except RuntimeError as e:  # a measuring run that logged nothing, a job that failed
-        print(f"{PROG}: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+    if args.json:
+        try:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
+        except OSError as e:
+            raise UserError(f"--json {args.json}: {e.strerror or e}") from None
     return 0
 
 

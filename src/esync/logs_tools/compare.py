@@ -63,7 +63,7 @@ measured, a missing OUT, nothing usable in OUT) is one ``compare.py: error: ...`
 and exit status 2.
 
 Library use (the experiment, tests): ``compare(out, network, targets, configs=None,
-metric="accuracy") -> markdown`` (raises CompareError), ``collect``, ``results``,
+metric="accuracy") -> markdown`` (raises UserError), ``collect``, ``results``,
 ``time_to_target``, ``markdown``, ``draw_figures``, ``parse_targets``. Standard library,
 matplotlib, esync.registry and the other log tools (drawer.py's metrics, summary.py's
 file names).
@@ -76,6 +76,7 @@ import statistics
 import sys
 
 from esync import registry
+from esync.errors import UserError, command_main
 from esync.logs_tools import drawer
 from esync.logs_tools.summary import output_path, write_json
 
@@ -91,9 +92,10 @@ TARGET_FLAG = {"accuracy": "--targets", "val_loss": "--target-loss"}
 _SEED = re.compile(r"seed([0-9]+)")
 
 
-class CompareError(Exception):
-    """Nothing to compare: OUT is missing or holds no usable summary (the message names
-    the folder), or the targets are wrong."""
+#: nothing to compare: OUT is missing or holds no usable summary (the message names the
+#: folder), or the targets are wrong (esync.errors' one type, under the name this
+#: module's callers know)
+CompareError = UserError
 
 
 def note(msg):
@@ -234,7 +236,7 @@ def collect(out, network, configs=None, warn=None):
 
 
 def check_metric(data, metric):
-    """CompareError, one line naming the flag, if a run of collect's data measured
+    """UserError, one line naming the flag, if a run of collect's data measured
     another metric than the targets': accuracy targets (--targets) for runs that
     measured val_loss, or --target-loss for runs that measured accuracy. A summary
     that never evaluated fits either."""
@@ -243,7 +245,7 @@ def check_metric(data, metric):
             for seed, summary in summaries.items():
                 measured = drawer.metric_of(summary, None)
                 if measured not in (None, metric):
-                    raise CompareError(
+                    raise UserError(
                         f"{TARGET_FLAG[metric]} gives {metric} targets, but "
                         f"{display(mode)} of {config}/{seed} measured {measured}; give "
                         f"{TARGET_FLAG[measured]}")
@@ -666,20 +668,20 @@ def compare(out, network, targets=DEFAULT_TARGETS, configs=None, warn=None,
     results.json and the figures into OUT; return the Markdown. targets: numbers or
     '0.90,0.95', accuracies, or val_loss values with metric="val_loss" (runs of
     --metric loss); configs: names in the wanted order (default: every folder of OUT
-    with a seed<k>/NETWORK/ folder, sorted). CompareError if OUT is missing, a target is
+    with a seed<k>/NETWORK/ folder, sorted). UserError if OUT is missing, a target is
     not in (0, 1] (a loss target below 0), a run measured the other metric, or no
     configuration has a usable summary; OSError if OUT cannot be written."""
     if metric not in drawer.METRICS:
-        raise CompareError(f"metric {metric!r} is not one of {', '.join(drawer.METRICS)}")
+        raise UserError(f"metric {metric!r} is not one of {', '.join(drawer.METRICS)}")
     try:
         targets = _check_targets(targets, metric)
     except ValueError as e:
-        raise CompareError(str(e)) from None
+        raise UserError(str(e)) from None
     if not os.path.isdir(out):
-        raise CompareError(f"no such folder: {out}")
+        raise UserError(f"no such folder: {out}")
     data = collect(out, network, configs, warn)
     if not data:
-        raise CompareError(f"no <config>/seed<k>/{network}/ with a usable summary in {out}")
+        raise UserError(f"no <config>/seed<k>/{network}/ with a usable summary in {out}")
     check_metric(data, metric)
     doc = results(data, network, targets, metric)
     text = markdown(doc)
@@ -736,18 +738,22 @@ def metric_and_targets(args):
     return "val_loss", parse_targets(",".join(args.target_loss), "val_loss")
 
 
-def main(argv=None, prog=PROG) -> int:
+def main(argv=None, prog=None) -> int:
+    """The `esync-compare` command (see the module's docstring)."""
+    return command_main(_main, argv, prog, PROG)
+
+
+def _main(argv, prog) -> int:
     args = parse_args(argv, prog)
     try:
         metric, targets = metric_and_targets(args)
         configs = _folder_names(args.configs) if args.configs is not None else None
         text = compare(args.out, args.network, targets, configs,
                        linear_time=args.linear_time, metric=metric)
-    except (ValueError, CompareError) as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
+    except ValueError as e:  # a bad --targets, --target-loss or --configs
+        raise UserError(str(e)) from None
     except OSError as e:
-        print(f"{PROG}: error: cannot write into {args.out}: {e.strerror or e}",
+        print(f"{prog}: error: cannot write into {args.out}: {e.strerror or e}",
               file=sys.stderr)
         return 1
     print(text, end="")
@@ -756,7 +762,7 @@ def main(argv=None, prog=PROG) -> int:
 
 def console_main() -> int:
     """The `esync-compare` command."""
-    return main(prog="esync-compare")
+    return main()
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ import matplotlib
 import matplotlib.ticker
 
 from esync import registry
+from esync.errors import UserError, command_main
 from esync.logs_tools import breakdown
 from esync.logs_tools.summary import output_path
 
@@ -653,14 +654,10 @@ def write_speedup(data, target, network, outdir, metric=DEFAULT_METRIC):
 
 # ---------------------------------------------------------------- main
 
-class DrawError(Exception):
-    """Nothing can be drawn: the folder is missing or OUTDIR cannot be created."""
-
-
 def table_metric(data, target, target_loss, folder):
     """(metric, target) of the figures and the table: accuracy and target, or for runs
     that measured val_loss, val_loss and target_loss (noted when None: no time to
-    target). DrawError for a target_loss given for runs that measured accuracy."""
+    target). UserError for a target_loss given for runs that measured accuracy."""
     found = metrics_of(data.values())
     metric = common_metric(data.values())
     if len(found) > 1:
@@ -668,7 +665,7 @@ def table_metric(data, target, target_loss, folder):
              f"drawing accuracy, the val_loss runs without a curve")
     if metric == DEFAULT_METRIC:
         if target_loss is not None and found:
-            raise DrawError(f"--target-loss: the summaries under {folder} measured "
+            raise UserError(f"--target-loss: the summaries under {folder} measured "
                             f"accuracy, not val_loss; give --target")
         return metric, target
     if target_loss is None:
@@ -683,16 +680,16 @@ def draw(base, network, outdir=None, target=0.8, show=False, linear_time=False,
     OUTDIR (default BASE/NETWORK), and breakdown.png where a summary has a breakdown;
     return the Markdown table. The accuracy figures have a log time axis unless
     linear_time. Runs that measured val_loss are drawn with it, timed to target_loss.
-    DrawError if there is no BASE/NETWORK or OUTDIR cannot be created, or for a
+    UserError if there is no BASE/NETWORK or OUTDIR cannot be created, or for a
     target_loss given for runs that measured accuracy; a missing summary is only noted."""
     folder = os.path.join(base, network)
     if not os.path.isdir(folder):
-        raise DrawError(f"no such folder: {folder}")
+        raise UserError(f"no such folder: {folder}")
     outdir = outdir or folder
     try:
         os.makedirs(outdir, exist_ok=True)
     except OSError as e:
-        raise DrawError(f"cannot create {outdir}: {e}") from None
+        raise UserError(f"cannot create {outdir}: {e}") from None
     data = load_all(base, network)
     if not data:
         note(f"no usable summary under {folder}; writing empty figures")
@@ -732,14 +729,15 @@ def parse_args(argv, prog=PROG):
     return build_parser(prog).parse_args(argv)
 
 
-def main(argv=None, prog=PROG) -> int:
+def main(argv=None, prog=None) -> int:
+    """The `esync-draw` command (see the module's docstring)."""
+    return command_main(_main, argv, prog, PROG)
+
+
+def _main(argv, prog) -> int:
     args = parse_args(argv, prog)
-    try:
-        table = draw(args.base, args.network, args.outdir, args.target, args.show,
-                     args.linear_time, args.target_loss)
-    except DrawError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
+    table = draw(args.base, args.network, args.outdir, args.target, args.show,
+                 args.linear_time, args.target_loss)
     print(table, end="")
     if args.show:
         pyplot(True).show()
@@ -748,7 +746,7 @@ def main(argv=None, prog=PROG) -> int:
 
 def console_main() -> int:
     """The `esync-draw` command."""
-    return main(prog="esync-draw")
+    return main()
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ device folders, no usable file at all) print `summary.py: error: ...` and exit w
 status 2 without writing anything; a failure to write the output exits with status 1.
 
 Library use (the drawer, the experiment): `summarize(base, network, mode) -> dict`
-(raises SummaryError), `write_summary(base, network, mode) -> (path, dict)`,
+(raises UserError), `write_summary(base, network, mode) -> (path, dict)`,
 `totals(record) -> dict`, `name_of(mode) -> str`, `output_path(base, network, mode) ->
 str`, `main(argv=None) -> int`. Standard library, esync.registry and esync.breakdown
 (the categories; pure arithmetic) only: no torch, nothing of the runtime.
@@ -98,6 +98,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from esync import config
 from esync import registry
 from esync.breakdown import CATEGORIES
+from esync.errors import UserError, command_main
 
 PROG = "summary.py"
 
@@ -125,8 +126,9 @@ _ITER_FILE = re.compile(r"iter-([0-9]+)\.json")
 Warn = Callable[[str], None]
 
 
-class SummaryError(Exception):
-    """A fatal problem: nothing to summarise (the message names the folder)."""
+#: a fatal problem: nothing to summarise (the message names the folder) (esync.errors'
+#: one type, under the name this module's callers know)
+SummaryError = UserError
 
 
 class BadFile(Exception):
@@ -393,17 +395,17 @@ def summarize_device(device_dir: str, warn: Optional[Warn] = None) -> Optional[d
 def summarize(base: str, network: str, mode: str, warn: Optional[Warn] = None) -> dict:
     """{host: {device: record}} for BASE/NETWORK/MODE; problems go to warn (stderr).
 
-    Raises SummaryError if the folder is missing, has no device folders, or no usable
+    Raises UserError if the folder is missing, has no device folders, or no usable
     iteration file at all.
     """
     warn = warn or _stderr
     root = mode_dir(base, network, mode)
     if not os.path.isdir(root):
-        raise SummaryError(f"no such folder: {root}")
+        raise UserError(f"no such folder: {root}")
     try:
         hosts = _subdirs(root)
     except OSError as e:
-        raise SummaryError(f"cannot list {root}: {e.strerror or e}") from None
+        raise UserError(f"cannot list {root}: {e.strerror or e}") from None
     result: Dict[str, dict] = {}
     any_device = False
     for host in hosts:
@@ -422,9 +424,9 @@ def summarize(base: str, network: str, mode: str, warn: Optional[Warn] = None) -
             if record is not None:
                 result.setdefault(host, {})[device] = record
     if not any_device:
-        raise SummaryError(f"no <host>/<device> folders in {root}")
+        raise UserError(f"no <host>/<device> folders in {root}")
     if not result:
-        raise SummaryError(f"no usable iteration files in {root}")
+        raise UserError(f"no usable iteration files in {root}")
     return result
 
 
@@ -459,7 +461,7 @@ def _folder_name(flag: str):
 def write_summary(base: str, network: str, mode: str,
                   warn: Optional[Warn] = None) -> Tuple[str, dict]:
     """Summarise BASE/NETWORK/MODE and write <Name>.json there: (its path, the summary).
-    SummaryError if there is nothing to summarise, OSError if it cannot be written."""
+    UserError if there is nothing to summarise, OSError if it cannot be written."""
     summary = summarize(base, network, mode, warn)
     out = output_path(base, network, mode)
     write_json(out, summary)
@@ -489,18 +491,19 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
+def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+    """The `esync-summary` command (see the module's docstring)."""
+    return command_main(_main, argv, prog, PROG)
+
+
+def _main(argv: List[str], prog: str) -> int:
     args = build_parser(prog).parse_args(argv)
-    try:
-        summary = summarize(args.base_dir, args.network, args.mode)
-    except SummaryError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
+    summary = summarize(args.base_dir, args.network, args.mode)
     out = output_path(args.base_dir, args.network, args.mode)
     try:
         write_json(out, summary)
     except OSError as e:
-        print(f"{PROG}: error: cannot write {out}: {e.strerror or e}", file=sys.stderr)
+        print(f"{prog}: error: cannot write {out}: {e.strerror or e}", file=sys.stderr)
         return 1
     print(wrote_line(out, summary))
     return 0
@@ -508,7 +511,7 @@ def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
 
 def console_main() -> int:
     """The `esync-summary` command."""
-    return main(prog="esync-summary")
+    return main()
 
 
 if __name__ == "__main__":
