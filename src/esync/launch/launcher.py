@@ -6,9 +6,7 @@ RayLauncher is the same with each role a Ray actor. What the job is, its flags a
 its exit statuses: esync/launch/local.py (esync-launch)."""
 from __future__ import annotations
 
-import glob
 import os
-import re
 import secrets
 import signal
 import socket
@@ -19,21 +17,16 @@ from typing import IO, ClassVar, Dict, List, Optional, Sequence
 
 from tqdm import tqdm
 
-from esync import registry
-from esync.data import METRIC_LINE
 from esync.live import JOB_ID_ENV, LiveReporter, page_url
 from esync.live import URL_ENV as LIVE_URL_ENV
 from esync.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
 from esync.launch.job import (ADDRESS, CODE, REPO, SCHEDULER, SERVER, STATESERVER, WORKER,
                               Endpoint, Plan, Role, filler, inherited, job_secrets,
                               last_line, launch)
-from esync.launch.progress import Progress
+from esync.launch.progress import JobLogs, Progress
 from esync.launch.supervisor import (GRACE_S, Child, ChildFailed, Supervisor, ended_how,
                                      interrupt_on)
 
-#: an evaluation in a worker's or the evaluator's output (esync.data.METRIC_LINE's names)
-ACCURACY = re.compile(r"round (\d+) .*(?:test accuracy|val_loss) ([0-9.]+)")
-_ITER = re.compile(r"iter-(\d+)\.json$")
 
 
 def process_state(child) -> str:
@@ -66,10 +59,7 @@ class Launcher:
     position: int = 0     # of the progress bar (the experiment's job bar sits below its own)
     nested: bool = False  # inside the experiment: the bar is cleared at the end
     supervisor: Supervisor = field(init=False)
-    _read_up_to: Dict[str, int] = field(default_factory=dict)  # bytes of each log read
-    _accuracy: Optional[str] = None
-    _start: float = 0.0
-    _started_at: float = 0.0  # wall clock (file times), a little before the first child
+    logs: JobLogs = field(init=False)  # what the job's logs say so far
     _training: bool = False   # a round of this run was logged
     _secrets: Dict[str, str] = field(default_factory=dict)  # the job's key and token
     #: the job's id and, once its state server listens, its live page (ESYNC_JOB_ID,
@@ -89,6 +79,8 @@ class Launcher:
         self.job_id = (f"{os.path.basename(self.plan.folder)}-"
                        f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
         self._job_vars = {JOB_ID_ENV: self.job_id}
+        self.logs = JobLogs(self.plan.folder, self.plan.stop_rounds, self.plan.stop_seconds,
+                            self.plan.options.metric)
 
     def say(self, line: str) -> None:
         """A line of its own (above any progress bar on the same stream)."""
@@ -120,7 +112,7 @@ class Launcher:
 
     def _training_began(self) -> bool:
         if not self._training:
-            self._training = self._rounds() > 0
+            self._training = self.logs.rounds() > 0
         return self._training
 
     def _start_role(self, name: str, argv: Sequence[str], env: Dict[str, str], log: str,
@@ -209,80 +201,14 @@ class Launcher:
         return (f"{child.name} exited with status {child.returncode}"
                 f"{f': {last}' if last else ''} (log: {child.log})")
 
-    def _read_accuracy(self, child: Child) -> None:
-        """The latest test accuracy in what `child` logged since the last look."""
-        offset = self._read_up_to.get(child.name, 0)
-        try:
-            with open(child.log, "rb") as f:
-                f.seek(offset)
-                new = f.read()
-        except OSError:
-            return
-        whole = new[:new.rfind(b"\n") + 1]  # a line still being written: next time
-        self._read_up_to[child.name] = offset + len(whole)
-        found = ACCURACY.findall(whole.decode(errors="replace"))
-        if found:
-            self._accuracy = found[-1][1]
-
-    def _rounds(self) -> int:
-        """The latest round any device of this run logged (files left by an earlier run
-        in the same folder, until the new run replaces them, do not count)."""
-        rounds = 0
-        try:  # every host's (on Ray, the job's nodes')
-            devices = [d.path for h in os.scandir(self.plan.folder) if h.is_dir()
-                       for d in os.scandir(h.path)
-                       if d.is_dir() and d.name != registry.EVALUATOR]
-        except OSError:
-            return 0
-        for folder in devices:
-            try:
-                latest = max((int(m.group(1)) for m in map(_ITER.search, os.listdir(folder))
-                              if m), default=0)
-                if latest > rounds and os.stat(os.path.join(
-                        folder, f"iter-{latest}.json")).st_mtime >= self._started_at:
-                    rounds = latest
-            except OSError:
-                continue
-        return rounds
-
     def status(self) -> tuple:
         """(fraction done or None, `round R, E s, test accuracy A`)."""
-        rounds = self._rounds()
-        for child in self.children:
-            if child.name.startswith("worker") or child.name == "evaluator":
-                self._read_accuracy(child)
-        elapsed = time.monotonic() - self._start
-        p = self.plan
-        fraction = None
-        if p.stop_rounds:
-            fraction = rounds / p.stop_rounds
-        if p.stop_seconds:
-            fraction = max(fraction or 0.0, elapsed / p.stop_seconds)
-        return fraction, (f"round {rounds}, {elapsed:.0f} s, "
-                          f"{METRIC_LINE[p.options.metric]} {self._accuracy or 'n/a'}")
+        return self.logs.status([c for c in self.children if c.name.startswith("worker")
+                                 or c.name == "evaluator"])
 
     def status_line(self, status: Optional[tuple] = None) -> str:
-        """The plain form of `status` (default: now): `[####....] esync: round 12, 31 s,
-        test accuracy 0.91`."""
-        fraction, text = status or self.status()
-        bar = ""
-        if fraction is not None:
-            filled = int(20 * min(1.0, fraction))
-            bar = f"[{'#' * filled}{'.' * (20 - filled)}] "
-        return f"{bar}{os.path.basename(self.plan.folder)}: {text}"
-
-    def _model_note(self) -> str:
-        """`; the job's model: PATH` where rank 0 wrote it in this run (esync.join's
-        MODEL_FILE, in its log folder)."""
-        from esync.recorder import MODEL_FILE  # (not for esync-hosts, which imports this)
-
-        for path in glob.glob(os.path.join(self.plan.folder, "*", "*", MODEL_FILE)):
-            try:
-                if os.stat(path).st_mtime >= self._started_at:
-                    return f"; the job's model: {path}"
-            except OSError:
-                continue
-        return ""
+        """The plain form of `status` (default: now)."""
+        return self.logs.line(status or self.status())
 
     def watch(self, bar: Progress) -> int:
         """Until the job ends or a child fails; returns the exit status."""
@@ -298,7 +224,7 @@ class Launcher:
                 self.say(f"error: {self.describe(outcome.failed)}; stopping the job")
                 return 1
             status = self.status()
-            line = self.status_line(status) + lost_note(outcome.lost) + self._model_note()
+            line = self.status_line(status) + lost_note(outcome.lost) + self.logs.model_note()
             if bar.terminal:
                 bar.show(*status, line)
                 if self.nested:
@@ -318,8 +244,7 @@ class Launcher:
         bar = Progress(self.out, os.path.basename(p.folder), live=self.progress,
                        bounded=bool(p.stop_rounds or p.stop_seconds),
                        position=self.position, leave=not self.nested)
-        self._start = time.monotonic()
-        self._started_at = time.time() - 1.0  # file systems with coarse times
+        self.logs.begin()
         code = 1
         try:
             with interrupt_on([signal.SIGTERM], raise_=lambda signum: KeyboardInterrupt()):

@@ -1,16 +1,122 @@
-"""A live status line for the launchers: a tqdm bar on a terminal, plain lines every
+"""A live status line for the launchers: what a job's logs say so far (`JobLogs`: its
+latest round and accuracy), shown as a tqdm bar on a terminal, plain lines every
 `every` seconds elsewhere (a log file, a pipe), nothing when switched off."""
 from __future__ import annotations
 
+import glob
+import os
+import re
 import time
-from typing import IO, Optional
+from typing import IO, Dict, Optional, Sequence
 
 from tqdm import tqdm
+
+from esync import registry
+from esync.data import METRIC_LINE
 
 #: seconds between plain status lines when the output is not a terminal
 PLAIN_EVERY_S = 10.0
 #: the bar's resolution: a fraction of the job is shown as per-mille steps
 _STEPS = 1000
+#: an evaluation in a worker's or the evaluator's output (esync.data.METRIC_LINE's names)
+ACCURACY = re.compile(r"round (\d+) .*(?:test accuracy|val_loss) ([0-9.]+)")
+_ITER = re.compile(r"iter-(\d+)\.json$")
+
+
+class JobLogs:
+    """What a running job's logs say so far: the latest round any device logged (its
+    iteration files under `folder`, OUT/<network>/<log folder>/<host>/<device>/), the
+    latest accuracy its processes printed, and the model rank 0 wrote."""
+
+    def __init__(self, folder: str, stop_rounds: Optional[int],
+                 stop_seconds: Optional[float], metric: str):
+        self.folder = folder
+        self.stop_rounds = stop_rounds
+        self.stop_seconds = stop_seconds
+        self.metric = metric
+        self._read_up_to: Dict[str, int] = {}  # bytes of each process's log read
+        self._accuracy: Optional[str] = None
+        self._start = 0.0
+        self._started_at = 0.0  # wall clock (file times), a little before the first child
+
+    def begin(self) -> None:
+        """The job starts now: files older than this are an earlier run's."""
+        self._start = time.monotonic()
+        self._started_at = time.time() - 1.0  # file systems with coarse times
+
+    def _read_accuracy(self, child) -> None:
+        """The latest test accuracy in what `child` logged since the last look."""
+        offset = self._read_up_to.get(child.name, 0)
+        try:
+            with open(child.log, "rb") as f:
+                f.seek(offset)
+                new = f.read()
+        except OSError:
+            return
+        whole = new[:new.rfind(b"\n") + 1]  # a line still being written: next time
+        self._read_up_to[child.name] = offset + len(whole)
+        found = ACCURACY.findall(whole.decode(errors="replace"))
+        if found:
+            self._accuracy = found[-1][1]
+
+    def rounds(self) -> int:
+        """The latest round any device of this run logged (files left by an earlier run
+        in the same folder, until the new run replaces them, do not count)."""
+        rounds = 0
+        try:  # every host's (on Ray, the job's nodes')
+            devices = [d.path for h in os.scandir(self.folder) if h.is_dir()
+                       for d in os.scandir(h.path)
+                       if d.is_dir() and d.name != registry.EVALUATOR]
+        except OSError:
+            return 0
+        for folder in devices:
+            try:
+                latest = max((int(m.group(1)) for m in map(_ITER.search, os.listdir(folder))
+                              if m), default=0)
+                if latest > rounds and os.stat(os.path.join(
+                        folder, f"iter-{latest}.json")).st_mtime >= self._started_at:
+                    rounds = latest
+            except OSError:
+                continue
+        return rounds
+
+    def status(self, evaluating: Sequence) -> tuple:
+        """(fraction done or None, `round R, E s, test accuracy A`), the accuracy read
+        from the logs of the processes `evaluating` (each with a name and a log)."""
+        rounds = self.rounds()
+        for child in evaluating:
+            self._read_accuracy(child)
+        elapsed = time.monotonic() - self._start
+        fraction = None
+        if self.stop_rounds:
+            fraction = rounds / self.stop_rounds
+        if self.stop_seconds:
+            fraction = max(fraction or 0.0, elapsed / self.stop_seconds)
+        return fraction, (f"round {rounds}, {elapsed:.0f} s, "
+                          f"{METRIC_LINE[self.metric]} {self._accuracy or 'n/a'}")
+
+    def line(self, status: tuple) -> str:
+        """The plain form of a `status`: `[####....] esync: round 12, 31 s, test
+        accuracy 0.91`."""
+        fraction, text = status
+        bar = ""
+        if fraction is not None:
+            filled = int(20 * min(1.0, fraction))
+            bar = f"[{'#' * filled}{'.' * (20 - filled)}] "
+        return f"{bar}{os.path.basename(self.folder)}: {text}"
+
+    def model_note(self) -> str:
+        """`; the job's model: PATH` where rank 0 wrote it in this run (esync.join's
+        MODEL_FILE, in its log folder)."""
+        from esync.recorder import MODEL_FILE  # (only at the end: the recorder's imports)
+
+        for path in glob.glob(os.path.join(self.folder, "*", "*", MODEL_FILE)):
+            try:
+                if os.stat(path).st_mtime >= self._started_at:
+                    return f"; the job's model: {path}"
+            except OSError:
+                continue
+        return ""
 
 
 class Progress:

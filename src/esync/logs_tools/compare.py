@@ -76,7 +76,7 @@ import statistics
 import sys
 
 from esync import registry
-from esync.errors import UserError, command_main
+from esync.logs_tools import error_type, user_error
 from esync.logs_tools import drawer
 from esync.logs_tools.summary import output_path, write_json
 
@@ -92,10 +92,10 @@ TARGET_FLAG = {"accuracy": "--targets", "val_loss": "--target-loss"}
 _SEED = re.compile(r"seed([0-9]+)")
 
 
-#: nothing to compare: OUT is missing or holds no usable summary (the message names the
-#: folder), or the targets are wrong (esync.errors' one type, under the name this
-#: module's callers know)
-CompareError = UserError
+def __getattr__(name: str) -> type:
+    """CompareError: bad input (esync.errors.UserError, by the name this module's callers
+    know; loaded on first use)."""
+    return error_type(__name__, name, "CompareError")
 
 
 def note(msg):
@@ -245,7 +245,7 @@ def check_metric(data, metric):
             for seed, summary in summaries.items():
                 measured = drawer.metric_of(summary, None)
                 if measured not in (None, metric):
-                    raise UserError(
+                    raise user_error(
                         f"{TARGET_FLAG[metric]} gives {metric} targets, but "
                         f"{display(mode)} of {config}/{seed} measured {measured}; give "
                         f"{TARGET_FLAG[measured]}")
@@ -672,16 +672,16 @@ def compare(out, network, targets=DEFAULT_TARGETS, configs=None, warn=None,
     not in (0, 1] (a loss target below 0), a run measured the other metric, or no
     configuration has a usable summary; OSError if OUT cannot be written."""
     if metric not in drawer.METRICS:
-        raise UserError(f"metric {metric!r} is not one of {', '.join(drawer.METRICS)}")
+        raise user_error(f"metric {metric!r} is not one of {', '.join(drawer.METRICS)}")
     try:
         targets = _check_targets(targets, metric)
     except ValueError as e:
-        raise UserError(str(e)) from None
+        raise user_error(str(e)) from None
     if not os.path.isdir(out):
-        raise UserError(f"no such folder: {out}")
+        raise user_error(f"no such folder: {out}")
     data = collect(out, network, configs, warn)
     if not data:
-        raise UserError(f"no <config>/seed<k>/{network}/ with a usable summary in {out}")
+        raise user_error(f"no <config>/seed<k>/{network}/ with a usable summary in {out}")
     check_metric(data, metric)
     doc = results(data, network, targets, metric)
     text = markdown(doc)
@@ -740,6 +740,8 @@ def metric_and_targets(args):
 
 def main(argv=None, prog=None) -> int:
     """The `esync-compare` command (see the module's docstring)."""
+    from esync.errors import command_main
+
     return command_main(_main, argv, prog, PROG)
 
 
@@ -751,7 +753,7 @@ def _main(argv, prog) -> int:
         text = compare(args.out, args.network, targets, configs,
                        linear_time=args.linear_time, metric=metric)
     except ValueError as e:  # a bad --targets, --target-loss or --configs
-        raise UserError(str(e)) from None
+        raise user_error(str(e)) from None
     except OSError as e:
         print(f"{prog}: error: cannot write into {args.out}: {e.strerror or e}",
               file=sys.stderr)

@@ -62,7 +62,7 @@ import matplotlib
 import matplotlib.ticker
 
 from esync import registry
-from esync.errors import UserError, command_main
+from esync.logs_tools import user_error
 from esync.logs_tools import breakdown
 from esync.logs_tools.summary import output_path
 
@@ -665,8 +665,8 @@ def table_metric(data, target, target_loss, folder):
              f"drawing accuracy, the val_loss runs without a curve")
     if metric == DEFAULT_METRIC:
         if target_loss is not None and found:
-            raise UserError(f"--target-loss: the summaries under {folder} measured "
-                            f"accuracy, not val_loss; give --target")
+            raise user_error(f"--target-loss: the summaries under {folder} measured "
+                             f"accuracy, not val_loss; give --target")
         return metric, target
     if target_loss is None:
         note(f"the summaries under {folder} measured val_loss; no time to target "
@@ -684,12 +684,12 @@ def draw(base, network, outdir=None, target=0.8, show=False, linear_time=False,
     target_loss given for runs that measured accuracy; a missing summary is only noted."""
     folder = os.path.join(base, network)
     if not os.path.isdir(folder):
-        raise UserError(f"no such folder: {folder}")
+        raise user_error(f"no such folder: {folder}")
     outdir = outdir or folder
     try:
         os.makedirs(outdir, exist_ok=True)
     except OSError as e:
-        raise UserError(f"cannot create {outdir}: {e}") from None
+        raise user_error(f"cannot create {outdir}: {e}") from None
     data = load_all(base, network)
     if not data:
         note(f"no usable summary under {folder}; writing empty figures")
@@ -731,6 +731,8 @@ def parse_args(argv, prog=PROG):
 
 def main(argv=None, prog=None) -> int:
     """The `esync-draw` command (see the module's docstring)."""
+    from esync.errors import command_main
+
     return command_main(_main, argv, prog, PROG)
 
 

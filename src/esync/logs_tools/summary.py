@@ -98,7 +98,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from esync import config
 from esync import registry
 from esync.breakdown import CATEGORIES
-from esync.errors import UserError, command_main
+from esync.logs_tools import error_type, user_error
 
 PROG = "summary.py"
 
@@ -126,9 +126,10 @@ _ITER_FILE = re.compile(r"iter-([0-9]+)\.json")
 Warn = Callable[[str], None]
 
 
-#: a fatal problem: nothing to summarise (the message names the folder) (esync.errors'
-#: one type, under the name this module's callers know)
-SummaryError = UserError
+def __getattr__(name: str) -> type:
+    """SummaryError: bad input (esync.errors.UserError, by the name this module's callers
+    know; loaded on first use)."""
+    return error_type(__name__, name, "SummaryError")
 
 
 class BadFile(Exception):
@@ -401,11 +402,11 @@ def summarize(base: str, network: str, mode: str, warn: Optional[Warn] = None) -
     warn = warn or _stderr
     root = mode_dir(base, network, mode)
     if not os.path.isdir(root):
-        raise UserError(f"no such folder: {root}")
+        raise user_error(f"no such folder: {root}")
     try:
         hosts = _subdirs(root)
     except OSError as e:
-        raise UserError(f"cannot list {root}: {e.strerror or e}") from None
+        raise user_error(f"cannot list {root}: {e.strerror or e}") from None
     result: Dict[str, dict] = {}
     any_device = False
     for host in hosts:
@@ -424,9 +425,9 @@ def summarize(base: str, network: str, mode: str, warn: Optional[Warn] = None) -
             if record is not None:
                 result.setdefault(host, {})[device] = record
     if not any_device:
-        raise UserError(f"no <host>/<device> folders in {root}")
+        raise user_error(f"no <host>/<device> folders in {root}")
     if not result:
-        raise UserError(f"no usable iteration files in {root}")
+        raise user_error(f"no usable iteration files in {root}")
     return result
 
 
@@ -493,6 +494,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     """The `esync-summary` command (see the module's docstring)."""
+    from esync.errors import command_main
+
     return command_main(_main, argv, prog, PROG)
 
 
