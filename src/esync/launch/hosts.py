@@ -118,8 +118,10 @@ again by hand with its printed command rejoins the job (see main.py's
 
 The main.py flags are checked by main.py's own parser (esync.options) before anything
 is printed: a bad one is one line, exit status 2. Which algorithm needs a state server
-comes from esync.registry; the job key from esync.transport.auth. This file imports
-nothing else of esync (and no torch): it only writes commands.
+comes from esync.registry; the job key from esync.transport.auth; the roles, their
+order and their DMLC_* variables from esync/launch/job.py, as for esync-launch (this
+file is that job model's third backend: each role a printed command). It imports
+nothing of the runtime (and no torch): it only writes commands.
 """
 from __future__ import annotations
 
