@@ -450,27 +450,30 @@ class _Commands:
         self.shorts = _short_names(self.hosts)
         self.live = live_url(self.hosts, self.args)
         self.remote_dir = getattr(self.args, "remote_dir", DEFAULT_REMOTE_DIR)
+        self.endpoints = {SCHEDULER: (self.scheduler.address,
+                                      str(getattr(self.args, "port", config.SCHEDULER_PORT)))}
+        if self.state is not None:
+            self.endpoints[STATESERVER] = (self.state.address, str(getattr(
+                self.args, "state_port", config.STATE_SERVER_PORT)))
 
     def endpoint(self, name: str) -> Endpoint:
-        if name == SCHEDULER:
-            return (self.scheduler.address,
-                    str(getattr(self.args, "port", config.SCHEDULER_PORT)))
-        return self.state.address, str(self._state_port)
-
-    @property
-    def _state_port(self) -> int:
-        return getattr(self.args, "state_port", config.STATE_SERVER_PORT)
+        """(Backend) The host file's host of role `name`, and its port (--port,
+        --state-port)."""
+        return self.endpoints[name]
 
     def _auth(self, up: str = "") -> str:
         return self.job.assignments(up) if self.job is not None else ""
 
     def start(self, role: Role) -> None:
+        """(Backend) The role's command, on its host: the state server in its folder,
+        listening on every interface; the others as `env VARIABLES PYTHON main.py
+        FLAGS`, a worker's own flags after the job's."""
         if role.kind == STATESERVER:
-            state = self.state
+            state, port = self.state, self.endpoints[STATESERVER][1]
             self.out.append((state.name, STATESERVER, (
                 f"cd {_quote_path(_join_path(state.dir or self.remote_dir, 'stateserver'))} "
                 f"&& {self._auth('../')}{_quote_path(state.python)} manage.py runserver "
-                f"{shlex.quote(f'0.0.0.0:{self._state_port}')}")))
+                f"{shlex.quote(f'0.0.0.0:{port}')}")))
             return
         role = role.resolved(self.endpoint)
         extra: List[str] = []
