@@ -57,7 +57,7 @@ import sys
 import time
 from typing import Dict, List, Sequence
 
-from esync.launch.local import inherited
+from esync.launch.job import inherited
 from esync.launch.supervisor import ChildFailed
 from nodes import NodeRun, failure, spread
 

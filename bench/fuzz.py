@@ -61,7 +61,7 @@ import zmq
 
 from esync.transport.auth import Guard, JobKey, new_key
 from esync.transport.message import CHUNK_VALUES, decode, encode
-from esync.launch.local import new_token
+from esync.launch.job import new_token
 from esync.launch.supervisor import Supervisor
 from nodes import length_flags
 
