@@ -191,8 +191,7 @@ def prepare_model(model: nn.Module) -> nn.Module:
     net = session.adopt(model)
     if _alone_task is not None and session.evaluation is None:
         task = _alone_task()
-        session.evaluation = lambda: task.evaluate(model, session.device)
-        session.metric_kind = task.metric
+        session.evaluate_with(lambda: task.evaluate(model, session.device), task.metric)
     return net
 
 
