@@ -98,40 +98,19 @@ def _flags(argv: Optional[Sequence[str]]) -> list:
     return given + list(argv or [])
 
 
-def _join(flags: list, prog: str):
-    from esync import join, registry
-    from esync.console import configure_logging, report_failed_start
-    from esync.options import agreed_settings, flags_given, parse_options
-    from esync.transport.cluster import ClusterEnv, DDPEnv
+def _join(flags: list, prog: str) -> Session:
+    """The start-up every esync process goes through (esync.startup), as a worker; then
+    join the job."""
+    from esync import join
+    from esync.startup import start
 
-    role = os.environ.get("DMLC_ROLE")
-    opts = parse_options(flags, prog)
-    env: Any = None
-    if registry.of_options(opts).backend == "ddp":
-        env = DDPEnv.from_environ()
-    elif role:
-        env = ClusterEnv.from_environ()
-        if env.role != "worker":
-            raise UserError(f"DMLC_ROLE={role}: a training script is a worker; the "
-                            f"scheduler, servers and evaluator are started as `esync` "
-                            f"processes (esync-run does)")
-    cluster = env if isinstance(env, ClusterEnv) else None
-    try:
-        plan = join.check(opts, cluster)
-    except UserError as e:
-        report_failed_start(cluster, e)  # its scheduler ends the job, not waits for it
-        raise
-    configure_logging(verbose=getattr(env, "verbose", False))
-    settings, given = None, flags_given(flags, prog)
-    if cluster is not None:
-        settings = agreed_settings(opts, "worker", given, cluster.num_workers,
-                                   cluster.num_servers)
-    if not registry.of_options(opts).distributed and "network" in given:
+    begun = start(flags, prog, script=True)
+    if not begun.plan.algorithm.distributed and "network" in begun.given:
         global _alone_task
         from esync.task import task_of
 
-        _alone_task = lambda: task_of(opts)
-    return join.join(plan, env, settings)
+        _alone_task = lambda: task_of(begun.opts)
+    return join.join(begun.plan, begun.env, begun.settings)
 
 
 def _leave_at_exit() -> None:

@@ -2,8 +2,9 @@
 joining itself (a ps-lite cluster's registration, torch.distributed's process group, or
 nothing for a process training alone), which gives the process its Session.
 
-Both the command line (esync.worker) and the public API (esync.api.init) come through
-here, so a script of the user's joins a job exactly as main.py's workers do.
+Both the command line (esync.cli, esync.worker) and the public API (esync.api.init) come
+through here, after the one start-up sequence (esync.startup, which calls `check`), so a
+script of the user's joins a job exactly as main.py's workers do.
 """
 from __future__ import annotations
 

@@ -1,16 +1,15 @@
-"""A training process of main.py, standalone or a worker of a job: checked (esync.join),
-joined, and trained by the built-in loop (esync.train)."""
+"""A training process of main.py, standalone or a worker of a job: checked at start-up
+(esync.startup), joined (esync.join), and trained by the built-in loop (esync.train)."""
 from __future__ import annotations
 
 import logging
 from typing import Dict, Optional, Union
 
-from esync.join import WorkerPlan, check, join, select_device
+from esync.join import WorkerPlan, join
 from esync.session import TrainResult
 from esync.transport.cluster import ClusterEnv, DDPEnv
 
-__all__ = ["WorkerPlan", "check", "select_device", "run_standalone", "run_cluster_worker",
-           "run_ddp_worker"]
+__all__ = ["run_standalone", "run_cluster_worker", "run_ddp_worker"]
 
 log = logging.getLogger(__name__)
 
