@@ -87,9 +87,9 @@ class Session:
         #: the prepared loader's state in this worker's last record, to go on from
         self.resume_data: Optional[Dict[str, Any]] = None
         #: called at each round's end, before its synchronisation (the push)
-        self.before_push: List[Callable[[], None]] = []
+        self._before_push: List[Callable[[], None]] = []
         #: called at each round's end, before its record is written: fields to add
-        self.round_fields: List[Callable[[], Dict[str, Any]]] = []
+        self._round_fields: List[Callable[[], Dict[str, Any]]] = []
         #: the ps-lite cluster's node (None alone or under DDP): block leases ask it
         self.node = node
         #: where the last round's time went (esync.breakdown), once a round has ended
@@ -198,9 +198,9 @@ class Session:
         fields for each round's record."""
         self._epochs_done = epochs_done
         if before_push is not None:
-            self.before_push.append(before_push)
+            self._before_push.append(before_push)
         if round_fields is not None:
-            self.round_fields.append(round_fields)
+            self._round_fields.append(round_fields)
 
     def epochs_done(self) -> float:
         """Epochs trained, as the training data's loader counts them (0 without one)."""
@@ -368,7 +368,7 @@ class Session:
     def _end_round(self, announce: Optional[str] = None) -> None:
         if not self._times:  # a round ended before its first local iteration
             self._times[0] = dict(self._first_phases)
-        for hook in self.before_push:
+        for hook in self._before_push:
             hook()
         self._times[len(self._times) - 1].update(self.algorithm.end_round(self.round, self.model))
         self._budget = 0
@@ -393,7 +393,7 @@ class Session:
         evaluated["prep_seconds"] = round(self._prep_work, 6)
         self.last_breakdown = evaluated["breakdown"]
         self._round_end = ended
-        for fields in self.round_fields:
+        for fields in self._round_fields:
             evaluated.update(fields())
         # one reading for the record and the stop decision: a round stopped by the time
         # limit records a total_time of at least that limit
