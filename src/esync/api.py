@@ -43,11 +43,13 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from esync import join
 from esync.errors import UserError
 from esync.loader import job_loader
 from esync.lrschedule import JobScheduler
 from esync.options import ARGS_VARIABLE
 from esync.session import Session
+from esync.startup import start
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +104,6 @@ def _flags(argv: Optional[Sequence[str]]) -> list:
 def _join(flags: list, prog: str) -> Session:
     """The start-up every esync process goes through (esync.startup), as a worker; then
     join the job."""
-    from esync import join
-    from esync.startup import start
-
     begun = start(flags, prog, script=True)
     if not begun.plan.algorithm.distributed and "network" in begun.given:
         global _alone_task
