@@ -6,7 +6,7 @@ rounds, timing, logging and stopping live behind `DistributedOptimizer.step`
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import Iterable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -21,15 +21,18 @@ from esync.task import Task
 
 
 def train(session: Session, model: nn.Module, task: Task, batch_size: int, lr: float,
-          momentum: float = 0.0, weight_decay: float = 0.0) -> TrainResult:
+          momentum: float = 0.0, weight_decay: float = 0.0,
+          feed: Optional[Iterable] = None) -> TrainResult:
     """Train `model` on `task`'s data with SGD until the job stops; worker 0 (or a
-    process alone) evaluates `task`'s metric where the algorithm says."""
+    process alone) evaluates `task`'s metric where the algorithm says. `feed`: the
+    loop's (inputs, targets) batches instead of `batches`' (esync-stalls' synthetic
+    run repeats one batch)."""
     net = session.adopt(model)
     session.evaluate_with(lambda: task.evaluate(model, session.device), task.metric)
     optimizer = DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
                         weight_decay=weight_decay), job=session)
-    for inputs, targets in batches(session, task, batch_size):
+    for inputs, targets in feed if feed is not None else batches(session, task, batch_size):
         optimizer.zero_grad(set_to_none=True)
         loss = task.loss(net(inputs), targets)
         loss.backward()
