@@ -14,7 +14,7 @@ import torch
 
 from esync import remoteprep
 from esync.errors import UserError
-from esync.loader import prepare_batch
+from esync.data.timed import prepare_batch
 from esync.remoteprep import RemotePrep, TaskLate
 
 BATCH = 4

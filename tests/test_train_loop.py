@@ -170,3 +170,27 @@ def test_finish_runs_when_the_algorithm_fails_and_a_zero_budget_is_an_error(tmp_
     with pytest.raises(ValueError, match="scripted gave round 1 0 local iterations"):
         run_loop(tmp_path / "b", digits, empty, StopCriteria(max_rounds=5))
     assert empty.calls[-1] == ("finish",)
+
+
+def test_the_prepared_loaders_tell_the_session_where_the_data_is(tmp_path):
+    """Only the first loader prepared is the training loader; the training data's loader
+    says the epochs, runs before each push and adds to each record; passes are counted."""
+    algorithm = Scripted(budgets=[2])
+    with Session(algorithm, Recorder(str(tmp_path), "host", "dev"), StopCriteria(max_rounds=1),
+                 CPU) as session:
+        assert session.loader_prepared(32) and not session.loader_prepared(8)
+        assert session.loader_batch == 32 and session.epochs_done() == 0.0
+        pushed = []
+        session.follow_data(lambda: 1.5, before_push=lambda: pushed.append(session.round),
+                            round_fields=lambda: {"extra": 7})
+        model = build_network("lenet")
+        session.adopt(model)
+        with session.data_pass():
+            assert session.in_pass
+            for _ in range(2):
+                session.batch_fetched(0.0, 4)
+                session.step(lambda: None)
+        assert not session.in_pass and session.passes_done == 1
+        assert pushed == [1] and session.stop_reason == "finished 1 rounds"
+    record = _records(tmp_path)[0]
+    assert record["extra"] == 7 and record["epoch"] == 1.5 and record["num_samples"] == 8

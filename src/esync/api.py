@@ -43,10 +43,13 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from esync import join
 from esync.errors import UserError
 from esync.loader import job_loader
+from esync.lrschedule import JobScheduler
 from esync.options import ARGS_VARIABLE
 from esync.session import Session
+from esync.startup import start
 
 log = logging.getLogger(__name__)
 
@@ -98,40 +101,16 @@ def _flags(argv: Optional[Sequence[str]]) -> list:
     return given + list(argv or [])
 
 
-def _join(flags: list, prog: str):
-    from esync import join, registry
-    from esync.console import configure_logging, report_failed_start
-    from esync.options import agreed_settings, flags_given, parse_options
-    from esync.transport.cluster import ClusterEnv, DDPEnv
-
-    role = os.environ.get("DMLC_ROLE")
-    opts = parse_options(flags, prog)
-    env: Any = None
-    if registry.of_options(opts).backend == "ddp":
-        env = DDPEnv.from_environ()
-    elif role:
-        env = ClusterEnv.from_environ()
-        if env.role != "worker":
-            raise UserError(f"DMLC_ROLE={role}: a training script is a worker; the "
-                            f"scheduler, servers and evaluator are started as `esync` "
-                            f"processes (esync-run does)")
-    cluster = env if isinstance(env, ClusterEnv) else None
-    try:
-        plan = join.check(opts, cluster)
-    except UserError as e:
-        report_failed_start(cluster, e)  # its scheduler ends the job, not waits for it
-        raise
-    configure_logging(verbose=getattr(env, "verbose", False))
-    settings, given = None, flags_given(flags, prog)
-    if cluster is not None:
-        settings = agreed_settings(opts, "worker", given, cluster.num_workers,
-                                   cluster.num_servers)
-    if not registry.of_options(opts).distributed and "network" in given:
+def _join(flags: list, prog: str) -> Session:
+    """The start-up every esync process goes through (esync.startup), as a worker; then
+    join the job."""
+    begun = start(flags, prog, script=True)
+    if not begun.plan.algorithm.distributed and "network" in begun.given:
         global _alone_task
         from esync.task import task_of
 
-        _alone_task = lambda: task_of(opts)
-    return join.join(plan, env, settings)
+        _alone_task = lambda: task_of(begun.opts)
+    return join.join(begun.plan, begun.env, begun.settings)
 
 
 def _leave_at_exit() -> None:
@@ -191,8 +170,7 @@ def prepare_model(model: nn.Module) -> nn.Module:
     net = session.adopt(model)
     if _alone_task is not None and session.evaluation is None:
         task = _alone_task()
-        session.evaluation = lambda: task.evaluate(model, session.device)
-        session.metric_kind = task.metric
+        session.evaluate_with(lambda: task.evaluate(model, session.device), task.metric)
     return net
 
 
@@ -292,58 +270,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"DistributedOptimizer({self.optimizer!r})"
-
-
-class JobScheduler:
-    """A learning-rate scheduler that follows the job, not this device's own steps
-    (prepare_scheduler): under ESync a device doing 8 local steps a round would
-    otherwise decay 8 times faster than one doing 1, and ahead of the job's data."""
-
-    def __init__(self, scheduler: Any, session: Session):
-        self.scheduler, self.session = scheduler, session
-        self.steps = 0  # the wrapped scheduler's steps so far
-        #: stepped once an epoch (its first step came between two passes of the
-        #: prepared loader), else once a step; None until its first step
-        self.per_epoch: Optional[bool] = None
-
-    def step(self, *args: Any, **kwargs: Any) -> None:
-        """Call it where the plain loop would. Stepped after each optimizer step, it
-        moves the wrapped scheduler to the job's step (Session.global_steps: the same
-        on every device; one step a round in SSGD, DDP and alone, the mean of ESync's
-        budgets a round); stepped once an epoch, to the epochs the job has trained (the
-        prepared loader's passes). Never past a OneCycleLR's `total_steps`. With
-        arguments (ReduceLROnPlateau's metric) it steps the wrapped scheduler once."""
-        if args or kwargs:
-            self.steps += 1
-            self.scheduler.step(*args, **kwargs)
-            return
-        session = self.session
-        if self.per_epoch is None:
-            self.per_epoch = session.passes_done > 0 and not session.in_pass
-        target = session.passes_done if self.per_epoch else session.global_steps()
-        total = getattr(self.scheduler, "total_steps", None)
-        if isinstance(total, int):  # OneCycleLR raises once stepped past its end
-            target = min(target, total)
-        while self.steps < target:
-            self.steps += 1
-            self.scheduler.step()
-
-    def get_last_lr(self):
-        return self.scheduler.get_last_lr()
-
-    def state_dict(self) -> Dict[str, Any]:
-        return {"scheduler": self.scheduler.state_dict(), "steps": self.steps,
-                "per_epoch": self.per_epoch}
-
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.steps, self.per_epoch = state["steps"], state.get("per_epoch")
-
-    def __getattr__(self, name: str) -> Any:  # last_epoch, optimizer, base_lrs...
-        if name == "scheduler":
-            raise AttributeError(name)
-        return getattr(self.scheduler, name)
-
 
 
 def prepare_scheduler(scheduler: Any) -> JobScheduler:

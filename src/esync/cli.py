@@ -1,7 +1,8 @@
 """`python main.py` / `esync`: parse the settings, pick the role, start it.
 
 The role comes from DMLC_ROLE (ps-lite's variables); without it the process trains
-alone. Logging and the one-line errors are esync.console's.
+alone. The start-up (flags, role, checks, logging) is esync.startup's, the one a user's
+script goes through too (esync.init); the one-line errors are esync.console's.
 """
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import gc
 import logging
 import os
 import sys
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
-from esync.console import configure_logging, report_failed_start
+from esync.console import configure_logging
 from esync.errors import UserError, command_main, say_error
+
+if TYPE_CHECKING:
+    from esync.startup import Start
 
 
 def _scheduler_cannot_start(prog: str, error: UserError) -> int:
@@ -32,86 +36,57 @@ def _scheduler_cannot_start(prog: str, error: UserError) -> int:
 
 
 def _run(argv: Optional[Sequence[str]], prog: str) -> int:
-    from esync import registry
-    from esync.options import agreed_settings, flags_given, parse_options
-    from esync.transport.cluster import ClusterEnv
+    from esync.startup import start
 
-    role = os.environ.get("DMLC_ROLE")
-    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        opts = parse_options(argv, prog)
+        begun = start(argv, prog)
     except UserError as e:
-        if role == "scheduler":
+        if os.environ.get("DMLC_ROLE") == "scheduler":
             return _scheduler_cannot_start(prog, e)
-        if role:
-            try:
-                report_failed_start(ClusterEnv.from_environ(), e)
-            except UserError:
-                pass
         raise
-    if registry.of_options(opts).backend == "ddp":
-        return _run_ddp(opts, role)
-    # wrong cluster variables: there is nobody to tell
-    env = ClusterEnv.from_environ() if role else None
-    try:
-        if env is None or env.role == "worker":
-            from esync import worker  # imports torch: after the cheap checks
-
-            plan = worker.check(opts, env)
-        elif env.role == "evaluator":
-            from esync.worker import select_device
-
-            device = select_device(opts)
-    except UserError as e:
-        report_failed_start(env, e)
-        raise
-    configure_logging(verbose=env is not None and env.verbose)
-    if env is None:
-        return worker.run_standalone(plan)
-    settings = agreed_settings(opts, env.role, flags_given(argv, prog), env.num_workers,
-                               env.num_servers)
-    if env.role == "scheduler":
+    opts, env = begun.opts, begun.env
+    if begun.role == "scheduler":
         from esync.transport.scheduler import Policy, Scheduler
 
         try:
-            return Scheduler(env, Policy.from_options(opts), settings=settings).run()
+            return Scheduler(env, Policy.from_options(opts), settings=begun.settings).run()
         except UserError as e:
             return _scheduler_cannot_start(prog, e)
+    if begun.ddp:
+        return _run_ddp(begun)
+    if env is None:
+        from esync.worker import run_standalone
+
+        return run_standalone(begun.plan)
     from esync.transport.node import JobAborted, describe
 
     try:
         if env.role == "server":
             from esync.server import run_server
 
-            return run_server(env, opts, settings)
+            return run_server(env, opts, begun.settings)
         if env.role == "evaluator":
             from esync.evaluator import run_ps_evaluator
 
-            return run_ps_evaluator(opts, device, env, settings)
-        return worker.run_cluster_worker(plan, env, settings)
+            return run_ps_evaluator(opts, begun.device, env, begun.settings)
+        from esync.worker import run_cluster_worker
+
+        return run_cluster_worker(begun.plan, env, begun.settings)
     except JobAborted as e:
         logging.getLogger(__name__).error("esync: error: %s", describe(e))
         return 1
 
 
-def _run_ddp(opts, role: Optional[str]) -> int:
+def _run_ddp(begun: "Start") -> int:
     """`-m ddp`: a rank of the DDP baseline (torch.distributed's variables), or its
     evaluator (DMLC_ROLE=evaluator)."""
-    from esync.transport.cluster import DDPEnv
-
-    if role not in (None, "evaluator"):
-        raise UserError(f"DMLC_ROLE={role}: -m ddp runs with torch.distributed's variables "
-                        f"(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); only "
-                        f"DMLC_ROLE=evaluator goes with it")
-    env = DDPEnv.from_environ(evaluator=role == "evaluator")
-    from esync import worker
-
-    configure_logging()
-    if role == "evaluator":
+    if begun.role == "evaluator":
         from esync.evaluator import run_ddp_evaluator
 
-        return run_ddp_evaluator(opts, worker.select_device(opts), env)
-    return worker.run_ddp_worker(worker.check(opts, None), env)
+        return run_ddp_evaluator(begun.opts, begun.device, begun.env)
+    from esync.worker import run_ddp_worker
+
+    return run_ddp_worker(begun.plan, begun.env)
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:

@@ -2,8 +2,9 @@
 joining itself (a ps-lite cluster's registration, torch.distributed's process group, or
 nothing for a process training alone), which gives the process its Session.
 
-Both the command line (esync.worker) and the public API (esync.api.init) come through
-here, so a script of the user's joins a job exactly as main.py's workers do.
+Both the command line (esync.cli, esync.worker) and the public API (esync.api.init) come
+through here, after the one start-up sequence (esync.startup, which calls `check`), so a
+script of the user's joins a job exactly as main.py's workers do.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch
 
 from esync import registry
 from esync.algorithms.base import Job
-from esync.checkpoint import WorkerState
+from esync.statefile import WorkerState
 from esync.data.order import DataSettings
 from esync.errors import UserError
 from esync.live import LiveReporter
@@ -124,17 +125,16 @@ def join(plan: WorkerPlan, env: Union[ClusterEnv, DDPEnv, None],
     # alone and with -e 0, evaluations go by the clock (there is no evaluator)
     timed = opts.eval_interval if job is None and opts.eval_every == 0 else None
     rank, workers = (job.rank, job.num_workers) if job else (0, 1)
-    session = Session(algorithm, recorder, stop_criteria(opts), plan.device, opts.slowdown,
-                      timed, rank, workers, DataSettings.from_options(opts), on_close=leave)
-    session.metric_kind = opts.metric
-    session.node = job.node if job is not None else None
-    session.model_file = os.path.join(recorder.path, MODEL_FILE)
+    kept = None
     if opts.checkpoint_dir and plan.algorithm.parameter_server and job is not None:
         # beside the servers' shards: as many as they keep of each (their rounds may
         # differ, with --checkpoint-every in seconds)
-        session.kept = WorkerState(opts.checkpoint_dir, job.rank,
-                                   opts.keep_checkpoints * max(1, len(job.servers)))
-    return session
+        kept = WorkerState(opts.checkpoint_dir, job.rank,
+                           opts.keep_checkpoints * max(1, len(job.servers)))
+    return Session(algorithm, recorder, stop_criteria(opts), plan.device, opts.slowdown,
+                   timed, rank, workers, DataSettings.from_options(opts), on_close=leave,
+                   metric_kind=opts.metric, node=job.node if job is not None else None,
+                   model_file=os.path.join(recorder.path, MODEL_FILE), kept=kept)
 
 
 def _join_cluster(plan: WorkerPlan, env: ClusterEnv, settings: Dict[str, str]):

@@ -13,90 +13,16 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List
 
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
+from esync.data.decode import ShardDataset
 from esync.data.order import DataSettings, WorkerOrder, labels_of
+from esync.data.timed import TimedCollate, TimedDataset, samples_in, to_device
 from esync.errors import UserError
 from esync.session import Session
-
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _to_device(v, device) for k, v in batch.items()}
-    return batch
-
-
-def _samples(batch: Any) -> Optional[int]:
-    """The number of samples of a batch: the first tensor's first dimension."""
-    if isinstance(batch, torch.Tensor):
-        return len(batch) if batch.dim() else None
-    items = batch.values() if isinstance(batch, dict) else \
-        batch if isinstance(batch, (list, tuple)) else ()
-    for item in items:
-        found = _samples(item)
-        if found is not None:
-            return found
-    return None
-
-
-class _Prepared(list):
-    """A batch's samples as the data set gave them, and the seconds that took."""
-
-    seconds = 0.0
-
-
-class TimedDataset(torch.utils.data.Dataset):
-    """A user's map-style data set whose batches of samples are timed where they are
-    made (a DataLoader worker process, or this one): the *prep* of each batch, carried
-    back with it by `TimedCollate`. Anything else is the user's data set's."""
-
-    def __init__(self, dataset):
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index):
-        return self.dataset[index]
-
-    def __getitems__(self, indices) -> _Prepared:
-        started = time.perf_counter()
-        many = getattr(self.dataset, "__getitems__", None)
-        samples = _Prepared(many(indices) if many else [self.dataset[i] for i in indices])
-        samples.seconds = time.perf_counter() - started
-        return samples
-
-    def __getattr__(self, name: str):  # a worker_init_fn may read the user's data set
-        if name == "dataset":
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
-
-
-class TimedCollate:
-    """The user's collate function, returning (batch, seconds the batch took to make:
-    its samples' and its collation's)."""
-
-    def __init__(self, collate: Callable[[List[Any]], Any]):
-        self.collate = collate
-
-    def __call__(self, samples: List[Any]) -> Tuple[Any, float]:
-        started = time.perf_counter()
-        batch = self.collate(list(samples))
-        return batch, getattr(samples, "seconds", 0.0) + time.perf_counter() - started
-
-
-def prepare_batch(dataset, items: List[Any], collate: Callable[[List[Any]], Any]
-                  ) -> Tuple[Any, float]:
-    """One batch of `items` of `dataset`, made and collated as a DataLoader worker does,
-    and its seconds (remote preprocessing runs this on other CPUs)."""
-    return TimedCollate(collate)(TimedDataset(dataset).__getitems__(items))
 
 
 class _Batches(torch.utils.data.Sampler):
@@ -156,9 +82,8 @@ class _SharedBatches(torch.utils.data.Sampler):
 
 def job_loader(loader: DataLoader, session: Session, settings: DataSettings):
     """A data loader over this worker's partition (prepare_data_loader)."""
-    from esync.data.decode import ShardDataset
-
     if isinstance(loader.dataset, ShardDataset):
+        # torchdata's StatefulDataLoader: imported only where shards are read
         from esync.shardloader import ShardLoader
 
         return ShardLoader(loader, session, settings)
@@ -189,10 +114,7 @@ class SampleLoader:
                             "batch_sampler of its own): give it a batch_size")
         algorithm = session.algorithm
         #: the training loader (the first prepared): it says where the job's data is
-        self.primary = session.loader_batch is None
-        if self.primary:
-            session.loader_batch = loader.batch_size
-            algorithm.loader_prepared(loader.batch_size)
+        self.primary = session.loader_prepared(loader.batch_size)
         # (-s 1 keeps each rank on its own classes: its own partition, as plain DDP's)
         shared = self.primary and algorithm.batch_slice() is not None \
             and not settings.split_by_class
@@ -213,10 +135,9 @@ class SampleLoader:
                                       if loader.drop_last else 0)
         #: the samples of one epoch of the job's: a pass over every partition
         self.epoch_samples = max(1, per_pass * session.num_workers)
-        if self.primary:
-            session.epochs_done = self.epochs_done
-            if session.node is not None:  # a job a worker can rejoin, or resume
-                session.before_push.append(self._keep_position)
+        if self.primary:  # where a worker can rejoin the job, or resume it: its position
+            session.follow_data(self.epochs_done, before_push=self._keep_position
+                                if session.node is not None else None)
         sampler = _SharedBatches(self.order, session) if shared else \
             _Batches(self.order, loader.batch_size, loader.drop_last, session,
                      endless=self.job_epochs)
@@ -256,21 +177,17 @@ class SampleLoader:
         if not self.primary:
             yield from self._pass(ends)
             return
-        session.in_pass = True
-        try:
+        with session.data_pass():
             yield from self._pass(ends)
-        finally:
-            session.in_pass = False
-            session.passes_done += 1
 
     def _pass(self, ends: int) -> Iterator[Any]:
         session = self.session
         started = time.perf_counter()  # starting the workers counts as the first wait
         for batch, prep in self.loader:
-            count = _samples(batch)
+            count = samples_in(batch)
             self._drawn(count or 0)
             session.batch_fetched(time.perf_counter() - started, count, prep=prep)
-            yield _to_device(batch, session.device)
+            yield to_device(batch, session.device)
             if session.stop_reason is not None:
                 return
             if self.job_epochs and session.job_samples() >= ends and not session.in_round:

@@ -4,10 +4,10 @@ elsewhere, Ray's under `esync-launch --ray`.
 A worker over shards whose rounds stall on preprocessing (the `prep` share of their
 breakdown above F, over at least LOOK_S seconds of rounds) hands its DataLoader work to
 tasks of one CPU each: decoding, the user's transform and collation,
-`esync.loader.prepare_batch` on a batch's raw items. Ray's scheduler places each task on a
-node with a free CPU (Dpex's idea, without its fixed rotation over nodes). Block reads stay
-in the worker (its `fetch`), and so does the order: batches reach the training loop in the
-sampler's order, whatever order the tasks finish in (esync.shardloader).
+`esync.data.timed.prepare_batch` on a batch's raw items. Ray's scheduler places each task
+on a node with a free CPU (Dpex's idea, without its fixed rotation over nodes). Block reads
+stay in the worker (its `fetch`), and so does the order: batches reach the training loop in
+the sampler's order, whatever order the tasks finish in (esync.shardloader).
 
 How many batches are out is load-aware: enough to cover the tasks' latency at the pace the
 loop takes batches (Little's law: latency / interval + 1, both smoothed), with no more tasks
@@ -240,7 +240,8 @@ class RemotePrep:
                 self._latency = _smooth(self._latency, now - o.sent)
 
     def _result(self, out: _Out) -> Prepared:
-        from esync.loader import prepare_batch
+        # torch, not imported by the launchers that read this module's variables
+        from esync.data.timed import prepare_batch
 
         if out.ref is not None:
             patience = max(PATIENCE_S, 5 * (self._latency or 0.0))

@@ -14,15 +14,16 @@ import logging
 import math
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 from torch import nn
 
 from esync.algorithms.base import Algorithm, Phases
 from esync.breakdown import breakdown
-from esync.checkpoint import WorkerState
+from esync.statefile import WorkerState
 from esync.clock import Clock, Slowdown
 from esync.data import METRIC_LINE, METRIC_RECORD
 from esync.data.order import DataSettings
@@ -53,23 +54,26 @@ class Session:
     """One process's training: its algorithm, recorder, clock, stop criteria and the
     round in progress. The API creates it (esync.api.init); its verbs call it.
 
-    `evaluation`, if set, measures the model in this process (the built-in loop's test
-    accuracy) after the rounds the algorithm names, or with `eval_interval` by the clock;
-    `epochs_done` is read from the prepared data loader; `on_close` undoes the joining
-    (leaves the cluster or the process group)."""
+    `evaluate_with` gives it a measure of the model in this process (the built-in loop's
+    test accuracy), taken after the rounds the algorithm names, or with `eval_interval`
+    by the clock; the prepared data loaders tell it where the data is (`loader_prepared`,
+    `follow_data`, `data_pass`); `on_close` undoes the joining (leaves the cluster or the
+    process group). Only this class sets its fields."""
 
     def __init__(self, algorithm: Algorithm, recorder: Recorder, stop: StopCriteria,
                  device: torch.device, slowdown: float = 1.0,
                  eval_interval: Optional[float] = None, rank: int = 0,
                  num_workers: int = 1, data: DataSettings = DataSettings(),
-                 on_close: Callable[[Optional[BaseException]], None] = lambda error: None):
+                 on_close: Callable[[Optional[BaseException]], None] = lambda error: None,
+                 *, metric_kind: str = "accuracy", node: Any = None,
+                 model_file: Optional[str] = None, kept: Optional[WorkerState] = None):
         self.algorithm, self.recorder, self.stop = algorithm, recorder, stop
         self.device, self.rank, self.num_workers = device, rank, num_workers
         self.data = data  # how prepared data loaders split and order the data
         self.eval_interval = eval_interval
         self.evaluation: Optional[Callable[[], float]] = None
-        self.metric_kind = "accuracy"  # what `evaluation` measures (--metric)
-        self.epochs_done: Callable[[], float] = lambda: 0.0
+        self.metric_kind = metric_kind  # what `evaluation` measures (--metric)
+        self._epochs_done: Callable[[], float] = lambda: 0.0
         self.model: Optional[nn.Module] = None
         self.clock = Clock()
         self._slower = Slowdown(slowdown)
@@ -83,11 +87,11 @@ class Session:
         #: the prepared loader's state in this worker's last record, to go on from
         self.resume_data: Optional[Dict[str, Any]] = None
         #: called at each round's end, before its synchronisation (the push)
-        self.before_push: List[Callable[[], None]] = []
+        self._before_push: List[Callable[[], None]] = []
         #: called at each round's end, before its record is written: fields to add
-        self.round_fields: List[Callable[[], Dict[str, Any]]] = []
+        self._round_fields: List[Callable[[], Dict[str, Any]]] = []
         #: the ps-lite cluster's node (None alone or under DDP): block leases ask it
-        self.node = None
+        self.node = node
         #: where the last round's time went (esync.breakdown), once a round has ended
         self.last_breakdown: Dict[str, float] = {}
         #: samples this process trained so far (its local iterations' batches)
@@ -95,9 +99,9 @@ class Session:
         #: the batch size of the first prepared data loader (the training loader's)
         self.loader_batch: Optional[int] = None
         #: where rank 0 writes the job's final model (None: nowhere)
-        self.model_file: Optional[str] = None
+        self.model_file = model_file
         #: this worker's own state, kept with the job's checkpoints (where there are some)
-        self.kept = WorkerState()
+        self.kept = kept if kept is not None else WorkerState()
         #: the prepared loaders' passes: how many ended, and whether one is under way
         self.passes_done = 0
         self.in_pass = False
@@ -168,6 +172,50 @@ class Session:
         self.round = first - 1
         log.info("continuing the job from round %d at %.1f s (epoch %.2f of this partition)",
                  first, elapsed, self.resume_epoch or 0.0)
+
+    # --- what the evaluation and the prepared loaders tell it ----------------------------
+    def evaluate_with(self, evaluation: Callable[[], float], metric_kind: str) -> None:
+        """Measure the model in this process with `evaluation`, whose value is a
+        `metric_kind` (--metric: accuracy or loss)."""
+        self.evaluation, self.metric_kind = evaluation, metric_kind
+
+    def loader_prepared(self, batch_size: int) -> bool:
+        """A data loader of `batch_size` was prepared: whether it is the training loader
+        (the first prepared), whose batch size the algorithm is told and the job's steps
+        are counted in (global_steps)."""
+        if self.loader_batch is not None:
+            return False
+        self.loader_batch = batch_size
+        self.algorithm.loader_prepared(batch_size)
+        return True
+
+    def follow_data(self, epochs_done: Callable[[], float],
+                    before_push: Optional[Callable[[], None]] = None,
+                    round_fields: Optional[Callable[[], Dict[str, Any]]] = None) -> None:
+        """The training data's loader: `epochs_done` says the epochs it has trained (the
+        stop criteria and the records read it); `before_push` runs at each round's end,
+        before its synchronisation (to keep where the loader is); `round_fields` gives
+        fields for each round's record."""
+        self._epochs_done = epochs_done
+        if before_push is not None:
+            self._before_push.append(before_push)
+        if round_fields is not None:
+            self._round_fields.append(round_fields)
+
+    def epochs_done(self) -> float:
+        """Epochs trained, as the training data's loader counts them (0 without one)."""
+        return self._epochs_done()
+
+    @contextmanager
+    def data_pass(self) -> Iterator[None]:
+        """A pass of the training loader under way; counted in passes_done at its end
+        (a scheduler stepped once an epoch follows them: esync.api.prepare_scheduler)."""
+        self.in_pass = True
+        try:
+            yield
+        finally:
+            self.in_pass = False
+            self.passes_done += 1
 
     @property
     def in_round(self) -> bool:
@@ -320,7 +368,7 @@ class Session:
     def _end_round(self, announce: Optional[str] = None) -> None:
         if not self._times:  # a round ended before its first local iteration
             self._times[0] = dict(self._first_phases)
-        for hook in self.before_push:
+        for hook in self._before_push:
             hook()
         self._times[len(self._times) - 1].update(self.algorithm.end_round(self.round, self.model))
         self._budget = 0
@@ -345,7 +393,7 @@ class Session:
         evaluated["prep_seconds"] = round(self._prep_work, 6)
         self.last_breakdown = evaluated["breakdown"]
         self._round_end = ended
-        for fields in self.round_fields:
+        for fields in self._round_fields:
             evaluated.update(fields())
         # one reading for the record and the stop decision: a round stopped by the time
         # limit records a total_time of at least that limit

@@ -37,8 +37,9 @@ from esync.data.cache import SampleCache
 from esync.data.leases import Lease, StaticLeases, blocks_per_lease, runs_of
 from esync.data.order import DataSettings
 from esync.data.partition import partition
+from esync.data.timed import TimedCollate, TimedDataset, samples_in, to_device
 from esync.errors import UserError
-from esync.loader import TimedCollate, TimedDataset, _samples, _to_device
+from esync.remoteprep import RemotePrep
 from esync.session import Session
 
 log = logging.getLogger(__name__)
@@ -127,9 +128,7 @@ class ShardLoader:
         if loader.batch_size is None:
             raise UserError("prepare_data_loader: the loader has no batch_size (a "
                             "batch_sampler of its own): give it a batch_size")
-        if session.loader_batch is None:  # the training loader: the first prepared
-            session.loader_batch = loader.batch_size
-            session.algorithm.loader_prepared(loader.batch_size)
+        session.loader_prepared(loader.batch_size)
         shards = loader.dataset.shards
         self.session, self.settings = session, settings
         blocks = shards.blocks(settings.block_size)
@@ -183,8 +182,6 @@ class ShardLoader:
         #                                 samples, cache hits and their bytes
         self.remote = None  # esync.remoteprep.RemotePrep, with --remote-prep
         if settings.remote_prep is not None:
-            from esync.remoteprep import RemotePrep
-
             self.remote = RemotePrep(loader.dataset, loader.collate_fn, settings.remote_prep)
         self._remote_batches = 0  # of the round, made by Ray tasks
         saved = session.resume_data or {}
@@ -198,11 +195,9 @@ class ShardLoader:
         # with --remote-prep: where the loader is, as of the last batch handed out
         self._position = {"loader": saved["loader"]} if isinstance(saved.get("loader"), dict) \
             else {"sampler": self.sampler.state_dict()}
-        # epochs: of this worker's own blocks (static), of the job's data (leased)
-        session.epochs_done = lambda: self.place
         self._state: Dict[str, Any] = {}
-        session.before_push.append(self._before_push)
-        session.round_fields.append(self._round_fields)
+        # epochs: of this worker's own blocks (static), of the job's data (leased)
+        session.follow_data(lambda: self.place, self._before_push, self._round_fields)
 
     def _own_blocks(self, shards, blocks: np.ndarray) -> np.ndarray:
         """This worker's share of the blocks, dealt in a seeded order (the first
@@ -256,12 +251,8 @@ class ShardLoader:
         if self.session.stop_reason is not None:
             self.session.pass_after_stop()
             return
-        self.session.in_pass = True
-        try:
+        with self.session.data_pass():
             yield from self._pass()
-        finally:
-            self.session.in_pass = False
-            self.session.passes_done += 1
 
     def _pass(self) -> Iterator[Any]:
         started, read = time.perf_counter(), self.sampler.read_seconds
@@ -282,9 +273,9 @@ class ShardLoader:
             self.trained += len(emitted.ids)
             self.place = emitted.place
             self.session.batch_fetched(time.perf_counter() - started,
-                                       _samples(batch) or len(emitted.ids),
+                                       samples_in(batch) or len(emitted.ids),
                                        read=self.sampler.read_seconds - read, prep=prep)
-            yield _to_device(batch, self.session.device)
+            yield to_device(batch, self.session.device)
             if self.session.stop_reason is not None:
                 return
             started, read = time.perf_counter(), self.sampler.read_seconds

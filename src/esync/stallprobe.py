@@ -36,7 +36,7 @@ import multiprocessing
 import os
 import statistics
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import torch
 
@@ -118,22 +118,13 @@ def read_records(log_dir: str) -> List[dict]:
     return out
 
 
-class _Repeated:
-    """A task whose batches are one real batch over and over (the synthetic run)."""
-
-    def __init__(self, task, inputs, targets):
-        self.task, self.inputs, self.targets = task, inputs, targets
-        self.loss, self.metric = task.loss, task.metric
-
-    def batches(self, session, batch_size: int, device: torch.device):
-        inputs, targets = self.inputs.to(device), self.targets.to(device)
-        while session.stop_reason is None:
-            session.batch_size()
-            session.batch_fetched(0.0, len(targets))
-            yield inputs, targets
-
-    def evaluate(self, model, device) -> float:
-        return self.task.evaluate(model, device)
+def _repeated(session, inputs: torch.Tensor, targets: torch.Tensor) -> Iterator:
+    """One real batch over and over, on the session's device (the synthetic run)."""
+    inputs, targets = inputs.to(session.device), targets.to(session.device)
+    while session.stop_reason is None:
+        session.batch_size()
+        session.batch_fetched(0.0, len(targets))
+        yield inputs, targets
 
 
 def train_alone(opts: Options, synthetic: bool = False) -> Run:
@@ -147,11 +138,9 @@ def train_alone(opts: Options, synthetic: bool = False) -> Run:
     task = task_of(opts)
     with join.join(plan, None) as session:
         model = task.build_model(opts.network)
-        fed = task
-        if synthetic:
-            fed = _Repeated(task, *task.sample(opts.batch_size))
-        train(session, model, fed, opts.batch_size,
-              session.algorithm.learning_rate(opts), opts.momentum, opts.weight_decay)
+        feed = _repeated(session, *task.sample(opts.batch_size)) if synthetic else None
+        train(session, model, task, opts.batch_size, session.algorithm.learning_rate(opts),
+              opts.momentum, opts.weight_decay, feed=feed)
     end_loader_workers()
     return steady(read_records(opts.log_dir))
 

@@ -1,4 +1,5 @@
-"""Optimizer and learning-rate scheduler state saved without pickle.
+"""Optimizer and learning-rate scheduler state saved without pickle, and a worker's own
+state at the job's checkpoints kept that way (`WorkerState`).
 
 A worker's `optimizer.state_dict()` and each scheduler's `state_dict()` are nested dicts,
 lists and tuples of tensors, numbers, strings and None. `torch.save` would pickle them, and
@@ -23,11 +24,13 @@ that a JSON file present means a complete pair; "pair" is also stored in the saf
 and checked on load, so that tensors from another save are never mixed in.
 """
 import json
+import logging
 import math
 import os
+import re
 import secrets
 from collections import Counter, OrderedDict
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 from safetensors import SafetensorError
@@ -42,6 +45,8 @@ NATIVE = {torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.com
           torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool}
 DICTS = {"dict": dict, "OrderedDict": OrderedDict, "Counter": Counter}
 KINDS = "only dicts, lists, tuples, tensors, bool, int, float, str and None can"
+
+log = logging.getLogger(__name__)
 
 
 def save_state(path: str, state: Dict[Any, Any]) -> None:
@@ -185,3 +190,96 @@ def _decode(x: Any, tensors: Dict[str, torch.Tensor], device: Any) -> Any:
             t = t.view(dtype).reshape(x["shape"])
         return t if device is None else t.to(device)
     raise ValueError(f"unknown tag {sorted(x)}")
+
+
+class WorkerState:
+    """A worker's own state at the job's checkpoints: its optimizers' and prepared
+    learning-rate schedulers' `state_dict()`s (in the order the script made them), its
+    counts of local iterations and samples, and the model's integer buffers (BatchNorm's
+    num_batches_tracked, each worker's own), as of the end of round n, kept in
+    CHECKPOINT_DIR/worker<rank>/round-<n>.{json,safetensors} (save_state: no pickle)
+    when the servers checkpoint the model at round n, so that a resumed job goes on with
+    Adam's moments and the schedule where they were. The newest `keep` are kept. Without
+    a folder it keeps nothing (and a resumed job finds nothing)."""
+
+    def __init__(self, folder: Optional[str] = None, rank: int = 0, keep: int = 3):
+        self.path = os.path.join(folder, f"worker{rank}") if folder else None
+        self.rank, self.keep = rank, keep
+        self.stateful: List[Tuple[str, Any]] = []  # ("optimizer" or "scheduler", it)
+        self.pending: List[int] = []  # checkpoint rounds whose state is not kept yet
+        self.resumed: Optional[Dict[str, Any]] = None  # the state the job goes on with
+
+    def add(self, kind: str, thing: Any) -> None:
+        """Keep `thing`'s state (an optimizer or a prepared scheduler: `kind`); resuming,
+        give it back the state it had at the checkpoint the job goes on from (and the
+        optimizers theirs again after a scheduler's: a scheduler made sets the learning
+        rate it starts at)."""
+        self.stateful.append((kind, thing))
+        if self.resumed is None:
+            return
+        index = sum(1 for k, _ in self.stateful if k == kind) - 1
+        saved = self.resumed.get(f"{kind}s", [])
+        if index >= len(saved):
+            log.warning("resuming: no %s state was kept for this worker's %s number %d; it "
+                        "starts afresh", kind, kind, index + 1)
+            return
+        thing.load_state_dict(saved[index])
+        if kind == "scheduler":
+            optimizers = [o for k, o in self.stateful if k == "optimizer"]
+            for optimizer, state in zip(optimizers, self.resumed.get("optimizers", [])):
+                optimizer.load_state_dict(state)
+
+    def keep_pending(self, counts: Dict[str, Any], integers: Dict[str, Any]) -> None:
+        """The state of each checkpoint round pending, as the script's loop leaves it now
+        (`counts`: the session's iterations and samples; `integers`: the model's integer
+        buffers)."""
+        rounds, self.pending = self.pending, []
+        if self.path is None:
+            return
+        for round_ in rounds:
+            state = {"round": round_, **counts, "counts": dict(integers),
+                     "optimizers": [t.state_dict() for k, t in self.stateful if k == "optimizer"],
+                     "schedulers": [t.state_dict() for k, t in self.stateful if k == "scheduler"]}
+            try:
+                os.makedirs(self.path, exist_ok=True)
+                save_state(os.path.join(self.path, f"round-{round_}"), state)
+            except OSError as e:
+                raise UserError(f"--checkpoint-dir: cannot write worker {self.rank}'s state "
+                                f"in {self.path}: {e.strerror}") from None
+            for old in self.rounds()[:-self.keep]:
+                for suffix in (".json", ".safetensors"):
+                    try:
+                        os.remove(os.path.join(self.path, f"round-{old}{suffix}"))
+                    except OSError:
+                        pass
+
+    def rounds(self) -> List[int]:
+        try:
+            names = os.listdir(self.path) if self.path else []
+        except OSError:
+            return []
+        found = (re.fullmatch(r"round-(\d{1,12})\.json", name) for name in names)
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def take_back(self, round_: int, integers: Dict[str, Any]) -> Dict[str, Any]:
+        """Resuming from round `round_`: the newest state kept at or before it (a damaged
+        one is skipped with a warning), given back as the optimizers and schedulers are
+        made; the model's integer buffers now; returns the counts it had ({} if none)."""
+        for kept in sorted((r for r in self.rounds() if r <= round_), reverse=True):
+            try:
+                self.resumed = load_state(os.path.join(self.path, f"round-{kept}"))
+            except UserError as e:
+                log.warning("[worker %d] skipping a damaged state: %s", self.rank, e)
+                continue
+            if kept != round_:
+                log.warning("resuming from round %d: worker %d's optimizer and scheduler "
+                            "state is of round %d, the newest kept", round_, self.rank, kept)
+            for name, value in (self.resumed.get("counts") or {}).items():
+                mine = integers.get(name)
+                if mine is not None and getattr(value, "shape", None) == mine.shape:
+                    mine.copy_(value)
+            return {k: self.resumed[k] for k in ("iterations", "samples")
+                    if isinstance(self.resumed.get(k), int)}
+        log.warning("resuming from round %d: no optimizer or scheduler state was kept for "
+                    "worker %d (in %s); they start afresh", round_, self.rank, self.path)
+        return {}

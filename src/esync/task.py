@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
@@ -146,26 +145,15 @@ class Task:
             raise UserError(f"{EVALUATE_FLAG} {self.evaluation_spec}: on {len(few)} test "
                             f"samples it returned {value}, not a finite number")
 
-    def batches(self, session, batch_size: int, device: torch.device) -> Iterator:
-        """The loop's batches, until the job stops (esync.train)."""
-        if self.arrays is not None:
-            from esync.data.batches import BatchStream
-            from esync.data.order import WorkerOrder
-
-            order = WorkerOrder(self.labels(), session.rank, session.num_workers,
-                                session.data)
-            return _stream(session, BatchStream(self.arrays, order.order, batch_size, device))
-        from esync.loader import job_loader
-
+    def pairs(self) -> Any:
+        """The training set for main.py's loop, which trains (input, target) pairs;
+        UserError, naming --dataset, for samples of another form."""
         first = self.train_set[0]
         if not _pair(first):
             raise UserError(f"{DATASET_FLAG} {self.dataset}: main.py's loop trains (input, "
                             f"target) pairs, not samples that are a {_kind(first)}: "
                             f"train them with a script of your own (esync-run SCRIPT.py)")
-        return _passes(job_loader(DataLoader(self.train_set, batch_size=batch_size,
-                                             shuffle=True,
-                                             num_workers=session.data.loader_workers),
-                                  session, session.data))
+        return self.train_set
 
     def evaluate(self, model: nn.Module, device: torch.device) -> float:
         """The metric of `model` (on `device`) on the whole test set: `--evaluate`'s
@@ -279,26 +267,6 @@ def _number(value: Any) -> Optional[float]:
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return float(value)
     return None
-
-
-def _stream(session, stream) -> Iterator:
-    """The in-memory stream as a prepared loader: batches of the size the algorithm asks
-    (speed-balanced DDP's vary), until the job stops."""
-    session.epochs_done = lambda: stream.epochs_done
-    if session.resume_epoch:
-        stream.skip_to(int(round(session.resume_epoch * stream.partition_size)))
-    while session.stop_reason is None:
-        size = session.batch_size()
-        started = time.perf_counter()
-        inputs, labels = stream.next(size)
-        session.batch_fetched(time.perf_counter() - started, len(labels))
-        yield inputs, labels
-
-
-def _passes(loader) -> Iterator:
-    """Epoch after epoch of a prepared loader, until the job stops."""
-    while loader.session.stop_reason is None:
-        yield from loader
 
 
 _LOADED: Dict[tuple, Task] = {}

@@ -1,16 +1,19 @@
-"""A training process of main.py, standalone or a worker of a job: checked (esync.join),
-joined, and trained by the built-in loop (esync.train)."""
+"""A training process of main.py, standalone or a worker of a job: checked at start-up
+(esync.startup), joined (esync.join), and trained by the built-in loop (esync.train)."""
 from __future__ import annotations
 
 import logging
 from typing import Dict, Optional, Union
 
-from esync.join import WorkerPlan, check, join, select_device
+from esync.data.partition import partition_size
+from esync.errors import UserError
+from esync.join import WorkerPlan, join
 from esync.session import TrainResult
+from esync.task import task_of
+from esync.train import train
 from esync.transport.cluster import ClusterEnv, DDPEnv
 
-__all__ = ["WorkerPlan", "check", "select_device", "run_standalone", "run_cluster_worker",
-           "run_ddp_worker"]
+__all__ = ["run_standalone", "run_cluster_worker", "run_ddp_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -19,11 +22,6 @@ def _train(plan: WorkerPlan, env: Union[ClusterEnv, DDPEnv, None],
            settings: Optional[Dict[str, str]] = None) -> TrainResult:
     """Join the job, build the built-in loop's parts once, and train this process's
     partition (all the data alone)."""
-    from esync.data.partition import partition_size
-    from esync.errors import UserError
-    from esync.task import task_of
-    from esync.train import train
-
     opts = plan.opts
     with join(plan, env, settings) as session:
         # loaded, and a plug-in checked on it, by check() already

@@ -37,7 +37,7 @@ def _prepare(held: List[Any], items: List[Any]) -> Tuple[Any, float]:
     passes the ref, fetched once per worker process."""
     import ray
 
-    from esync.loader import prepare_batch
+    from esync.data.timed import prepare_batch
 
     key = held[0].hex()
     if key not in _held:
