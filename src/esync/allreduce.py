@@ -3,7 +3,7 @@
 Beside esync.kvstore, at the same level: where the kvstore pushes a round's gradient
 (or delta) to the servers and pulls the new weights, here the workers sum it among
 themselves with torch.distributed's all_reduce and each applies the update itself,
-with the servers' own rule (esync.rules) on its copy of the whole model, so that both
+with the servers' own rule (esync.algorithms.rules) on its copy of the whole model, so that both
 backends do the same arithmetic and every worker holds the same weights.
 
 - *Process group*: gloo, or nccl when every worker trains on a GPU (a job of CPU and GPU
@@ -54,7 +54,7 @@ from esync import config
 from esync.compress import Compression
 from esync.flat import FlatModel
 from esync.link import Link
-from esync.rules import BUFFERS, WEIGHTS, RuleConfig, make_rule
+from esync.algorithms.rules import BUFFERS, WEIGHTS, RuleConfig, make_rule
 from esync.transport.node import JobAborted
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from esync.checkpoint import WorkerState
 from esync.data.order import DataSettings
 from esync.errors import UserError
 from esync.live import LiveReporter
-from esync.options import Options, check_aggregation, check_plugins
+from esync.options import Options, check_plugins
 from esync.recorder import MODEL_FILE, Recorder
 from esync.session import Session
 from esync.stop import StopCriteria
@@ -69,7 +69,7 @@ def check(opts: Options, env: Optional[ClusterEnv]) -> WorkerPlan:
                                          if a.parameter_server))
         raise UserError(f"-m/--mode {opts.mode} does not run with DMLC_ROLE={env.role}: "
                         f"unset DMLC_ROLE, or pick a parameter-server mode ({others})")
-    check_aggregation(opts, env.num_servers if env is not None else None)
+    registry.check_aggregation(opts, env.num_servers if env is not None else None)
     check_plugins(opts)
     device = select_device(opts)
     patience = 0.0

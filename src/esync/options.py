@@ -105,10 +105,6 @@ def _compress(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def compression(opts: "Options") -> Compression:
-    return Compression.parse(opts.compress)
-
-
 def _every(text: str) -> str:
     """--checkpoint-every: N (rounds, N >= 1) or Ns (seconds, > 0), kept as text."""
     low = text.strip().lower()
@@ -425,49 +421,6 @@ def check_plugins(opts: Options) -> None:
         from esync.task import task_of
 
         task_of(opts).check(opts.network)
-
-
-def check_aggregation(opts: Options, num_servers: Optional[int] = None) -> None:
-    """--backend, --compress and ESync's aggregation options against the mode and (if
-    known) the job's DMLC_NUM_SERVER; UserError names the flag."""
-    from esync import registry
-
-    algorithm = registry.of_options(opts)
-    esync_only = {f"--average {opts.average}": opts.average != config.AVERAGE,
-                  "--outer-momentum": opts.outer_momentum,
-                  "--round-time": opts.round_time is not None}
-    given = [flag for flag, value in esync_only.items() if value]
-    if given and not algorithm.state_server:
-        raise UserError(f"{given[0]} applies to -m esync only, not -m {opts.mode}")
-    if opts.balance_batches and algorithm.backend != "ddp":
-        raise UserError(f"--balance-batches applies to -m ddp only, not -m {opts.mode}")
-    if opts.balance_batches and opts.min_batch > opts.batch_size:
-        raise UserError(f"--min-batch {opts.min_batch} is more than -b {opts.batch_size}: "
-                        f"the workers' batches could not add up to the global batch")
-    if opts.compress != "none" and not algorithm.parameter_server:
-        raise UserError(f"--compress applies to the parameter-server modes, not -m {opts.mode}")
-    if opts.compress.startswith("partial"):
-        if not algorithm.synchronous:
-            raise UserError(f"--compress {opts.compress} synchronises slices in rounds all "
-                            f"workers share: -m sync or esync, not -m {opts.mode}")
-        if opts.outer_momentum:
-            raise UserError(f"--compress {opts.compress} leaves the other slices unmoved, "
-                            f"which --outer-momentum would move: use one of them")
-    able = [a.mode for a in registry.ALGORITHMS.values() if a.all_reduce]
-    if opts.backend == "ps":
-        if num_servers == 0:
-            raise UserError(f"DMLC_NUM_SERVER=0: a job without servers aggregates by "
-                            f"all-reduce: pass --backend allreduce (-m {' or '.join(able)})")
-        return
-    if not algorithm.all_reduce:
-        raise UserError(f"--backend allreduce: -m {opts.mode} runs on the parameter "
-                        f"servers only (all-reduce: -m {' or '.join(able)})")
-    if opts.checkpoint_dir or opts.resume:
-        raise UserError("--checkpoint-dir and --resume need the servers' shards: use "
-                        "--backend ps")
-    if num_servers:
-        raise UserError(f"--backend allreduce: DMLC_NUM_SERVER={num_servers}, but the "
-                        f"all-reduce needs no servers: set DMLC_NUM_SERVER=0")
 
 
 def build_parser(prog: str = "esync") -> ArgumentParser:

@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
+from esync.algorithms.policy import Policy, policy_of
+from esync.errors import UserError
+
 if TYPE_CHECKING:
     from esync.options import Options
     from esync.transport.node import Node
@@ -66,11 +69,45 @@ class Algorithm:
     #: the servers' checkpoint round a resumed job took its model from (None: none)
     resumed_from: Optional[int] = None
 
+    #: the settings these hooks run (esync.algorithms.policy), set by `with_policy`
+    policy: Optional["Policy"] = None
+
+    # --- building: a policy bound to a joined job -----------------------------------------
     @classmethod
     def from_options(cls, opts: "Options", job: Optional[Job]) -> "Algorithm":
         """The algorithm as the command line configures it; `job` is None for a
         process training alone."""
+        return cls.with_policy(policy_of(opts), opts, job)
+
+    @classmethod
+    def with_policy(cls, policy: "Policy", opts: "Options", job: Optional[Job]) -> "Algorithm":
+        """The hooks that run `policy` in `job`, the job's other settings from `opts`."""
+        hooks = cls.bind(policy, opts, job)
+        hooks.policy, hooks._bound = policy, (opts, job)
+        return hooks
+
+    @classmethod
+    def bind(cls, policy: "Policy", opts: "Options", job: Optional[Job]) -> "Algorithm":
+        """Each algorithm's constructor from its policy and the job (`with_policy`)."""
         raise NotImplementedError
+
+    def rebound(self, policy: "Policy") -> "Algorithm":
+        """These hooks with `policy`'s settings in place of the flags' (before `setup`):
+        the policy given in code (esync.DistributedOptimizer(..., algorithm=)). The job's
+        mode (-m) chose the servers' rule and the backend, so another algorithm's policy
+        is a UserError."""
+        opts, job = self._bound
+        if policy.key != self.policy.key:
+            raise UserError(f"algorithm={policy!r} does not run in this job: it runs -m "
+                            f"{opts.mode} ({self.policy.algorithm.display}); start it with "
+                            f"{' '.join(policy.algorithm.flags)}")
+        if policy == self.policy:
+            return self
+        self.discard()
+        return type(self).with_policy(policy, policy.applied(opts), job)
+
+    def discard(self) -> None:
+        """Built, then replaced before `setup` (`rebound`): free what `bind` took."""
 
     @staticmethod
     def learning_rate(opts: "Options") -> float:

@@ -11,9 +11,9 @@ the optimizer's step, averaged (SSGD) or as it comes (ASGD, DC-ASGD). With
 classic one, momentum and weight decay included (the mean of the workers' momentum
 steps is the momentum step of the mean gradient); any other optimizer (AdamW) works
 the same way, each worker keeping its own optimizer state. On the worker the three
-are the same; they differ in the server's rule (esync.rules): SSGD's server answers
+are the same; they differ in the server's rule (esync.algorithms.rules): SSGD's server answers
 once all workers pushed the round, ASGD's at once, DC-ASGD's at once with delay
-compensation (of the step read as a gradient). ESync (esync.algorithms.esync) builds on
+compensation (of the step read as a gradient). ESync (esync.algorithms.esync.worker) builds on
 it with a budget of local steps and pushes its model delta. With `--compress partial:K`
 (esync.algorithms.partial) a round synchronises one slice of the weights.
 """
@@ -26,16 +26,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from esync import registry
 from esync.algorithms.base import Algorithm, Job, Phases
 from esync.algorithms.partial import PartialSync
-from esync.compress import Compression
+from esync.compress import Compression, compression
 from esync.flat import FlatModel
 from esync.kvstore import KVStore
 from esync.transport.node import JobAborted
 from esync.link import Link, link_of
-from esync.options import compression
-from esync.rules import RuleConfig
+from esync.algorithms.rules import RuleConfig
 
 if TYPE_CHECKING:
     from esync.allreduce import AllReduce
@@ -67,11 +65,10 @@ class PushPull(Algorithm):
         self.resumed_from: Optional[int] = None
 
     @classmethod
-    def from_options(cls, opts, job: Optional[Job]) -> "PushPull":
-        algorithm = registry.of_options(opts)
-        rule = RuleConfig(algorithm.key, job.num_workers, opts.learning_rate,
-                          lamda=opts.dcasgd_lamda if algorithm.dcasgd else 0.0)
-        return cls(rule, job, opts.eval_every, algorithm.synchronous, link_of(opts),
+    def bind(cls, policy, opts, job: Optional[Job]) -> "PushPull":
+        rule = RuleConfig(policy.key, job.num_workers, opts.learning_rate,
+                          lamda=getattr(policy, "lamda", 0.0))
+        return cls(rule, job, opts.eval_every, policy.algorithm.synchronous, link_of(opts),
                    opts.backend, compression(opts))
 
     @property

@@ -137,7 +137,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from esync import config
 from esync import registry
 from esync.errors import UserError
-from esync.options import check_aggregation, parse_options
+from esync.options import parse_options
 from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
 from esync.live import JOB_ID, JOB_ID_ENV, JOB_ID_FORM, page_url
 from esync.live import URL_ENV as LIVE_URL_ENV
@@ -419,7 +419,7 @@ def commands(hosts: Sequence[Host], args,
         raise HostFileError(f"{path}: --backend allreduce runs without servers: no host "
                             f"takes the server role")
     try:
-        check_aggregation(opts, num_servers if algorithm.parameter_server else None)
+        registry.check_aggregation(opts, num_servers if algorithm.parameter_server else None)
     except UserError as e:
         raise UserError(f"{e} (a main.py flag after --)") from None
     num_workers = sum(h.workers for h in hosts)

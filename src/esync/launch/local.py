@@ -85,7 +85,7 @@ from esync.data import METRIC_LINE
 from esync.errors import UserError
 from esync.live import JOB_ID_ENV, LiveReporter, page_url
 from esync.live import URL_ENV as LIVE_URL_ENV
-from esync.options import (ARGS_VARIABLE, Options, check_aggregation, check_plugins,
+from esync.options import (ARGS_VARIABLE, Options, check_plugins,
                            flags_given, parse_options)
 from esync.options import build_parser as options_parser
 from esync.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
@@ -357,7 +357,7 @@ def plan(argv: Sequence[str], prog: str = PROG,
         raise LaunchError("--workers and --servers must be at least 1")
     algorithm = registry.of_options(opts)
     try:  # refused here, before any process starts
-        check_aggregation(opts, args.servers if algorithm.parameter_server else None)
+        registry.check_aggregation(opts, args.servers if algorithm.parameter_server else None)
         check_plugins(opts)
     except UserError as e:
         raise LaunchError(str(e)) from None

@@ -31,16 +31,15 @@ from torch import nn
 from esync import registry
 from esync.algorithms.base import Job, Phases
 from esync.algorithms.pushpull import PushPull
-from esync.compress import Compression
+from esync.compress import Compression, compression
 from esync.link import Link, link_of
-from esync.options import compression
-from esync.rules import RuleConfig
+from esync.algorithms.rules import RuleConfig
 from esync.stateclient import PendingBudget, StateClient, StateServerRefusal
 
 log = logging.getLogger(__name__)
 
 
-class ESync(PushPull):
+class ESyncWorker(PushPull):
     def __init__(self, job: Job, state: StateClient, global_lr: float, max_local_steps: int,
                  eval_every: int, key: str, link: Optional[Link] = None,
                  backend: str = "ps", compression: Compression = Compression(),
@@ -61,14 +60,17 @@ class ESync(PushPull):
         self._refused = False  # the last answer was refused: budgets fall back to 1
 
     @classmethod
-    def from_options(cls, opts, job: Optional[Job]) -> "ESync":
+    def bind(cls, policy, opts, job: Optional[Job]) -> "ESyncWorker":
         state = StateClient(opts.state_server_ip, opts.state_server_port, job.id,
                             patience=job.state_server_patience, check=job.node.check)
         if job.rank == 0:
             log.info("[esync] job %s; budgets at %s/jobs/%s/", job.id, state.url, job.id)
-        return cls(job, state, opts.global_lr, opts.max_local_steps, opts.eval_every,
-                   registry.of_options(opts).key, link_of(opts), opts.backend,
-                   compression(opts), opts.average, opts.outer_momentum, opts.round_time)
+        return cls(job, state, policy.global_lr, policy.max_local_steps, opts.eval_every,
+                   policy.key, link_of(opts), opts.backend, compression(opts),
+                   policy.average, policy.outer_momentum, policy.round_time)
+
+    def discard(self) -> None:
+        self.state.close()
 
     @staticmethod
     def learning_rate(opts) -> float:
