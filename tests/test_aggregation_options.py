@@ -1,4 +1,4 @@
-"""The aggregation options of the synchronous rules (esync.rules) and the compressed
+"""The aggregation options of the synchronous rules (esync.algorithms.rules) and the compressed
 pushes a parameter server takes (esync.server, esync.compress).
 
 1. ESyncRule (made by make_rule on numpy vectors, driven through `add` for every worker,
