@@ -100,7 +100,7 @@ def _flags(argv: Optional[Sequence[str]]) -> list:
 
 
 def _join(flags: list, prog: str):
-    from esync import join, registry
+    from esync import join
     from esync.console import configure_logging, report_failed_start
     from esync.options import agreed_settings, flags_given, parse_options
     from esync.transport.cluster import ClusterEnv, DDPEnv
@@ -108,7 +108,7 @@ def _join(flags: list, prog: str):
     role = os.environ.get("DMLC_ROLE")
     opts = parse_options(flags, prog)
     env: Any = None
-    if registry.of_options(opts).backend == "ddp":
+    if opts.algorithm.backend == "ddp":
         env = DDPEnv.from_environ()
     elif role:
         env = ClusterEnv.from_environ()
@@ -127,7 +127,7 @@ def _join(flags: list, prog: str):
     if cluster is not None:
         settings = agreed_settings(opts, "worker", given, cluster.num_workers,
                                    cluster.num_servers)
-    if not registry.of_options(opts).distributed and "network" in given:
+    if not opts.algorithm.distributed and "network" in given:
         global _alone_task
         from esync.task import task_of
 

@@ -32,7 +32,6 @@ def _scheduler_cannot_start(prog: str, error: UserError) -> int:
 
 
 def _run(argv: Optional[Sequence[str]], prog: str) -> int:
-    from esync import registry
     from esync.options import agreed_settings, flags_given, parse_options
     from esync.transport.cluster import ClusterEnv
 
@@ -49,7 +48,7 @@ def _run(argv: Optional[Sequence[str]], prog: str) -> int:
             except UserError:
                 pass
         raise
-    if registry.of_options(opts).backend == "ddp":
+    if opts.algorithm.backend == "ddp":
         return _run_ddp(opts, role)
     # wrong cluster variables: there is nobody to tell
     env = ClusterEnv.from_environ() if role else None

@@ -58,7 +58,7 @@ def check(opts: Options, env: Optional[ClusterEnv]) -> WorkerPlan:
     """Everything about a training process that can be wrong before it starts: the mode
     against the cluster variables, the plug-ins, the device, the state server's
     patience. (DDP's variables are checked where they are read.)"""
-    algorithm = registry.of_options(opts)
+    algorithm = opts.algorithm
     standalone = registry.ALGORITHMS[registry.STANDALONE]
     if env is None and algorithm.parameter_server:
         missing = ", ".join(v for v in REQUIRED if v not in os.environ)

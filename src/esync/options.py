@@ -22,7 +22,7 @@ from esync.errors import UserError
 from esync.models import NETWORKS
 from esync.plugin import is_spec
 from esync.compress import Compression
-from esync.registry import AVERAGES, BACKENDS, MODES
+from esync.registry import AVERAGES, BACKENDS, MODES, Algorithm, of_options
 
 #: the variable in which esync-run hands a training script these flags (a JSON list of
 #: strings), for esync.init to parse
@@ -346,6 +346,12 @@ class Options:
     num_threads: int = _opt(["--num-threads"], config.NUM_THREADS,
                             "torch intra-op threads (0: torch's default)",
                             type=_non_negative_int)
+
+    @property
+    def algorithm(self) -> Algorithm:
+        """The algorithm -m selects (with -dcasgd, --balance-batches): its registry row,
+        which every layer reads rather than resolving the mode itself."""
+        return of_options(self)
 
 
 #: the settings (Options field names) that only main.py's built-in loop (esync/train.py,

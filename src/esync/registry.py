@@ -167,7 +167,7 @@ def check_aggregation(opts: Any, num_servers: Optional[int] = None) -> None:
     algorithms refused, --backend and --compress against what it runs on and (if known)
     the job's DMLC_NUM_SERVER; UserError names the flag. Torch-free: the launchers call
     it on the flags they pass."""
-    algorithm = of_options(opts)
+    algorithm = opts.algorithm
     for other in ALGORITHMS.values():
         given = other.policy_class().flags_given(opts) if other is not algorithm else []
         if given:

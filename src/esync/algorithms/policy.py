@@ -56,7 +56,7 @@ class Policy:
 
 def policy_of(opts: Any) -> Policy:
     """The policy the flags select and configure."""
-    return registry.of_options(opts).policy_class().from_options(opts)
+    return opts.algorithm.policy_class().from_options(opts)
 
 
 def number_in(policy: Policy, name: str, low: float, high: Optional[float] = None,

@@ -367,7 +367,7 @@ def options_of(flags: Sequence[str]):
 
 def algorithm_of(flags: Sequence[str]) -> registry.Algorithm:
     """The algorithm main.py's flags select (UserError as `options_of`)."""
-    return registry.of_options(options_of(flags))
+    return options_of(flags).algorithm
 
 
 def _short_names(hosts: Sequence[Host]) -> Dict[str, str]:
@@ -407,7 +407,7 @@ def commands(hosts: Sequence[Host], args,
     scheduler = next(h for h in hosts if "scheduler" in h.roles)
     state = next((h for h in hosts if "stateserver" in h.roles), None)
     opts = options_of(flags)
-    algorithm = registry.of_options(opts)
+    algorithm = opts.algorithm
     if state is None and algorithm.state_server:
         raise HostFileError(f"{path}: {' '.join(algorithm.flags)} needs a host with the "
                             f"stateserver role (roles=...,stateserver)")

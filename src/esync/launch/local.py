@@ -355,7 +355,7 @@ def plan(argv: Sequence[str], prog: str = PROG,
                           f"servers")
     if args.workers < 1 or (args.servers < 1 and not all_reduce):
         raise LaunchError("--workers and --servers must be at least 1")
-    algorithm = registry.of_options(opts)
+    algorithm = opts.algorithm
     try:  # refused here, before any process starts
         registry.check_aggregation(opts, args.servers if algorithm.parameter_server else None)
         check_plugins(opts)
