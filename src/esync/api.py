@@ -244,14 +244,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  *, algorithm: Optional[Policy] = None, job: Optional[Session] = None):
         # `model` is accepted for the form DistributedOptimizer(optimizer, model) other
         # libraries use: the model is the session's, from prepare_model.
-        # No Optimizer.__init__: the wrapped optimizer owns the parameters and the state
         self.optimizer = optimizer
+        # An Optimizer whose parameter groups and state are the wrapped one's (the
+        # properties below), so not Optimizer.__init__, which would make its own: torch's
+        # restore path (unpickling's) gives it the rest, its defaults, every hook
+        # registry and the step wrapper that runs step hooks and profiles the step
+        torch.optim.Optimizer.__setstate__(self, {"defaults": optimizer.defaults})
         self.session = job or get_session()
         if algorithm is not None:
             _use_policy(self.session, algorithm)
-        self.defaults = optimizer.defaults
-        self._optimizer_step_pre_hooks: Dict[int, Callable] = {}
-        self._optimizer_step_post_hooks: Dict[int, Callable] = {}
         self.session.kept.add("optimizer", self)  # with the job's checkpoints
 
     @property
