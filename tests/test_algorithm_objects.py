@@ -80,7 +80,7 @@ def test_the_budget_rule_is_one_torch_free_module_that_its_users_share():
     assert stallmodel.budget_rule is budget
     for name in ("views.py", "live.py"):
         source = open(os.path.join(REPO, "stateserver", "budgets", name)).read()
-        assert "from esync.algorithms.esync import budget as budget_rule" in source
+        assert "from esync.algorithms.esync import budget as budget_rule" in source, name
     assert not os.path.exists(os.path.join(REPO, "stateserver", "budgets", "rule.py"))
     # esync-stalls predicts what the state server answers, round_time aside
     assert stallmodel.budget(0.010, [0.010, 0.040], 16) == budget.budget(0.010, [0.010, 0.040], 16)

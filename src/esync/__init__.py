@@ -6,7 +6,9 @@ The public API (esync.api) for a training script of your own::
     esync.init()
     model = esync.prepare_model(model)
     loader = esync.prepare_data_loader(loader)
-    optimizer = esync.DistributedOptimizer(optimizer)   # or algorithm=esync.ESync(max_local_steps=16)
+    optimizer = esync.DistributedOptimizer(optimizer)
+    # or with the algorithm's settings in code:
+    # esync.DistributedOptimizer(optimizer, algorithm=esync.ESync(max_local_steps=16))
 
 Its names are imported on first use, so that `import esync` stays cheap (no torch) for
 the launchers and log tools.
@@ -16,8 +18,9 @@ __version__ = "0.1.0"
 
 #: the algorithm objects (esync.algorithms: each algorithm's policy, torch-free), by module
 _ALGORITHMS = {"ESync": "esync.algorithms.esync", "SSGD": "esync.algorithms.sync",
-               "ASGD": "esync.algorithms.asynchronous", "DCASGD": "esync.algorithms.asynchronous",
-               "DDP": "esync.algorithms.ddp", "BalancedDDP": "esync.algorithms.ddp",
+               "ASGD": "esync.algorithms.asynchronous",
+               "DCASGD": "esync.algorithms.asynchronous", "DDP": "esync.algorithms.ddp",
+               "BalancedDDP": "esync.algorithms.ddp",
                "Standalone": "esync.algorithms.standalone"}
 
 #: the public API, in esync.api (ShardDataset, in esync.data.decode: shards written by esync-pack, whose

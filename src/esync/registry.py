@@ -46,7 +46,7 @@ class Algorithm:
     summary: str             # esync/logs_tools/summary.py writes <summary>.json
     display: str             # its name in figures and tables
     rule: Optional[str] = None  # module:class of its server rule (None: no servers)
-    dcasgd: bool = False     # with `-dcasgd 1` (the original spells DC-ASGD `-m async -dcasgd 1`)
+    dcasgd: bool = False     # with `-dcasgd 1` (the original's DC-ASGD: `-m async -dcasgd 1`)
     synchronous: bool = False   # every worker waits for all in each round
     state_server: bool = False  # needs the ESync state server
     backend: Optional[str] = "ps"  # how workers talk: "ps" (scheduler, servers and

@@ -168,7 +168,8 @@ def _device_state(device: Device, job_round: int, now) -> Dict[str, Any]:
     return {
         "rank": device.rank,
         "round": device.round,
-        # whether it counts among the devices the budgets follow (esync.algorithms.esync.budget.living)
+        # whether it counts among the devices the budgets follow
+        # (esync.algorithms.esync.budget.living)
         "living": budget_rule.living(device.round, job_round),
         "budget": device.budget,
         "time_per_iteration": device.last_time,

@@ -79,7 +79,8 @@ class PushPull(Algorithm):
         if self.backend_name == "allreduce":
             from esync.allreduce import AllReduce  # torch.distributed: only where used
 
-            self.backend = AllReduce(self.job, self.flat, self.rule, self.compression, self.link)
+            self.backend = AllReduce(self.job, self.flat, self.rule, self.compression,
+                                     self.link)
         else:
             self.backend = Servers(self.job, self.flat, self.rule, self.synchronous,
                                    self.compression, self.link)

@@ -38,8 +38,8 @@ class ESync(Policy):
              "round_time": "round_time"}
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_local_steps, bool) or not isinstance(self.max_local_steps, int) \
-                or self.max_local_steps < 1:
+        steps = self.max_local_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"ESync(max_local_steps={self.max_local_steps!r}): expected a "
                              f"positive integer")
         if self.average not in registry.AVERAGES:
