@@ -1,5 +1,10 @@
 """The run's settings: one dataclass, parsed from the command line by argparse-dataclass.
 
+An algorithm's own flags stay fields here, in --help's order (the flag pages are
+generated from this parser), marked with the algorithm whose policy (esync.algorithms)
+names them in its `FLAGS`, takes their defaults and checks them; the algorithms'
+checks run in esync.registry.check_aggregation.
+
 Every flag of the original ESync is kept with its short form (`-l`, `-ll`, `-gl`, `-b`,
 `-dd`, `-g`, `-c`, `-n`, `-ld`, `-e`, `-m`, `-dcasgd`, `-s`, `-ip`, `-port`), so that its
 users' commands still work; defaults come from the top-level `esync/config.py`.
@@ -139,6 +144,8 @@ class Options:
                                 type=_positive_float)
     local_lr: float = _opt(["-ll", "--local-lr"], config.LEARNING_RATE_LOCAL,
                            "local SGD learning rate of esync", type=_positive_float)
+    # ESync's (esync.algorithms.esync.ESync.FLAGS), as are --average, --outer-momentum,
+    # --max-local-steps and --round-time below
     global_lr: float = _opt(["-gl", "--global-lr"], config.LEARNING_RATE_GLOBAL,
                             "esync's scale of the averaged model delta", type=_positive_float)
     momentum: float = _opt(["--momentum"], config.MOMENTUM, "SGD momentum in [0, 1)",
@@ -180,6 +187,7 @@ class Options:
     mode: str = _opt(["-m", "--mode"], config.MODE, "training algorithm", choices=MODES)
     use_dcasgd: Switch = _opt(["-dcasgd", "--use-dcasgd"], config.DCASGD,
                               "1: delay-compensated ASGD (with -m async)", type=_switch)
+    # speed-balanced DDP's (esync.algorithms.ddp.BalancedDDP), with --min-batch
     balance_batches: Switch = _opt(["--balance-batches"], config.BALANCE_BATCHES,
                                    "ddp: 1: each worker's batch in proportion to its measured "
                                    "speed, re-estimated as it trains, the global batch (-b "
@@ -188,8 +196,10 @@ class Options:
     min_batch: int = _opt(["--min-batch"], config.MIN_BATCH,
                           "with --balance-batches: the smallest batch a worker is given",
                           type=_positive_int)
+    # DC-ASGD's (esync.algorithms.asynchronous.DCASGD.FLAGS)
     dcasgd_lamda: float = _opt(["--dcasgd-lamda"], config.DCASGD_LAMDA,
                                "DC-ASGD's variance-control factor", type=_non_negative_float)
+    # ESync's
     average: str = _opt(["--average"], config.AVERAGE,
                         "esync: how the round's deltas are averaged: mean (each the same, "
                         "the paper's), steps (each weighted by its local steps, i.e. its "
@@ -218,6 +228,7 @@ class Options:
                                 "address of the ESync state server")
     state_server_port: int = _opt(["-port", "--state-server-port"], config.STATE_SERVER_PORT,
                                   "port of the ESync state server", type=_port)
+    # ESync's
     max_local_steps: int = _opt(["--max-local-steps"], config.MAX_LOCAL_STEPS,
                                 "esync: the most local iterations a device runs in a round",
                                 type=_positive_int)
