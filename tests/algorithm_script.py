@@ -1,7 +1,10 @@
 """A user's script that gives its algorithm in code: `esync.DistributedOptimizer(opt,
 algorithm=...)`, the optimizer wrapped before prepare_model (tests/test_algorithm_objects.py).
 
-    esync-run [flags] tests/algorithm_script.py "esync.ESync(max_local_steps=2)"
+    esync-run [flags] tests/algorithm_script.py "esync.ESync(max_local_steps=2)" [late]
+
+`late`: the optimizer wrapped after prepare_model, as a script without an algorithm
+object does.
 """
 import sys
 
@@ -20,9 +23,12 @@ def main() -> None:
     x = torch.randn(512, 8)
     y = (x[:, 0] > 0).long()
     net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    late = sys.argv[2:] == ["late"]
+    model = esync.prepare_model(net) if late else None
     opt = esync.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.05),
                                      algorithm=algorithm)
-    model = esync.prepare_model(net)
+    if model is None:
+        model = esync.prepare_model(net)
     loader = esync.prepare_data_loader(DataLoader(TensorDataset(x, y), batch_size=16,
                                                   shuffle=True))
     for _ in range(4):

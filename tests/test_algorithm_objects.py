@@ -19,10 +19,10 @@ from tests.helpers import REPO
 SCRIPT = os.path.join(REPO, "tests", "algorithm_script.py")
 
 
-def esync_run(tmp_path, flags, algorithm):
+def esync_run(tmp_path, flags, algorithm, *script_args):
     return subprocess.run(
         [sys.executable, "-m", "esync.launch.run", "--out", str(tmp_path / "runs"),
-         "--no-progress", "--num-threads", "1", *flags, SCRIPT, algorithm],
+         "--no-progress", "--num-threads", "1", *flags, SCRIPT, algorithm, *script_args],
         cwd=tmp_path, capture_output=True, text=True, timeout=240)
 
 
@@ -53,6 +53,19 @@ def test_an_object_of_another_algorithm_than_the_job_s_ends_it_with_one_line(tmp
              if "does not run in this job" in line]
     assert lines and "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     assert "-m sync (SSGD); start it with -m esync" in lines[0]
+
+
+@pytest.mark.slow
+def test_settings_given_after_prepare_model_which_sent_the_flags_end_it_with_one_line(tmp_path):
+    """prepare_model gave the servers and the state server the flags' settings: an
+    object that differs, given afterwards, is refused rather than half applied."""
+    proc = esync_run(tmp_path, ["--workers", "2", "-m", "esync"],
+                     "esync.ESync(max_local_steps=2)", "late")
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out, out
+    assert any("came after prepare_model" in line and "wrap the optimizer first" in line
+               for line in out.splitlines()), out
 
 
 @pytest.mark.parametrize("key", list(registry.ALGORITHMS))

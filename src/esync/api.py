@@ -183,7 +183,8 @@ def prepare_model(model: nn.Module) -> nn.Module:
     """Move `model` to this worker's device and give it the job's initial weights (the
     first worker's, or the servers' when resuming or rejoining); returns the module to
     run forward through: `model` itself, DDP's wrapper of it under `-m ddp`. Call once,
-    before `DistributedOptimizer`; `model`'s parameters are from now on views of the
+    before `DistributedOptimizer` (after it, where that gives an algorithm object whose
+    settings differ from the flags'); `model`'s parameters are from now on views of the
     flat vector the job synchronises. Alone (`-m local`) with `-n` and `--dataset`
     naming the script's model and data, `model` is evaluated in this process by the
     clock (`--eval-interval`, the clock paused meanwhile), as main.py's standalone
