@@ -13,6 +13,7 @@ import pytest
 import esync
 from esync import registry, stallmodel
 from esync.algorithms.esync import budget
+from esync.errors import UserError
 from esync.options import parse_options
 from tests.helpers import REPO
 
@@ -97,3 +98,17 @@ def test_the_budget_rule_is_one_torch_free_module_that_its_users_share():
     assert not os.path.exists(os.path.join(REPO, "stateserver", "budgets", "rule.py"))
     # esync-stalls predicts what the state server answers, round_time aside
     assert stallmodel.budget(0.010, [0.010, 0.040], 16) == budget.budget(0.010, [0.010, 0.040], 16)
+
+
+def test_an_object_s_own_checks_are_its_flags_checks():
+    """What check_aggregation refuses of the flags, the object's `check` refuses of its
+    settings in that job (DistributedOptimizer runs it before the object takes over)."""
+    with pytest.raises(UserError, match="--min-batch 64 is more than -b 32"):
+        esync.BalancedDDP(min_batch=64).check(parse_options(["-m", "ddp", "-b", "32"]))
+    with pytest.raises(UserError, match="which --outer-momentum would move"):
+        esync.ESync(outer_momentum=0.9).check(parse_options(["-m", "esync", "--compress",
+                                                             "partial:4"]))
+    with pytest.raises(UserError, match="--min-batch 64 is more than -b 32"):
+        registry.check_aggregation(parse_options(["-m", "ddp", "--balance-batches", "1",
+                                                  "-b", "32", "--min-batch", "64"]))
+    esync.BalancedDDP(min_batch=32).check(parse_options(["-m", "ddp", "-b", "32"]))

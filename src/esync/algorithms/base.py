@@ -107,8 +107,10 @@ class Algorithm:
                             f"{' '.join(policy.algorithm.flags)}")
         if policy == self.policy:
             return self
+        opts = policy.applied(opts)
+        policy.check(opts)  # as the flags' were, before the job started
         self.discard()
-        return type(self).with_policy(policy, policy.applied(opts), job)
+        return type(self).with_policy(policy, opts, job)
 
     def discard(self) -> None:
         """Built, then replaced before `setup` (`rebound`): free what `bind` took."""
