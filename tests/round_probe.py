@@ -18,9 +18,10 @@ import torch
 from esync.algorithms.base import Job
 from esync.algorithms.pushpull import PushPull
 from esync.models import build_network
-from esync.options import compression, parse_options
+from esync.compress import compression
+from esync.options import parse_options
 from esync.registry import AVERAGES
-from esync.rules import RuleConfig
+from esync.algorithms.rules import RuleConfig
 from esync.transport.cluster import ClusterEnv
 from esync.transport.node import Node
 

@@ -1,4 +1,4 @@
-"""The aggregation options of the synchronous rules (esync.rules) and the compressed
+"""The aggregation options of the synchronous rules (esync.algorithms.rules) and the compressed
 pushes a parameter server takes (esync.server, esync.compress).
 
 1. ESyncRule (made by make_rule on numpy vectors, driven through `add` for every worker,
@@ -28,7 +28,8 @@ import pytest
 import torch
 
 from esync.compress import Compression, Compressor, decode_chunk
-from esync.rules import BUFFERS, WEIGHTS, ESyncRule, RuleConfig, SyncRule, make_rule
+from esync.algorithms.esync.rule import ESyncRule
+from esync.algorithms.rules import BUFFERS, WEIGHTS, RuleConfig, SyncRule, make_rule
 from esync.transport.message import CHUNK_VALUES, Message, encode
 from tests.test_wire_properties import (LR, NUM_BUFFERS, NUM_WEIGHTS, WEIGHT_CHUNKS,
                                         Harness)

@@ -1,4 +1,4 @@
-"""Speed-balanced DDP (`-m ddp --balance-batches 1`, esync/algorithms/balanced.py): the
+"""Speed-balanced DDP (`-m ddp --balance-batches 1`, esync/algorithms/ddp/balanced.py): the
 batches' arithmetic in-process, the gradient weighing in a real gloo group of two
 processes, and whole jobs of real processes on loopback."""
 import io
@@ -19,7 +19,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from esync.algorithms.balanced import BalancedDDP, apportion
+from esync.algorithms.ddp.balanced import BalancedDDPWorker as BalancedDDP, apportion
 from esync.algorithms.base import Job
 from esync.link import Link
 from esync.launch import local

@@ -10,7 +10,7 @@ import pytest
 
 from esync.checkpoint import Checkpoints, survey
 from esync.errors import UserError
-from esync.rules import WEIGHTS, RuleConfig
+from esync.algorithms.rules import WEIGHTS, RuleConfig
 from esync.server import ShardServer
 
 
@@ -82,7 +82,7 @@ def _server(tmp_path, name, momentum=0.0):
                          checkpoints=Checkpoints(str(tmp_path), 0))
     weights = np.linspace(-1, 1, 7).astype(np.float32)
     server.sections = (weights, np.ones(2, np.float32))
-    from esync.rules import make_rule
+    from esync.algorithms.rules import make_rule
 
     server.rule = make_rule(*server.sections, config)
     return server

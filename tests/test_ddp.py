@@ -1,4 +1,4 @@
-"""The DDP baseline (`-m ddp`, esync/algorithms/ddp.py): PyTorch DistributedDataParallel
+"""The DDP baseline (`-m ddp`, esync/algorithms/ddp/worker.py): PyTorch DistributedDataParallel
 over gloo, as real processes on loopback, started by esync/launch/local.py (with its
 evaluator) or by hand with torch.distributed's variables (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT)."""

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from esync.rules import BUFFERS, WEIGHTS, RuleConfig, make_rule
+from esync.algorithms.rules import BUFFERS, WEIGHTS, RuleConfig, make_rule
 
 
 def _rule(name, weights, workers=2, buffers=(0.0, 0.0), **kw):

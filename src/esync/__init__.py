@@ -7,6 +7,8 @@ The public API (esync.api) for a training script of your own::
     model = esync.prepare_model(model)
     loader = esync.prepare_data_loader(loader)
     optimizer = esync.DistributedOptimizer(optimizer)
+    # or with the algorithm's settings in code:
+    # esync.DistributedOptimizer(optimizer, algorithm=esync.ESync(max_local_steps=16))
 
 Its names are imported on first use, so that `import esync` stays cheap (no torch) for
 the launchers and log tools.
@@ -14,14 +16,25 @@ the launchers and log tools.
 
 __version__ = "0.1.0"
 
+#: the algorithm objects (esync.algorithms: each algorithm's policy, torch-free), by module
+_ALGORITHMS = {"ESync": "esync.algorithms.esync", "SSGD": "esync.algorithms.sync",
+               "ASGD": "esync.algorithms.asynchronous",
+               "DCASGD": "esync.algorithms.asynchronous", "DDP": "esync.algorithms.ddp",
+               "BalancedDDP": "esync.algorithms.ddp",
+               "Standalone": "esync.algorithms.standalone"}
+
 #: the public API, in esync.api (ShardDataset, in esync.data.decode: shards written by esync-pack, whose
 #: prepared loader reads them block by block)
 __all__ = ["init", "prepare_model", "prepare_data_loader", "prepare_scheduler",
            "DistributedOptimizer", "report", "should_stop", "finish", "get_session",
-           "get_device", "ShardDataset"]
+           "get_device", "ShardDataset", *_ALGORITHMS]
 
 
 def __getattr__(name: str):
+    if name in _ALGORITHMS:
+        import importlib
+
+        return getattr(importlib.import_module(_ALGORITHMS[name]), name)
     if name == "ShardDataset":
         from esync.data.decode import ShardDataset
 

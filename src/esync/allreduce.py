@@ -3,7 +3,7 @@
 Beside esync.kvstore, at the same level: where the kvstore pushes a round's gradient
 (or delta) to the servers and pulls the new weights, here the workers sum it among
 themselves with torch.distributed's all_reduce and each applies the update itself,
-with the servers' own rule (esync.rules) on its copy of the whole model, so that both
+with the servers' own rule (esync.algorithms.rules) on its copy of the whole model, so that both
 backends do the same arithmetic and every worker holds the same weights.
 
 - *Process group*: gloo, or nccl when every worker trains on a GPU (a job of CPU and GPU
@@ -45,7 +45,7 @@ import contextlib
 import logging
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -54,7 +54,7 @@ from esync import config
 from esync.compress import Compression
 from esync.flat import FlatModel
 from esync.link import Link
-from esync.rules import BUFFERS, WEIGHTS, RuleConfig, make_rule
+from esync.algorithms.rules import BUFFERS, WEIGHTS, RuleConfig, make_rule
 from esync.transport.node import JobAborted
 
 if TYPE_CHECKING:
@@ -93,7 +93,18 @@ class AllReduce:
         self._residual: Optional[torch.Tensor] = None  # sparse codecs: error feedback
         self.pushed_values = 0  # the weights' values the last round sent
 
+    #: a push leaves the weights at the round's start: the rule moves them from there
+    rewinds = True
+    #: never resumed: a job without servers keeps no checkpoints
+    resumed_from = None
+
     # --- joining -----------------------------------------------------------------------
+    def join(self, model: torch.nn.Module) -> None:
+        """esync.algorithms.backend.Backend's: start, then start the clocks together."""
+        self.start(model)
+        self.node.barrier("workers")
+        self.started()
+
     def start(self, model: torch.nn.Module) -> None:
         """Meet the other workers, join the process group and take worker 0's weights
         and buffers (rank 0 also opens the evaluator's publisher)."""
@@ -265,7 +276,13 @@ class AllReduce:
         self.bytes_received += moved
         return work
 
-    # --- what PushPull reads ----------------------------------------------------------
+    # --- what PushPull reads (esync.algorithms.backend.Backend) -------------------------
+    def checkpoints(self) -> List[int]:
+        return []
+
+    def final_model(self) -> None:
+        """Every worker applied the same last round: its model is the job's."""
+
     @property
     def model_round(self) -> int:
         return 0 if self.rule is None else self.rule.updates

@@ -44,6 +44,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from esync import join
+from esync.algorithms.policy import Policy
 from esync.errors import UserError
 from esync.loader import job_loader
 from esync.lrschedule import JobScheduler
@@ -161,7 +162,8 @@ def prepare_model(model: nn.Module) -> nn.Module:
     """Move `model` to this worker's device and give it the job's initial weights (the
     first worker's, or the servers' when resuming or rejoining); returns the module to
     run forward through: `model` itself, DDP's wrapper of it under `-m ddp`. Call once,
-    before `DistributedOptimizer`; `model`'s parameters are from now on views of the
+    before `DistributedOptimizer` (after it, where that gives an algorithm object whose
+    settings differ from the flags'); `model`'s parameters are from now on views of the
     flat vector the job synchronises. Alone (`-m local`) with `-n` and `--dataset`
     naming the script's model and data, `model` is evaluated in this process by the
     clock (`--eval-interval`, the clock paused meanwhile), as main.py's standalone
@@ -192,11 +194,7 @@ def prepare_data_loader(loader: DataLoader) -> Iterable[Any]:
     try:
         return job_loader(loader, session, session.data)
     except UserError as e:
-        from esync.console import say_error
-
-        session.close(e)
-        say_error(os.path.basename(sys.argv[0]) or "esync", e)
-        raise SystemExit(2) from None
+        _fail(session, e)
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -209,21 +207,31 @@ class DistributedOptimizer(torch.optim.Optimizer):
     {"round", "iterations", "budget", "epochs"}`: the round in progress or last ended,
     local iterations so far, the round's budget (0 between rounds), epochs of the
     partition); the job's own checkpoints (--checkpoint-dir) hold the weights, and a
-    resumed job's round comes from them."""
+    resumed job's round comes from them.
+
+    `algorithm`: the algorithm's settings in code (`esync.ESync(max_local_steps=16)`,
+    `esync.SSGD()`, `esync.DCASGD(lamda=0.1)`...) in place of their flags' values; the
+    job's `-m` still chooses the algorithm, and another one's object ends the process
+    with one line and exit status 2. Settings go to the servers and the state server as
+    the model is prepared: wrap the optimizer before `prepare_model` (its parameters
+    stay the same objects) where they differ from the flags'."""
 
     #: GradScaler hands this optimizer its scale and inf flags and lets `step` skip
     _step_supports_amp_scaling = True
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: Optional[nn.Module] = None,
-                 *, job: Optional[Session] = None):
+                 *, algorithm: Optional[Policy] = None, job: Optional[Session] = None):
         # `model` is accepted for the form DistributedOptimizer(optimizer, model) other
         # libraries use: the model is the session's, from prepare_model.
-        # No Optimizer.__init__: the wrapped optimizer owns the parameters and the state
         self.optimizer = optimizer
+        # An Optimizer whose parameter groups and state are the wrapped one's (the
+        # properties below), so not Optimizer.__init__, which would make its own: torch's
+        # restore path (unpickling's) gives it the rest, its defaults, every hook
+        # registry and the step wrapper that runs step hooks and profiles the step
+        torch.optim.Optimizer.__setstate__(self, {"defaults": optimizer.defaults})
         self.session = job or get_session()
-        self.defaults = optimizer.defaults
-        self._optimizer_step_pre_hooks: Dict[int, Callable] = {}
-        self._optimizer_step_post_hooks: Dict[int, Callable] = {}
+        if algorithm is not None:
+            _use_policy(self.session, algorithm)
         self.session.kept.add("optimizer", self)  # with the job's checkpoints
 
     @property
@@ -270,6 +278,32 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"DistributedOptimizer({self.optimizer!r})"
+
+
+def _use_policy(session: Session, policy: Policy) -> None:
+    """The session's algorithm with `policy`'s settings; a policy the job cannot run
+    ends the process with one line, as `init` does."""
+    try:
+        if not isinstance(policy, Policy):
+            raise UserError(f"algorithm={policy!r}: expected an esync algorithm object "
+                            f"(esync.ESync(...), esync.SSGD(), ...)")
+        current = session.algorithm
+        if session.model is not None and policy != current.policy and \
+                policy.key == current.policy.key:
+            raise UserError(f"algorithm={policy!r} came after prepare_model, which started "
+                            f"the job with {current.policy!r}: wrap the optimizer first")
+        session.algorithm = current.rebound(policy)
+    except UserError as e:
+        _fail(session, e)
+
+
+def _fail(session: Session, error: UserError) -> None:
+    """End the process with `error`'s one line and exit status 2, the job told."""
+    from esync.console import say_error
+
+    session.close(error)
+    say_error(os.path.basename(sys.argv[0]) or "esync", error)
+    raise SystemExit(2) from None
 
 
 def prepare_scheduler(scheduler: Any) -> JobScheduler:

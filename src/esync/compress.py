@@ -234,3 +234,8 @@ def _one(sections: List["np.ndarray"], dtype, what: str) -> "np.ndarray":
     if len(sections) != 1 or sections[0].dtype != dtype:
         raise CompressionError(f"{what} carries one section of {np.dtype(dtype).name}")
     return sections[0]
+
+
+def compression(opts: Any) -> Compression:
+    """The codec of parsed flags (esync.options.Options: --compress)."""
+    return Compression.parse(opts.compress)

@@ -93,7 +93,7 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
     decided: Optional[str] = None  # the stop this evaluator asked for
     n, next_at = 0, time.monotonic()  # n: evaluations logged
     live = LiveReporter.from_environ("evaluator", device=registry.EVALUATOR,
-                                     mode=registry.of_options(opts).key)
+                                     mode=opts.algorithm.key)
     with Recorder(opts.log_dir, socket.gethostname(), registry.EVALUATOR,
                   tensorboard=opts.tensorboard, live=live) as recorder:
         log.info("[evaluator] evaluating %s on %s%s every %g s; logs in %s", opts.network,

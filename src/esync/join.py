@@ -24,7 +24,7 @@ from esync.statefile import WorkerState
 from esync.data.order import DataSettings
 from esync.errors import UserError
 from esync.live import LiveReporter
-from esync.options import Options, check_aggregation, check_plugins
+from esync.options import Options, check_plugins
 from esync.recorder import MODEL_FILE, Recorder
 from esync.session import Session
 from esync.stop import StopCriteria
@@ -59,7 +59,7 @@ def check(opts: Options, env: Optional[ClusterEnv]) -> WorkerPlan:
     """Everything about a training process that can be wrong before it starts: the mode
     against the cluster variables, the plug-ins, the device, the state server's
     patience. (DDP's variables are checked where they are read.)"""
-    algorithm = registry.of_options(opts)
+    algorithm = opts.algorithm
     standalone = registry.ALGORITHMS[registry.STANDALONE]
     if env is None and algorithm.parameter_server:
         missing = ", ".join(v for v in REQUIRED if v not in os.environ)
@@ -70,7 +70,7 @@ def check(opts: Options, env: Optional[ClusterEnv]) -> WorkerPlan:
                                          if a.parameter_server))
         raise UserError(f"-m/--mode {opts.mode} does not run with DMLC_ROLE={env.role}: "
                         f"unset DMLC_ROLE, or pick a parameter-server mode ({others})")
-    check_aggregation(opts, env.num_servers if env is not None else None)
+    registry.check_aggregation(opts, env.num_servers if env is not None else None)
     check_plugins(opts)
     device = select_device(opts)
     patience = 0.0

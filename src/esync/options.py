@@ -1,5 +1,10 @@
 """The run's settings: one dataclass, parsed from the command line by argparse-dataclass.
 
+An algorithm's own flags stay fields here, in --help's order (the flag pages are
+generated from this parser), marked with the algorithm whose policy (esync.algorithms)
+names them in its `FLAGS`, takes their defaults and checks them; the algorithms'
+checks run in esync.registry.check_aggregation.
+
 Every flag of the original ESync is kept with its short form (`-l`, `-ll`, `-gl`, `-b`,
 `-dd`, `-g`, `-c`, `-n`, `-ld`, `-e`, `-m`, `-dcasgd`, `-s`, `-ip`, `-port`), so that its
 users' commands still work; defaults come from the top-level `esync/config.py`.
@@ -22,7 +27,7 @@ from esync.errors import UserError
 from esync.models import NETWORKS
 from esync.plugin import is_spec
 from esync.compress import Compression
-from esync.registry import AVERAGES, BACKENDS, MODES
+from esync.registry import AVERAGES, BACKENDS, MODES, Algorithm, of_options
 
 #: the variable in which esync-run hands a training script these flags (a JSON list of
 #: strings), for esync.init to parse
@@ -105,10 +110,6 @@ def _compress(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def compression(opts: "Options") -> Compression:
-    return Compression.parse(opts.compress)
-
-
 def _every(text: str) -> str:
     """--checkpoint-every: N (rounds, N >= 1) or Ns (seconds, > 0), kept as text."""
     low = text.strip().lower()
@@ -143,6 +144,8 @@ class Options:
                                 type=_positive_float)
     local_lr: float = _opt(["-ll", "--local-lr"], config.LEARNING_RATE_LOCAL,
                            "local SGD learning rate of esync", type=_positive_float)
+    # ESync's (esync.algorithms.esync.ESync.FLAGS), as are --average, --outer-momentum,
+    # --max-local-steps and --round-time below
     global_lr: float = _opt(["-gl", "--global-lr"], config.LEARNING_RATE_GLOBAL,
                             "esync's scale of the averaged model delta", type=_positive_float)
     momentum: float = _opt(["--momentum"], config.MOMENTUM, "SGD momentum in [0, 1)",
@@ -184,6 +187,7 @@ class Options:
     mode: str = _opt(["-m", "--mode"], config.MODE, "training algorithm", choices=MODES)
     use_dcasgd: Switch = _opt(["-dcasgd", "--use-dcasgd"], config.DCASGD,
                               "1: delay-compensated ASGD (with -m async)", type=_switch)
+    # speed-balanced DDP's (esync.algorithms.ddp.BalancedDDP), with --min-batch
     balance_batches: Switch = _opt(["--balance-batches"], config.BALANCE_BATCHES,
                                    "ddp: 1: each worker's batch in proportion to its measured "
                                    "speed, re-estimated as it trains, the global batch (-b "
@@ -192,8 +196,10 @@ class Options:
     min_batch: int = _opt(["--min-batch"], config.MIN_BATCH,
                           "with --balance-batches: the smallest batch a worker is given",
                           type=_positive_int)
+    # DC-ASGD's (esync.algorithms.asynchronous.DCASGD.FLAGS)
     dcasgd_lamda: float = _opt(["--dcasgd-lamda"], config.DCASGD_LAMDA,
                                "DC-ASGD's variance-control factor", type=_non_negative_float)
+    # ESync's
     average: str = _opt(["--average"], config.AVERAGE,
                         "esync: how the round's deltas are averaged: mean (each the same, "
                         "the paper's), steps (each weighted by its local steps, i.e. its "
@@ -222,6 +228,7 @@ class Options:
                                 "address of the ESync state server")
     state_server_port: int = _opt(["-port", "--state-server-port"], config.STATE_SERVER_PORT,
                                   "port of the ESync state server", type=_port)
+    # ESync's
     max_local_steps: int = _opt(["--max-local-steps"], config.MAX_LOCAL_STEPS,
                                 "esync: the most local iterations a device runs in a round",
                                 type=_positive_int)
@@ -351,6 +358,12 @@ class Options:
                             "torch intra-op threads (0: torch's default)",
                             type=_non_negative_int)
 
+    @property
+    def algorithm(self) -> Algorithm:
+        """The algorithm -m selects (with -dcasgd, --balance-batches): its registry row,
+        which every layer reads rather than resolving the mode itself."""
+        return of_options(self)
+
 
 #: the settings (Options field names) that only main.py's built-in loop (esync/train.py,
 #: esync/task.py, esync/worker.py) reads: a script's own optimizer and DataLoader take
@@ -425,49 +438,6 @@ def check_plugins(opts: Options) -> None:
         from esync.task import task_of
 
         task_of(opts).check(opts.network)
-
-
-def check_aggregation(opts: Options, num_servers: Optional[int] = None) -> None:
-    """--backend, --compress and ESync's aggregation options against the mode and (if
-    known) the job's DMLC_NUM_SERVER; UserError names the flag."""
-    from esync import registry
-
-    algorithm = registry.of_options(opts)
-    esync_only = {f"--average {opts.average}": opts.average != config.AVERAGE,
-                  "--outer-momentum": opts.outer_momentum,
-                  "--round-time": opts.round_time is not None}
-    given = [flag for flag, value in esync_only.items() if value]
-    if given and not algorithm.state_server:
-        raise UserError(f"{given[0]} applies to -m esync only, not -m {opts.mode}")
-    if opts.balance_batches and algorithm.backend != "ddp":
-        raise UserError(f"--balance-batches applies to -m ddp only, not -m {opts.mode}")
-    if opts.balance_batches and opts.min_batch > opts.batch_size:
-        raise UserError(f"--min-batch {opts.min_batch} is more than -b {opts.batch_size}: "
-                        f"the workers' batches could not add up to the global batch")
-    if opts.compress != "none" and not algorithm.parameter_server:
-        raise UserError(f"--compress applies to the parameter-server modes, not -m {opts.mode}")
-    if opts.compress.startswith("partial"):
-        if not algorithm.synchronous:
-            raise UserError(f"--compress {opts.compress} synchronises slices in rounds all "
-                            f"workers share: -m sync or esync, not -m {opts.mode}")
-        if opts.outer_momentum:
-            raise UserError(f"--compress {opts.compress} leaves the other slices unmoved, "
-                            f"which --outer-momentum would move: use one of them")
-    able = [a.mode for a in registry.ALGORITHMS.values() if a.all_reduce]
-    if opts.backend == "ps":
-        if num_servers == 0:
-            raise UserError(f"DMLC_NUM_SERVER=0: a job without servers aggregates by "
-                            f"all-reduce: pass --backend allreduce (-m {' or '.join(able)})")
-        return
-    if not algorithm.all_reduce:
-        raise UserError(f"--backend allreduce: -m {opts.mode} runs on the parameter "
-                        f"servers only (all-reduce: -m {' or '.join(able)})")
-    if opts.checkpoint_dir or opts.resume:
-        raise UserError("--checkpoint-dir and --resume need the servers' shards: use "
-                        "--backend ps")
-    if num_servers:
-        raise UserError(f"--backend allreduce: DMLC_NUM_SERVER={num_servers}, but the "
-                        f"all-reduce needs no servers: set DMLC_NUM_SERVER=0")
 
 
 def build_parser(prog: str = "esync") -> ArgumentParser:

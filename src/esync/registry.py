@@ -3,14 +3,17 @@ rule and worker class run it, and how logs, summaries and figures name it.
 
 A leaf module (standard library only, nothing heavy is imported): the CLI, the launchers
 and the log tools all read names from here and keep no copies. The classes are named by
-`module:attribute` strings and imported only when a process runs the algorithm. Adding
-an algorithm means one entry below plus its worker class (and server rule, if any).
+`module:attribute` strings and imported only when a process runs the algorithm (its
+policy, torch-free, when flags are checked). Adding an algorithm means one entry below
+plus its unit under esync/algorithms/: policy, worker hooks and server rule, if any.
 """
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, Optional, Tuple
+
+from esync.errors import UserError
 
 #: log-folder suffix of a run on split-by-class (non-IID) partitions: esync-niid
 NIID_FOLDER_SUFFIX = "-niid"
@@ -27,18 +30,23 @@ AVERAGES: Dict[str, Dict[str, bool]] = {
 }
 
 
+#: the package of the algorithms' units
+_A = "esync.algorithms."
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """One algorithm as the rest of the project knows it."""
 
     key: str                 # the registry key; also the rule name workers send servers
     mode: str                # its `-m` value
-    dcasgd: bool             # with `-dcasgd 1` (the original spells DC-ASGD `-m async -dcasgd 1`)
-    worker: str              # module:class of its esync.algorithms.base.Algorithm
-    rule: Optional[str]      # module:class of its server rule (None: no servers)
+    policy: str              # module:class of its settings (esync.algorithms.policy.Policy)
+    worker: str              # module:class of its hooks (esync.algorithms.base.Algorithm)
     folder: str              # its log folder under OUT/<network>/
     summary: str             # esync/logs_tools/summary.py writes <summary>.json
     display: str             # its name in figures and tables
+    rule: Optional[str] = None  # module:class of its server rule (None: no servers)
+    dcasgd: bool = False     # with `-dcasgd 1` (the original's DC-ASGD: `-m async -dcasgd 1`)
     synchronous: bool = False   # every worker waits for all in each round
     state_server: bool = False  # needs the ESync state server
     backend: Optional[str] = "ps"  # how workers talk: "ps" (scheduler, servers and
@@ -79,6 +87,9 @@ class Algorithm:
     def worker_class(self) -> Any:
         return _load(self.worker)
 
+    def policy_class(self) -> Any:
+        return _load(self.policy)
+
     def rule_class(self) -> Any:
         if self.rule is None:
             raise ValueError(f"{self.key} has no server rule")
@@ -86,23 +97,29 @@ class Algorithm:
 
 
 ALGORITHMS: Dict[str, Algorithm] = {a.key: a for a in (
-    Algorithm("esync", "esync", False, "esync.algorithms.esync:ESync",
-              "esync.rules:ESyncRule", "esync", "ESync", "ESync",
-              synchronous=True, state_server=True, all_reduce=True),
-    Algorithm("sync", "sync", False, "esync.algorithms.pushpull:PushPull",
-              "esync.rules:SyncRule", "sync", "Sync", "SSGD", synchronous=True,
+    Algorithm(key="esync", mode="esync", policy=_A + "esync:ESync",
+              worker=_A + "esync.worker:ESyncWorker", rule=_A + "esync.rule:ESyncRule",
+              folder="esync", summary="ESync", display="ESync", synchronous=True,
+              state_server=True, all_reduce=True),
+    Algorithm(key="sync", mode="sync", policy=_A + "sync:SSGD",
+              worker=_A + "pushpull:PushPull", rule=_A + "rules:SyncRule",
+              folder="sync", summary="Sync", display="SSGD", synchronous=True,
               all_reduce=True),
-    Algorithm("async", "async", False, "esync.algorithms.pushpull:PushPull",
-              "esync.rules:AsyncRule", "async", "Async", "ASGD"),
-    Algorithm("dcasgd", "async", True, "esync.algorithms.pushpull:PushPull",
-              "esync.rules:DCASGDRule", "dcasgd", "DCASGD", "DC-ASGD"),
-    Algorithm("ddp", "ddp", False, "esync.algorithms.ddp:DDP", None, "ddp", "DDP", "DDP",
+    Algorithm(key="async", mode="async", policy=_A + "asynchronous:ASGD",
+              worker=_A + "pushpull:PushPull", rule=_A + "rules:AsyncRule",
+              folder="async", summary="Async", display="ASGD"),
+    Algorithm(key="dcasgd", mode="async", dcasgd=True, policy=_A + "asynchronous:DCASGD",
+              worker=_A + "pushpull:PushPull", rule=_A + "rules:DCASGDRule",
+              folder="dcasgd", summary="DCASGD", display="DC-ASGD"),
+    Algorithm(key="ddp", mode="ddp", policy=_A + "ddp:DDP", worker=_A + "ddp.worker:DDPWorker",
+              folder="ddp", summary="DDP", display="DDP", synchronous=True, backend="ddp"),
+    Algorithm(key="ddp-balanced", mode="ddp", balance_batches=True,
+              policy=_A + "ddp:BalancedDDP", worker=_A + "ddp.balanced:BalancedDDPWorker",
+              folder="ddp-balanced", summary="DDP-Balanced", display="Balanced DDP",
               synchronous=True, backend="ddp"),
-    Algorithm("ddp-balanced", "ddp", False, "esync.algorithms.balanced:BalancedDDP", None,
-              "ddp-balanced", "DDP-Balanced", "Balanced DDP", synchronous=True,
-              backend="ddp", balance_batches=True),
-    Algorithm("local", "local", False, "esync.algorithms.standalone:StandaloneSGD", None,
-              "local", "Local", "Standalone", backend=None),
+    Algorithm(key="local", mode="local", policy=_A + "standalone:Standalone",
+              worker=_A + "standalone.worker:StandaloneSGD", folder="local",
+              summary="Local", display="Standalone", backend=None),
 )}
 
 #: the speedup table's baseline: other algorithms' times are divided by its time
@@ -142,6 +159,40 @@ def resolve(mode: str, dcasgd: bool = False, balance_batches: bool = False) -> A
 def of_options(opts: Any) -> Algorithm:
     """The algorithm of parsed main.py options (esync.options.Options)."""
     return resolve(opts.mode, opts.use_dcasgd, opts.balance_batches)
+
+
+def check_aggregation(opts: Any, num_servers: Optional[int] = None) -> None:
+    """The flags against the algorithm they select, before anything starts: its own
+    policy's checks (esync.algorithms: each algorithm's `check`), the flags of other
+    algorithms refused, --backend and --compress against what it runs on and (if known)
+    the job's DMLC_NUM_SERVER; UserError names the flag. Torch-free: the launchers call
+    it on the flags they pass."""
+    algorithm = opts.algorithm
+    for other in ALGORITHMS.values():
+        given = other.policy_class().flags_given(opts) if other is not algorithm else []
+        if given:
+            raise UserError(f"{given[0]} applies to -m {other.mode} only, not -m {opts.mode}")
+    algorithm.policy_class().from_options(opts).check(opts)
+    if opts.compress != "none" and not algorithm.parameter_server:
+        raise UserError(f"--compress applies to the parameter-server modes, not -m {opts.mode}")
+    if opts.compress.startswith("partial") and not algorithm.synchronous:
+        raise UserError(f"--compress {opts.compress} synchronises slices in rounds all "
+                        f"workers share: -m sync or esync, not -m {opts.mode}")
+    able = [a.mode for a in ALGORITHMS.values() if a.all_reduce]
+    if opts.backend == "ps":
+        if num_servers == 0:
+            raise UserError(f"DMLC_NUM_SERVER=0: a job without servers aggregates by "
+                            f"all-reduce: pass --backend allreduce (-m {' or '.join(able)})")
+        return
+    if not algorithm.all_reduce:
+        raise UserError(f"--backend allreduce: -m {opts.mode} runs on the parameter "
+                        f"servers only (all-reduce: -m {' or '.join(able)})")
+    if opts.checkpoint_dir or opts.resume:
+        raise UserError("--checkpoint-dir and --resume need the servers' shards: use "
+                        "--backend ps")
+    if num_servers:
+        raise UserError(f"--backend allreduce: DMLC_NUM_SERVER={num_servers}, but the "
+                        f"all-reduce needs no servers: set DMLC_NUM_SERVER=0")
 
 
 def with_rules() -> Iterator[Algorithm]:

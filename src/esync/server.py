@@ -51,7 +51,7 @@ from esync.checkpoint import Checkpoints, survey
 from esync.errors import UserError
 from esync.registry import EVALUATOR
 from esync.compress import CompressionError, decode_chunk
-from esync.rules import WEIGHTS, Key, Rule, RuleConfig, make_rule
+from esync.algorithms.rules import WEIGHTS, Key, Rule, RuleConfig, make_rule
 from esync.transport.cluster import ClusterEnv, advertised_address
 from esync.transport.message import (CHUNK_BYTES, CHUNK_VALUES, FRAME_SLACK, Message,
                                      MessageError, chunk_spans, decode, encode,
@@ -135,7 +135,7 @@ class ShardServer:
 
     @property
     def updates(self) -> int:
-        """The model's round (esync.rules.Rule.updates); 0 before `init`."""
+        """The model's round (esync.algorithms.rules.Rule.updates); 0 before `init`."""
         return 0 if self.rule is None else self.rule.updates
 
     # --- dispatch ---------------------------------------------------------------------

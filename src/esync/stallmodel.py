@@ -46,7 +46,8 @@ A round, its workers prefetching while it communicates:
     rate  = b B / round
 
 b is 1 but under ESync, whose state server gives each device round(T_slowest / T)
-local iterations (1..--max-local-steps; stateserver/budgets/rule.py), T the devices'
+local iterations (1..--max-local-steps;
+esync.algorithms.esync.budget, the state server's rule), T the devices'
 time per iteration. Waiting for the other workers (SSGD) is not this device's stall
 and is left out. Stall shares, as DS-Analyzer defines them, come from the measured
 rates: with T_syn, T_cached, T_cold the seconds per batch of the three runs and
@@ -59,6 +60,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
+
+from esync.algorithms.esync import budget as budget_rule
 
 #: a stall below this share of the time is not worth a recommendation
 NOTICEABLE = 0.10
@@ -160,11 +163,11 @@ def communication_seconds(job: Job, link: Link) -> float:
 
 
 def budget(mine: float, everyone: Sequence[float], cap: Optional[int]) -> int:
-    """Local iterations a round: 1, or ESync's (the state server's rule)."""
+    """Local iterations a round: 1 without a cap (not ESync), else ESync's budget as
+    the state server gives it (esync.algorithms.esync.budget)."""
     if cap is None or mine <= 0:
         return 1
-    ratio = max(everyone) / mine
-    return cap if not ratio < cap else max(1, int(ratio + 0.5))
+    return budget_rule.budget(mine, everyone, cap)
 
 
 def steps(c: Costs, workers: int, cache: float, job: Job, others: Sequence[float]) -> int:

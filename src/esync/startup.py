@@ -18,7 +18,6 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, Optional, Sequence, Set, Union
 
-from esync import registry
 from esync.console import configure_logging, report_failed_start
 from esync.errors import UserError
 from esync.options import Options, agreed_settings, flags_given, parse_options
@@ -94,7 +93,7 @@ def start(argv: Optional[Sequence[str]], prog: str, script: bool = False) -> Sta
 def _environment(opts: Options, role: Optional[str], script: bool
                  ) -> Union[ClusterEnv, DDPEnv, None]:
     """The variables of the job `opts` and DMLC_ROLE (`role`) say this process is in."""
-    if registry.of_options(opts).backend == "ddp":
+    if opts.algorithm.backend == "ddp":
         if role not in (None, "evaluator"):
             raise UserError(f"DMLC_ROLE={role}: -m ddp runs with torch.distributed's "
                             f"variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); only "

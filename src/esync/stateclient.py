@@ -15,7 +15,7 @@ Any other 4xx (this job's state is not what the worker expects: a job the server
 not know, a round it refuses) and an answer whose values are out of range (a budget
 outside 1..the worker's --max-local-steps, another round or rank than asked) raise
 StateServerRefusal, with the server's message or the field: the worker may carry on
-without the budget (esync.algorithms.esync falls back to 1 local iteration).
+without the budget (esync.algorithms.esync.worker falls back to 1 local iteration).
 
 Both are UserErrors: uncaught, the worker ends with that one line (exit 2), and, in a
 job, the scheduler ends the job.

@@ -38,11 +38,12 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from budgets import charts, rule, views
+from budgets import charts, views
 from budgets.models import Device, Job, LiveJob, Point, Reporter
 from budgets.report import BadReport, read_report
 from budgets.templatetags.livepage import OTHER, PHASE_COLOURS
 from budgets.views import BadRequest, _body, _job_name, _query_integer, api
+from esync.algorithms.esync import budget as budget_rule
 
 #: seconds after which a process that stopped reporting is "silent" (it reports every
 #: second or so; the launcher every few)
@@ -139,7 +140,8 @@ def _budget_rows(job: Job, now) -> List[Dict[str, Any]]:
     rows = []
     for device in Device.objects.filter(job=job).order_by("rank"):
         age = (now - device.reported_at).total_seconds() if device.reported_at else None
-        running = age is not None and age <= STALE_S and rule.living(device.round, job.round)
+        running = age is not None and age <= STALE_S and \
+            budget_rule.living(device.round, job.round)
         rows.append({"role": "worker", "rank": device.rank, "reports": device.reports,
                      "figures": {"round": device.round, "budget": device.budget,
                                  "mode": "esync"},

@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from esync import config
 
-from budgets import rule
+from esync.algorithms.esync import budget as budget_rule
 from budgets.models import Device, Job
 
 log = logging.getLogger("budgets")
@@ -168,8 +168,9 @@ def _device_state(device: Device, job_round: int, now) -> Dict[str, Any]:
     return {
         "rank": device.rank,
         "round": device.round,
-        # whether it counts among the devices the budgets follow (budgets.rule.living)
-        "living": rule.living(device.round, job_round),
+        # whether it counts among the devices the budgets follow
+        # (esync.algorithms.esync.budget.living)
+        "living": budget_rule.living(device.round, job_round),
         "budget": device.budget,
         "time_per_iteration": device.last_time,
         "smoothed_time_per_iteration": device.smoothed_time,
@@ -308,14 +309,15 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
         if round_ > device.round:  # the same round again is a retry: same answer
             if measured is not None:
                 device.last_time = measured
-                device.smoothed_time = rule.smooth(device.smoothed_time, measured,
-                                                   settings.BUDGET_SMOOTHING)
+                device.smoothed_time = budget_rule.smooth(device.smoothed_time, measured,
+                                                          settings.BUDGET_SMOOTHING)
             # the slowest living device sets the pace: dead ones stopped asking
             latest = max(found.round, round_)
-            device.budget = rule.budget(device.smoothed_time,
-                                        [d.smoothed_time for d in devices
-                                         if d.rank == rank or rule.living(d.round, latest)],
-                                        found.max_local_steps, found.round_time)
+            device.budget = budget_rule.budget(
+                device.smoothed_time,
+                [d.smoothed_time for d in devices
+                 if d.rank == rank or budget_rule.living(d.round, latest)],
+                found.max_local_steps, found.round_time)
             device.round = round_
             device.reports += 1
             device.reported_at = timezone.now()

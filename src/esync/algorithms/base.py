@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
+from esync.algorithms.policy import Policy, policy_of
+from esync.errors import UserError
+
 if TYPE_CHECKING:
     from esync.options import Options
     from esync.transport.node import Node
@@ -49,7 +52,10 @@ class Job:
 
 
 class Algorithm:
-    """Base class; the defaults are those of one device training alone."""
+    """Base class; the defaults are those of one device training alone. The hooks come
+    in sections: building (a policy bound to the job), setting up, the round's
+    synchronisation, the data the loop draws, telemetry (what the loop times and logs:
+    no effect on training) and stopping."""
 
     #: short name, as in the log and the printed lines
     name = "algorithm"
@@ -66,17 +72,55 @@ class Algorithm:
     #: the servers' checkpoint round a resumed job took its model from (None: none)
     resumed_from: Optional[int] = None
 
+    #: the settings these hooks run (esync.algorithms.policy), set by `with_policy`
+    policy: Optional["Policy"] = None
+
+    # --- building: a policy bound to a joined job -----------------------------------------
     @classmethod
     def from_options(cls, opts: "Options", job: Optional[Job]) -> "Algorithm":
         """The algorithm as the command line configures it; `job` is None for a
         process training alone."""
+        return cls.with_policy(policy_of(opts), opts, job)
+
+    @classmethod
+    def with_policy(cls, policy: "Policy", opts: "Options",
+                    job: Optional[Job]) -> "Algorithm":
+        """The hooks that run `policy` in `job`, the job's other settings from `opts`."""
+        hooks = cls.bind(policy, opts, job)
+        hooks.policy, hooks._bound = policy, (opts, job)
+        return hooks
+
+    @classmethod
+    def bind(cls, policy: "Policy", opts: "Options", job: Optional[Job]) -> "Algorithm":
+        """Each algorithm's constructor from its policy and the job (`with_policy`)."""
         raise NotImplementedError
+
+    def rebound(self, policy: "Policy") -> "Algorithm":
+        """These hooks with `policy`'s settings in place of the flags' (before `setup`):
+        the policy given in code (esync.DistributedOptimizer(..., algorithm=)). The job's
+        mode (-m) chose the servers' rule and the backend, so another algorithm's policy
+        is a UserError."""
+        opts, job = self._bound
+        if policy.key != self.policy.key:
+            raise UserError(f"algorithm={policy!r} does not run in this job: it runs -m "
+                            f"{opts.mode} ({self.policy.algorithm.display}); start it with "
+                            f"{' '.join(policy.algorithm.flags)}")
+        if policy == self.policy:
+            return self
+        opts = policy.applied(opts)
+        policy.check(opts)  # as the flags' were, before the job started
+        self.discard()
+        return type(self).with_policy(policy, opts, job)
+
+    def discard(self) -> None:
+        """Built, then replaced before `setup` (`rebound`): free what `bind` took."""
 
     @staticmethod
     def learning_rate(opts: "Options") -> float:
         """The learning rate of the built-in loop's SGD under this algorithm (-l)."""
         return opts.learning_rate
 
+    # --- setting up -----------------------------------------------------------------------
     def setup(self, model: nn.Module, device: torch.device) -> None:
         """Called once before the first round, with the model on its device."""
 
@@ -91,22 +135,29 @@ class Algorithm:
         model itself, or a wrapper of it (DDP's DistributedDataParallel)."""
         return model
 
-    def communication_seconds(self) -> float:
-        """Seconds the last local iteration spent communicating inside forward and
-        backward (DDP's all-reduce): logged as `global aggregate`, not as computing."""
-        return 0.0
-
-    def waited_seconds(self) -> float:
-        """Seconds of the last round's synchronisation spent waiting for the other
-        workers (the round's *wait*; the rest of it is communication). 0 where they
-        cannot be told apart: DDP's all-reduce waits inside backward."""
-        return 0.0
-
+    # --- a round: the synchronisation hooks -----------------------------------------------
     def begin_round(self, round_: int) -> Tuple[int, Phases]:
         """Number of local iterations of round `round_` (from 1), and timed phases
         spent deciding it (for example asking a state server for a budget)."""
         return 1, {}
 
+    def local_update(self, model: nn.Module, step: Callable[[], Any]) -> Any:
+        """Apply this local iteration's gradients (already in `.grad`): `step` is the
+        user's optimizer step (it does nothing for a step AMP's GradScaler skips, which
+        still counts as a local iteration); returns what `step` returns."""
+        return step()
+
+    def end_round(self, round_: int, model: nn.Module) -> Phases:
+        """Everything after the round's local iterations; returns its timed phases."""
+        return {}
+
+    def checkpointed(self) -> List[int]:
+        """The rounds the job's model was checkpointed at since the last call (the
+        servers say so with the round's answers): this worker keeps its own state of
+        each (its optimizer's and schedulers'), so that a resumed job goes on whole."""
+        return []
+
+    # --- data: the batches the loop draws -------------------------------------------------
     def batch_size(self) -> Optional[int]:
         """Samples of the next local iteration's batch; None: the flags' -b."""
         return None
@@ -126,34 +177,35 @@ class Algorithm:
         synchronisation said (None: this process alone knows only its own)."""
         return None
 
-    def checkpointed(self) -> List[int]:
-        """The rounds the job's model was checkpointed at since the last call (the
-        servers say so with the round's answers): this worker keeps its own state of
-        each (its optimizer's and schedulers'), so that a resumed job goes on whole."""
-        return []
-
+    # --- telemetry: what the loop times and logs ------------------------------------------
     def iteration_timed(self, computing: float, samples: int) -> None:
         """After each local iteration: its seconds of computing (the simulated slowdown
         included, communication not) and its number of samples, as the loop logs them."""
 
-    def local_update(self, model: nn.Module, step: Callable[[], Any]) -> Any:
-        """Apply this local iteration's gradients (already in `.grad`): `step` is the
-        user's optimizer step (it does nothing for a step AMP's GradScaler skips, which
-        still counts as a local iteration); returns what `step` returns."""
-        return step()
+    def communication_seconds(self) -> float:
+        """Seconds the last local iteration spent communicating inside forward and
+        backward (DDP's all-reduce): logged as `global aggregate`, not as computing."""
+        return 0.0
 
-    def end_round(self, round_: int, model: nn.Module) -> Phases:
-        """Everything after the round's local iterations; returns its timed phases."""
-        return {}
-
-    def evaluates(self, round_: int) -> bool:
-        """Whether this process measures test accuracy after round `round_`."""
-        return False
+    def waited_seconds(self) -> float:
+        """Seconds of the last round's synchronisation spent waiting for the other
+        workers (the round's *wait*; the rest of it is communication). 0 where they
+        cannot be told apart: DDP's all-reduce waits inside backward."""
+        return 0.0
 
     def round_record(self) -> Dict[str, Any]:
         """Extra fields for the log record of the round just ended (ESync: its budget)."""
         return {}
 
+    def traffic(self) -> Tuple[int, int]:
+        """Bytes sent and received over the network so far (cumulative)."""
+        return 0, 0
+
+    def evaluates(self, round_: int) -> bool:
+        """Whether this process measures test accuracy after round `round_`."""
+        return False
+
+    # --- stopping and leaving -------------------------------------------------------------
     @property
     def decides_stop(self) -> bool:
         """Whether this process's own stop criteria count (with SSGD and ESync only
@@ -166,10 +218,6 @@ class Algorithm:
         `everyone`: every worker reaches the same decision after its own round of this
         number (--max-rounds), so none needs telling, and none trains a round more."""
         return reason
-
-    def traffic(self) -> Tuple[int, int]:
-        """Bytes sent and received over the network so far (cumulative)."""
-        return 0, 0
 
     def leave(self, reason: str) -> bool:
         """This process's own loop ended before the job's criteria (esync.Session.leave):

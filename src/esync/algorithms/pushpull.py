@@ -1,6 +1,7 @@
 """The worker's side of synchronous and asynchronous aggregation: at a round's end, push,
 then pull (`--backend ps`: through the parameter servers, esync.kvstore), or all-reduce
-among the workers (`--backend allreduce`, SSGD and ESync only: esync.allreduce).
+among the workers (`--backend allreduce`, SSGD and ESync only: esync.allreduce), both
+behind one interface (esync.algorithms.backend.Backend).
 
 SSGD, ASGD and DC-ASGD run this class as it is: each round is one local iteration, a
 step of the user's optimizer, and pushes that step as a gradient: (w_start - w) / lr,
@@ -11,34 +12,27 @@ the optimizer's step, averaged (SSGD) or as it comes (ASGD, DC-ASGD). With
 classic one, momentum and weight decay included (the mean of the workers' momentum
 steps is the momentum step of the mean gradient); any other optimizer (AdamW) works
 the same way, each worker keeping its own optimizer state. On the worker the three
-are the same; they differ in the server's rule (esync.rules): SSGD's server answers
+are the same; they differ in the server's rule (esync.algorithms.rules): SSGD's server answers
 once all workers pushed the round, ASGD's at once, DC-ASGD's at once with delay
-compensation (of the step read as a gradient). ESync (esync.algorithms.esync) builds on
+compensation (of the step read as a gradient). ESync (esync.algorithms.esync.worker) builds on
 it with a budget of local steps and pushes its model delta. With `--compress partial:K`
 (esync.algorithms.partial) a round synchronises one slice of the weights.
 """
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple
 
-import numpy as np
 import torch
 from torch import nn
 
-from esync import registry
+from esync.algorithms.backend import Backend, Servers
 from esync.algorithms.base import Algorithm, Job, Phases
 from esync.algorithms.partial import PartialSync
-from esync.compress import Compression
+from esync.algorithms.rules import RuleConfig
+from esync.compress import Compression, compression
 from esync.flat import FlatModel
-from esync.kvstore import KVStore
-from esync.transport.node import JobAborted
 from esync.link import Link, link_of
-from esync.options import compression
-from esync.rules import RuleConfig
-
-if TYPE_CHECKING:
-    from esync.allreduce import AllReduce
 
 
 class PushPull(Algorithm):
@@ -50,7 +44,7 @@ class PushPull(Algorithm):
         self.name = rule.name
         self.lockstep = synchronous  # SSGD; ASGD's workers each go at their own pace
         self.rule, self.job, self.node = rule, job, job.node
-        self.backend, self.compression = backend, compression
+        self.backend_name, self.compression = backend, compression
         self.rank = job.rank
         self.servers = job.servers
         self.rejoin, self.resume = job.rejoin, job.resume
@@ -60,23 +54,18 @@ class PushPull(Algorithm):
         self.link = link
         self.flat: Optional[FlatModel] = None
         self.round_start_weights: Optional[torch.Tensor] = None
-        self.kv: Union[KVStore, "AllReduce", None] = None
+        self.backend: Optional[Backend] = None  # once set up
         self.partial: Optional[PartialSync] = None  # --compress partial:K
         self._announced: Optional[str] = None
         self._round_samples = 0  # samples of the round in progress (iteration_timed)
         self.resumed_from: Optional[int] = None
 
     @classmethod
-    def from_options(cls, opts, job: Optional[Job]) -> "PushPull":
-        algorithm = registry.of_options(opts)
-        rule = RuleConfig(algorithm.key, job.num_workers, opts.learning_rate,
-                          lamda=opts.dcasgd_lamda if algorithm.dcasgd else 0.0)
-        return cls(rule, job, opts.eval_every, algorithm.synchronous, link_of(opts),
+    def bind(cls, policy, opts, job: Optional[Job]) -> "PushPull":
+        rule = RuleConfig(policy.key, job.num_workers, opts.learning_rate,
+                          lamda=getattr(policy, "lamda", 0.0))
+        return cls(rule, job, opts.eval_every, policy.algorithm.synchronous, link_of(opts),
                    opts.backend, compression(opts))
-
-    @property
-    def all_reduce(self) -> bool:
-        return self.backend == "allreduce"
 
     def setup(self, model: nn.Module, device: torch.device) -> None:
         self.flat = FlatModel(model, device)
@@ -87,58 +76,16 @@ class PushPull(Algorithm):
 
     def _join_backend(self, model: nn.Module) -> None:
         """Take the job's model from the servers or the other workers."""
-        if self.all_reduce:
+        if self.backend_name == "allreduce":
             from esync.allreduce import AllReduce  # torch.distributed: only where used
 
-            self.kv = AllReduce(self.job, self.flat, self.rule, self.compression, self.link)
-            self.kv.start(model)
-            self.node.barrier("workers")  # start the clocks together
-            self.kv.started()
-            return
-        self.kv = KVStore(self.node, self.servers, self.rank, self.flat.params.numel(),
-                          self.flat.buffers.numel(), self.link, self.compression)
-        params, buffers = self.flat.host_state()
-        if self.rejoin:
-            self._come_back(params, buffers)
-            self.flat.load_host_state()
-            return
-        if self.rank == 0:
-            self.kv.init(self.rule.to_header(), params, buffers)
+            self.backend = AllReduce(self.job, self.flat, self.rule, self.compression,
+                                     self.link)
         else:
-            self.kv.pull(params, buffers)
-            self.flat.load_host_state()
-        self.node.barrier("workers")  # start the clocks together
-        if self.rank == 0:  # and the servers' (the evaluator reads it)
-            self.kv.pull(params, buffers, start=True)
-            self.flat.load_host_state()
-        if self.resume:  # go on from the checkpoint's round and clock
-            self.kv.pull(params, buffers)
-            self.flat.load_host_state()
-            first = self.kv.model_round + 1 if self.synchronous else None
-            self._continues = (first, self.kv.model_age or 0.0)
-            self.resumed_from = self.kv.model_round
-            self.kv.checkpoints()  # the one resumed from is known
-
-    #: attempts of a worker coming back to agree a round with every server
-    JOIN_ATTEMPTS = 20
-
-    def _come_back(self, params: np.ndarray, buffers: np.ndarray) -> None:
-        """Take a dead worker's place in a running job: pull the current model; in
-        synchronous modes agree with every server on a round to take part from (a
-        little ahead, so that none has begun it), and wait for it to start."""
-        self.kv.pull(params, buffers)
-        first = None
-        if self.synchronous:
-            for _ in range(self.JOIN_ATTEMPTS):
-                first = max(u or 0 for u in self.kv.server_updates) + 2
-                if self.kv.join(first):
-                    break
-                self.kv.pull(params, buffers)
-            else:
-                raise JobAborted(f"worker {self.rank} could not agree a round to rejoin at "
-                                 f"with the servers in {self.JOIN_ATTEMPTS} attempts")
-            self.kv.pull(params, buffers, at_round=first)
-        self._continues = (first, self.kv.model_age or 0.0)
+            self.backend = Servers(self.job, self.flat, self.rule, self.synchronous,
+                                   self.compression, self.link)
+        self._continues = self.backend.join(model)
+        self.resumed_from = self.backend.resumed_from
 
     def continues(self):
         return self._continues
@@ -154,10 +101,10 @@ class PushPull(Algorithm):
     def job_samples(self) -> Optional[int]:
         """The samples every worker's rounds trained so far, as the last synchronisation
         said (the servers count them; the all-reduce sums them)."""
-        return self.kv.job_samples if self.kv is not None else None
+        return self.backend.job_samples if self.backend is not None else None
 
     def checkpointed(self) -> List[int]:
-        return self.kv.checkpoints() if isinstance(self.kv, KVStore) else []
+        return self.backend.checkpoints() if self.backend is not None else []
 
     #: the log's name of end_round's phase: push, wait for the servers, pull
     aggregate_phase = "global aggregate"
@@ -174,7 +121,7 @@ class PushPull(Algorithm):
         else:
             torch.sub(params, self.round_start_weights, out=change)
         change.mul_(self.push_scale(steps))
-        if self.all_reduce:
+        if self.backend.rewinds:
             if self.partial is not None:
                 self.partial.rewind(params)
             else:
@@ -200,19 +147,12 @@ class PushPull(Algorithm):
         if self.partial is not None:
             steps = self.partial.begin(round_, steps)
         pushed = self.pushed(steps)
-        if self.all_reduce:
-            self.kv.push_pull(round_, pushed, stop=self._announced,
-                              steps=self.pushed_steps(steps), samples=self._round_samples)
-        else:
-            if self.partial is not None:
-                self.partial.keep_local(self.flat.params)
-            self.kv.push_pull(round_, self.flat.to_host("grads"), self.flat.to_host("buffers"),
-                              self.flat.host("params"), self.flat.host("buffers"),
-                              stop=self._announced, steps=self.pushed_steps(steps),
-                              samples=self._round_samples)
-            self.flat.load_host_state()
+        if self.partial is not None and not self.backend.rewinds:
+            self.partial.keep_local(self.flat.params)  # the servers' answer overwrites it
+        self.backend.push_pull(round_, pushed, stop=self._announced,
+                               steps=self.pushed_steps(steps), samples=self._round_samples)
         if self.partial is not None:
-            self.partial.synchronised(self.flat.params, pulled=not self.all_reduce)
+            self.partial.synchronised(self.flat.params, pulled=not self.backend.rewinds)
         return {self.aggregate_phase: time.perf_counter() - start}
 
     def round_record(self) -> Dict[str, Any]:
@@ -221,14 +161,14 @@ class PushPull(Algorithm):
         record: Dict[str, Any] = {}
         if self.partial is not None:
             record["synced"] = list(self.partial.window)
-        if self.compression.sparse and self.kv is not None:
-            record["pushed_values"] = self.kv.pushed_values
+        if self.compression.sparse and self.backend is not None:
+            record["pushed_values"] = self.backend.pushed_values
         return record
 
     def waited_seconds(self) -> float:
         """As the servers measured it (a push's wait there for the others'), or the
         all-reduce's control vector (it completes once all have come)."""
-        return self.kv.waited if self.kv is not None else 0.0
+        return self.backend.waited if self.backend is not None else 0.0
 
     def evaluates(self, round_: int) -> bool:
         return self.rank == 0 and self.eval_every > 0 and round_ % self.eval_every == 0
@@ -240,7 +180,7 @@ class PushPull(Algorithm):
         ASGD: a worker stops alone; worker 0 also tells the others, as before. A limit
         every worker reaches at the same round of its own (`everyone`: --max-rounds)
         stops each at once, untold: exactly that many rounds."""
-        stop = self.kv.stop_reason
+        stop = self.backend.stop_reason
         if stop is not None:
             return stop if stop == self._announced else f"the job ends: {stop}"
         if reason is None or everyone:
@@ -251,19 +191,14 @@ class PushPull(Algorithm):
         return reason
 
     def final_model(self, model: nn.Module) -> None:
-        """ASGD and DC-ASGD: the others' last pushes come after worker 0 stopped; wait
-        until every other worker has finished, then take the servers' model. (In SSGD
-        and ESync the last round's pull is the job's model already.)"""
-        if self.synchronous or self.all_reduce or self.kv is None:
-            return
-        self.node.wait_for_others()
-        params, buffers = self.flat.host_state()
-        self.kv.pull(params, buffers)
-        self.flat.load_host_state()
+        if self.backend is not None:
+            self.backend.final_model()
 
     def traffic(self) -> Tuple[int, int]:
-        return (self.kv.bytes_sent, self.kv.bytes_received) if self.kv else (0, 0)
+        if self.backend is None:
+            return 0, 0
+        return self.backend.bytes_sent, self.backend.bytes_received
 
     def finish(self) -> None:
-        if self.kv is not None:
-            self.kv.close()
+        if self.backend is not None:
+            self.backend.close()

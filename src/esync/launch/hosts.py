@@ -139,7 +139,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from esync import config
 from esync import registry
 from esync.errors import OneLineParser, UserError, command_main
-from esync.options import check_aggregation, parse_options
+from esync.options import parse_options
 from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
 from esync.live import JOB_ID, JOB_ID_ENV, JOB_ID_FORM, page_url
 from esync.live import URL_ENV as LIVE_URL_ENV
@@ -372,7 +372,7 @@ def options_of(flags: Sequence[str]):
 
 def algorithm_of(flags: Sequence[str]) -> registry.Algorithm:
     """The algorithm main.py's flags select (UserError as `options_of`)."""
-    return registry.of_options(options_of(flags))
+    return options_of(flags).algorithm
 
 
 def _short_names(hosts: Sequence[Host]) -> Dict[str, str]:
@@ -409,7 +409,7 @@ def commands(hosts: Sequence[Host], args,
     scheduler = next(h for h in hosts if "scheduler" in h.roles)
     state = next((h for h in hosts if "stateserver" in h.roles), None)
     opts = options_of(flags)
-    algorithm = registry.of_options(opts)
+    algorithm = opts.algorithm
     if state is None and algorithm.state_server:
         raise UserError(f"{path}: {' '.join(algorithm.flags)} needs a host with the "
                         f"stateserver role (roles=...,stateserver)")
@@ -421,7 +421,7 @@ def commands(hosts: Sequence[Host], args,
         raise UserError(f"{path}: --backend allreduce runs without servers: no host "
                         f"takes the server role")
     try:
-        check_aggregation(opts, num_servers if algorithm.parameter_server else None)
+        registry.check_aggregation(opts, num_servers if algorithm.parameter_server else None)
     except UserError as e:
         raise UserError(f"{e} (a main.py flag after --)") from None
     printed = _Commands(hosts, args, job, scheduler, state, flags)

@@ -73,8 +73,7 @@ from typing import IO, List, Mapping, Optional, Sequence
 from esync import config
 from esync import registry
 from esync.errors import UserError, command_main
-from esync.options import (Options, check_aggregation, check_plugins, flags_given,
-                           parse_options)
+from esync.options import Options, check_plugins, flags_given, parse_options
 from esync.options import build_parser as options_parser
 from esync.transport.auth import job_key
 from esync.launch.job import AUTH_VARIABLES, Plan, RayPlan  # noqa: F401 (esync-launch's names)
@@ -234,9 +233,9 @@ def plan(argv: Sequence[str], prog: str = PROG,
                           f"servers")
     if args.workers < 1 or (args.servers < 1 and not all_reduce):
         raise UserError("--workers and --servers must be at least 1")
-    algorithm = registry.of_options(opts)
+    algorithm = opts.algorithm
     # refused here, before any process starts
-    check_aggregation(opts, args.servers if algorithm.parameter_server else None)
+    registry.check_aggregation(opts, args.servers if algorithm.parameter_server else None)
     check_plugins(opts)
     workers = args.workers if algorithm.distributed else 1
     slowdowns = _per_worker("--slowdown", args.slowdown, workers, low=1.0, noun="factor")

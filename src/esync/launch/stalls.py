@@ -168,7 +168,7 @@ def devices_of(plan) -> List[Device]:
 
 
 def job_of(plan, model_bytes: int):
-    from esync.options import compression
+    from esync.compress import compression
     from esync.stallmodel import Job
 
     algorithm, opts = plan.algorithm, plan.options

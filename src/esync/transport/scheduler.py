@@ -103,12 +103,11 @@ class Policy:
 
     @classmethod
     def from_options(cls, opts) -> "Policy":
-        from esync import registry
         from esync.options import server_patience
 
         return cls(opts.on_worker_failure, opts.min_workers, server_patience(opts),
                    opts.checkpoint_dir, opts.resume,
-                   registry.of_options(opts).synchronous, opts.start_timeout)
+                   opts.algorithm.synchronous, opts.start_timeout)
 
 
 def _checkpoint_rounds(header: Dict) -> Dict[int, List[int]]:

@@ -92,7 +92,7 @@ class LocalEvaluation(DistributedDataParallel):
         return super().forward(*args, **kwargs)
 
 
-class DDP(Algorithm):
+class DDPWorker(Algorithm):
     name = "ddp"
 
     def __init__(self, job: Job, eval_every: int, link: Link,
@@ -120,7 +120,7 @@ class DDP(Algorithm):
         self._last_input: Optional[Tuple[tuple, dict]] = None  # of the last training step
 
     @classmethod
-    def from_options(cls, opts, job: Optional[Job]) -> "DDP":
+    def bind(cls, policy, opts, job: Optional[Job]) -> "DDPWorker":
         return cls(job, opts.eval_every, link_of(opts), opts.max_rounds)
 
     def agreement(self) -> Dict[str, int]:

@@ -30,30 +30,32 @@ from torch import nn
 
 from esync import registry
 from esync.algorithms.base import Job, Phases
+from esync.algorithms.esync import ESync
 from esync.algorithms.pushpull import PushPull
-from esync.compress import Compression
+from esync.compress import Compression, compression
 from esync.link import Link, link_of
-from esync.options import compression
-from esync.rules import RuleConfig
+from esync.algorithms.rules import RuleConfig
 from esync.stateclient import PendingBudget, StateClient, StateServerRefusal
 
 log = logging.getLogger(__name__)
 
 
-class ESync(PushPull):
-    def __init__(self, job: Job, state: StateClient, global_lr: float, max_local_steps: int,
-                 eval_every: int, key: str, link: Optional[Link] = None,
-                 backend: str = "ps", compression: Compression = Compression(),
-                 average: str = "mean", outer_momentum: float = 0.0,
-                 round_time: Optional[float] = None):
-        rule = RuleConfig(key, job.num_workers, lr=global_lr, momentum=outer_momentum,
-                          **registry.AVERAGES[average])
+class ESyncWorker(PushPull):
+    """ESync's hooks in a joined job: `policy` (esync.algorithms.esync.ESync) says its
+    settings; `state` asks the state server for budgets."""
+
+    def __init__(self, policy: ESync, job: Job, state: StateClient, eval_every: int,
+                 link: Optional[Link] = None, backend: str = "ps",
+                 compression: Compression = Compression()):
+        # the servers' rule carries the policy's outer step and averaging
+        rule = RuleConfig(policy.key, job.num_workers, lr=policy.global_lr,
+                          momentum=policy.outer_momentum, **registry.AVERAGES[policy.average])
         super().__init__(rule, job, eval_every, synchronous=True, link=link,
                          backend=backend, compression=compression)
         self.lockstep = False  # a round is each device's budget of local iterations
         self.state = state
-        self.max_local_steps = max_local_steps
-        self.round_time = round_time  # None: the slowest device sets the round
+        self.max_local_steps = policy.max_local_steps
+        self.round_time = policy.round_time  # None: the slowest device sets the round
         self.time_per_iteration: Optional[float] = None  # measured in the last round
         self.budget, self.request_seconds = 1, 0.0
         self._next: Optional[PendingBudget] = None  # the next round's budget, on its way
@@ -61,14 +63,16 @@ class ESync(PushPull):
         self._refused = False  # the last answer was refused: budgets fall back to 1
 
     @classmethod
-    def from_options(cls, opts, job: Optional[Job]) -> "ESync":
+    def bind(cls, policy: ESync, opts, job: Optional[Job]) -> "ESyncWorker":
         state = StateClient(opts.state_server_ip, opts.state_server_port, job.id,
                             patience=job.state_server_patience, check=job.node.check)
         if job.rank == 0:
             log.info("[esync] job %s; budgets at %s/jobs/%s/", job.id, state.url, job.id)
-        return cls(job, state, opts.global_lr, opts.max_local_steps, opts.eval_every,
-                   registry.of_options(opts).key, link_of(opts), opts.backend,
-                   compression(opts), opts.average, opts.outer_momentum, opts.round_time)
+        return cls(policy, job, state, opts.eval_every, link_of(opts), opts.backend,
+                   compression(opts))
+
+    def discard(self) -> None:
+        self.state.close()
 
     @staticmethod
     def learning_rate(opts) -> float:

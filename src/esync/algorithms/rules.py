@@ -1,5 +1,11 @@
 """Aggregation rules: what a server does with the chunks workers push to its shard.
 
+The machinery every rule shares (RuleConfig, SGDStep, Rule, SyncRule's round, make_rule),
+in one module as Flower keeps its aggregation arithmetic in one; beside it the rules of
+the algorithms whose worker is the shared push/pull (esync.algorithms.pushpull): SSGD's
+is SyncRule itself, ASGD's and DC-ASGD's are a few lines each. ESync's own rule lives in
+its unit (esync.algorithms.esync.rule).
+
 A shard has two sections: 0, the weights, and 1, the buffers (BatchNorm statistics).
 Pushes arrive chunk by chunk (`add`); a rule says when a chunk is *complete*, that is,
 ready to be answered with the current values of that chunk, so that the server can
@@ -10,18 +16,8 @@ answer chunk i while chunk i+1 is still on the wire.
 - `async` (ASGD): each gradient chunk takes an SGD step as it comes, and is complete at
   once; buffers move 1/N of the way towards each worker's (tracking the workers' mean
   without waiting for anyone).
-- `esync` (ESync, Li et al.): as `sync`, but workers push their model delta of the
-  round (after their budget of local SGD steps), and the weights move by the mean delta
-  scaled by the global learning rate `lr` (`-gl`): w <- w + lr * mean(delta). How the
-  mean is taken is `--average` (registry.AVERAGES): `mean`, each delta the same (the paper's);
-  `steps` (`by_steps`, the default): workers push delta * steps with their steps, and
-  the sum is divided by the steps' sum, so that each delta weighs as its share of the
-  round's local iterations (of its samples, at one batch size); `normalized`
-  (`normalize`, FedNova's normalised averaging): workers push delta / steps with their
-  number of local steps (`steps` in the push), and the mean is scaled by the mean
-  number of steps. `momentum` (`--outer-momentum M`): the mean delta is a
-  pseudo-gradient g = -mean(delta) for SGD with Nesterov momentum (DiLoCo's outer
-  optimiser): v <- M v + g; w <- w - lr (g + M v).
+- `esync` (ESync, Li et al.): as `sync`, with the round's model deltas averaged and
+  scaled by `-gl` (its rule is ESync's own: esync.algorithms.esync.rule).
 - `dcasgd` (DC-ASGD, Zheng et al. 2017): as async, with the gradient compensated for
   delay: g + lamda * g * g * (w - w_backup[worker]), w_backup[worker] being the weights
   that worker last received.
@@ -344,24 +340,6 @@ class SyncRule(Rule):
         return total
 
 
-class ESyncRule(SyncRule):
-    def _update_weights(self, offset, total):
-        """`total` is the sum of the N workers' deltas (with `normalize`, of delta / steps;
-        with `by_steps`, of delta * steps): w += lr * mean (the steps-weighted mean), or
-        the outer Nesterov step on g = -mean."""
-        c = self.config
-        scale = (self.mean_steps if c.normalize else
-                 1.0 / self.mean_steps if c.by_steps else 1.0) / c.num_workers
-        w = self.sgd.w[offset:offset + len(total)]
-        if not c.momentum:
-            w.add_(total, alpha=c.lr * scale)
-            return
-        g = torch.mul(total, -scale)
-        v = self.sgd.velocity[offset:offset + len(total)]
-        v.mul_(c.momentum).add_(g)
-        w.add_(g.add_(v, alpha=c.momentum), alpha=-c.lr)
-
-
 class AsyncRule(Rule):
     def add(self, worker, key, values, steps=None):
         section, offset = key
@@ -417,5 +395,6 @@ class DCASGDRule(AsyncRule):
 
 
 def make_rule(weights: np.ndarray, buffers: np.ndarray, config: RuleConfig) -> Rule:
-    """The rule of algorithm `config.name` (esync.registry) on this shard."""
+    """The rule of algorithm `config.name` (esync.registry's row names its class) on
+    this shard."""
     return registry.ALGORITHMS[config.name].rule_class()(weights, buffers, config)

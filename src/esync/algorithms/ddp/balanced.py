@@ -1,6 +1,6 @@
 """Speed-balanced DDP (`-m ddp --balance-batches 1`): LB-BSP (Chen et al., SoCC 2018).
 
-DDP as its users run it (esync.algorithms.ddp), with the one change a user of a
+DDP as its users run it (esync.algorithms.ddp.worker), with the one change a user of a
 heterogeneous cluster makes: each rank's batch is in proportion to its speed, so that
 the ranks finish computing at about the same moment and none waits long in the
 all-reduce. The global batch (-b times the ranks) and the learning rate stay those of
@@ -45,7 +45,7 @@ import torch.distributed as dist
 from torch import nn
 
 from esync.algorithms.base import Job, Phases
-from esync.algorithms.ddp import DDP
+from esync.algorithms.ddp.worker import DDPWorker
 from esync.errors import UserError
 from esync.link import Link, link_of
 
@@ -80,7 +80,7 @@ def apportion(total: int, speeds: Sequence[float], floor: int) -> List[int]:
     return batches
 
 
-class BalancedDDP(DDP):
+class BalancedDDPWorker(DDPWorker):
     name = "ddp-balanced"
 
     def __init__(self, job: Job, eval_every: int, link: Link, max_rounds: Optional[int],
@@ -93,9 +93,9 @@ class BalancedDDP(DDP):
         self._per_sample: Deque[float] = deque(maxlen=2 * PERIOD)  # seconds a sample
 
     @classmethod
-    def from_options(cls, opts, job: Optional[Job]) -> "BalancedDDP":
+    def bind(cls, policy, opts, job: Optional[Job]) -> "BalancedDDPWorker":
         return cls(job, opts.eval_every, link_of(opts), opts.max_rounds, opts.batch_size,
-                   opts.min_batch)
+                   policy.min_batch)
 
     def agreement(self) -> Dict[str, int]:
         return {"--balance-batches": 1, "-b": self.global_batch // self.world,

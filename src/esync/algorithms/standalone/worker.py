@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-from esync import registry
 from esync.algorithms.base import Algorithm, Job, Phases
 
 
@@ -16,9 +15,9 @@ class StandaloneSGD(Algorithm):
         self.eval_every = eval_every
 
     @classmethod
-    def from_options(cls, opts, job: Optional[Job]) -> "StandaloneSGD":
+    def bind(cls, policy, opts, job: Optional[Job]) -> "StandaloneSGD":
         algorithm = cls(opts.eval_every)
-        algorithm.name = registry.of_options(opts).key
+        algorithm.name = policy.key
         return algorithm
 
     def begin_round(self, round_: int) -> Tuple[int, Phases]:

@@ -1,0 +1,64 @@
+"""ESync (Li et al.), one unit: a budget of local steps per round for each device, so
+that all reach the aggregation together, then the round's model deltas averaged.
+
+- `ESync` here: the policy (its settings, their flags, defaults and checks), torch-free;
+- `budget`: the budget rule, torch-free and Django-free: the state server computes
+  budgets with it and esync-stalls predicts them with it;
+- `worker`: the worker's hooks (a round of its budget, push of the delta);
+- `rule`: the servers' rule (the mean delta scaled by -gl, or an outer Nesterov step).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+from esync import config, registry
+from esync.algorithms.policy import Policy, number_in
+from esync.errors import UserError
+
+
+@dataclass(frozen=True)
+class ESync(Policy):
+    """ESync's settings: the most local iterations a device runs in a round
+    (`max_local_steps`, --max-local-steps), how the round's deltas are averaged
+    (`average`: "mean", "steps" or "normalized", --average), the scale of the averaged
+    delta (`global_lr`, -gl), Nesterov momentum of that outer step (`outer_momentum`,
+    --outer-momentum: DiLoCo's), and seconds a round should take (`round_time`,
+    --round-time; None: the slowest living device's one iteration)."""
+
+    max_local_steps: int = config.MAX_LOCAL_STEPS
+    average: str = config.AVERAGE
+    global_lr: float = config.LEARNING_RATE_GLOBAL
+    outer_momentum: float = config.OUTER_MOMENTUM
+    round_time: Optional[float] = config.ROUND_TIME
+
+    key = "esync"
+    FLAGS = {"max_local_steps": "max_local_steps", "average": "average",
+             "global_lr": "global_lr", "outer_momentum": "outer_momentum",
+             "round_time": "round_time"}
+
+    def __post_init__(self) -> None:
+        steps = self.max_local_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"ESync(max_local_steps={self.max_local_steps!r}): expected a "
+                             f"positive integer")
+        if self.average not in registry.AVERAGES:
+            raise ValueError(f"ESync(average={self.average!r}): expected one of "
+                             f"{', '.join(registry.AVERAGES)}")
+        number_in(self, "global_lr", low=0.0, low_open=True)
+        number_in(self, "outer_momentum", low=0.0, high=1.0, high_open=True)
+        if self.round_time is not None:
+            number_in(self, "round_time", low=0.0, low_open=True)
+
+    @classmethod
+    def flags_given(cls, opts: Any) -> List[str]:
+        return [flag for flag, given in ((f"--average {opts.average}",
+                                          opts.average != config.AVERAGE),
+                                         ("--outer-momentum", opts.outer_momentum),
+                                         ("--round-time", opts.round_time is not None))
+                if given]
+
+    def check(self, opts: Any) -> None:
+        if opts.compress.startswith("partial") and self.outer_momentum:
+            raise UserError(f"--compress {opts.compress} leaves the other slices unmoved, "
+                            f"which --outer-momentum would move: use one of them")

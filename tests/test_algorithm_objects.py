@@ -1,0 +1,114 @@
+"""Algorithms as objects (esync.ESync(...), esync.SSGD(), ...): a script's object takes
+the place of its flags' values in a real job started by esync-run; another algorithm's
+object than the job's -m ends the script with one line; the objects' defaults are the
+flags'; ESync's budget rule is one torch-free module that the state server and
+esync-stalls both use."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import esync
+from esync import registry, stallmodel
+from esync.algorithms.esync import budget
+from esync.errors import UserError
+from esync.options import parse_options
+from tests.helpers import REPO
+
+SCRIPT = os.path.join(REPO, "tests", "algorithm_script.py")
+
+
+def esync_run(tmp_path, flags, algorithm, *script_args):
+    return subprocess.run(
+        [sys.executable, "-m", "esync.launch.run", "--out", str(tmp_path / "runs"),
+         "--no-progress", "--num-threads", "1", *flags, SCRIPT, algorithm, *script_args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240)
+
+
+def budgets(tmp_path, device):
+    folder = tmp_path / "runs" / "algorithm_script" / "esync"
+    (host,) = [h for h in folder.iterdir() if h.is_dir()]
+    path = host / device
+    count = len([f for f in os.listdir(path) if f.startswith("iter-")])
+    return [json.load(open(path / f"iter-{n}.json"))["budget"] for n in range(1, count + 1)]
+
+
+@pytest.mark.slow
+def test_an_esync_object_s_max_local_steps_caps_the_budgets_the_flags_would_not(tmp_path):
+    """The job's flags leave --max-local-steps at 64; the script's ESync(max_local_steps=2)
+    caps the fast device's budgets at 2 (a device 4 times faster would get about 4)."""
+    proc = esync_run(tmp_path, ["--workers", "2", "-m", "esync", "--slowdown", "1,4"],
+                     "esync.ESync(max_local_steps=2)")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    fast = budgets(tmp_path, "w0")
+    assert max(fast) == 2 and fast.count(2) >= 3, fast
+
+
+@pytest.mark.slow
+def test_an_object_of_another_algorithm_than_the_job_s_ends_it_with_one_line(tmp_path):
+    proc = esync_run(tmp_path, ["--workers", "2", "-m", "sync"], "esync.ESync(max_local_steps=4)")
+    assert proc.returncode != 0
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines()
+             if "does not run in this job" in line]
+    assert lines and "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert "-m sync (SSGD); start it with -m esync" in lines[0]
+
+
+@pytest.mark.slow
+def test_settings_given_after_prepare_model_which_sent_the_flags_end_it_with_one_line(tmp_path):
+    """prepare_model gave the servers and the state server the flags' settings: an
+    object that differs, given afterwards, is refused rather than half applied."""
+    proc = esync_run(tmp_path, ["--workers", "2", "-m", "esync"],
+                     "esync.ESync(max_local_steps=2)", "late")
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out, out
+    assert any("came after prepare_model" in line and "wrap the optimizer first" in line
+               for line in out.splitlines()), out
+
+
+@pytest.mark.parametrize("key", list(registry.ALGORITHMS))
+def test_an_object_s_defaults_are_its_flags_defaults(key):
+    policy = registry.ALGORITHMS[key].policy_class()
+    assert policy() == policy.from_options(parse_options([]))
+    assert getattr(esync, type(policy()).__name__) is policy
+
+
+def test_bad_settings_of_an_object_are_one_line_errors():
+    with pytest.raises(ValueError, match=r"ESync\(max_local_steps=0\): expected a positive"):
+        esync.ESync(max_local_steps=0)
+    with pytest.raises(ValueError, match=r"ESync\(average='median'\)"):
+        esync.ESync(average="median")
+    with pytest.raises(ValueError, match=r"ESync\(outer_momentum=1.0\)"):
+        esync.ESync(outer_momentum=1.0)
+
+
+def test_the_budget_rule_is_one_torch_free_module_that_its_users_share():
+    code = ("import sys; import esync.algorithms.esync.budget; "
+            "print('torch' in sys.modules, 'django' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, env={**os.environ, "PYTHONPATH": os.path.join(REPO, "src")})
+    assert result.stdout.split() == ["False", "False"]
+    assert stallmodel.budget_rule is budget
+    for name in ("views.py", "live.py"):
+        source = open(os.path.join(REPO, "stateserver", "budgets", name)).read()
+        assert "from esync.algorithms.esync import budget as budget_rule" in source, name
+    assert not os.path.exists(os.path.join(REPO, "stateserver", "budgets", "rule.py"))
+    # esync-stalls predicts what the state server answers, round_time aside
+    assert stallmodel.budget(0.010, [0.010, 0.040], 16) == budget.budget(0.010, [0.010, 0.040], 16)
+
+
+def test_an_object_s_own_checks_are_its_flags_checks():
+    """What check_aggregation refuses of the flags, the object's `check` refuses of its
+    settings in that job (DistributedOptimizer runs it before the object takes over)."""
+    with pytest.raises(UserError, match="--min-batch 64 is more than -b 32"):
+        esync.BalancedDDP(min_batch=64).check(parse_options(["-m", "ddp", "-b", "32"]))
+    with pytest.raises(UserError, match="which --outer-momentum would move"):
+        esync.ESync(outer_momentum=0.9).check(parse_options(["-m", "esync", "--compress",
+                                                             "partial:4"]))
+    with pytest.raises(UserError, match="--min-batch 64 is more than -b 32"):
+        registry.check_aggregation(parse_options(["-m", "ddp", "--balance-batches", "1",
+                                                  "-b", "32", "--min-batch", "64"]))
+    esync.BalancedDDP(min_batch=32).check(parse_options(["-m", "ddp", "-b", "32"]))
