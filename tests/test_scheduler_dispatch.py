@@ -10,11 +10,9 @@ import zmq
 
 from esync.errors import UserError
 from esync.transport.barriers import Barriers
-from esync.transport.cluster import ClusterEnv
 from esync.transport.jobfile import JobFile
 from esync.transport.membership import Membership, member_from
 from esync.transport.message import MessageError, decode
-from esync.transport.node import Node
 from esync.transport.rendezvous import Rendezvous
 from tests.cluster import Cluster
 
@@ -25,22 +23,24 @@ def _ask(sock, header):
     return decode(sock.recv_multipart(), ("error", "ack", "member"))
 
 
+def _dealer(node, name=None):
+    """A socket to the scheduler: of `node` (named `name`), or a stranger's."""
+    sock = node.context.socket(zmq.DEALER)
+    if name is not None:
+        sock.setsockopt(zmq.IDENTITY, f"{node.uid}/{name}".encode())
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(node.env.scheduler_address)
+    return sock
+
+
 @pytest.mark.slow  # a real scheduler and server
 def test_the_scheduler_answers_what_it_does_not_take_with_an_error(tmp_path):
     with Cluster(tmp_path, num_servers=1, num_workers=1) as job:
-        job.start("scheduler", "scheduler")
-        job.start("server0", "server")
-        env = {k: v for k, v in job.env.items() if k.startswith(("DMLC_", "PS_"))}
-        node = Node(ClusterEnv.from_environ({**env, "DMLC_ROLE": "worker"}), "worker")
-        try:
+        for name in ("scheduler", "server0"):
+            job.start(name, name.rstrip("0"))
+        with job.node("worker") as node:
             node.register()
-            member = node.context.socket(zmq.DEALER)  # a socket of the registered worker
-            member.setsockopt(zmq.IDENTITY, f"{node.uid}/raw".encode())
-            member.setsockopt(zmq.LINGER, 0)
-            member.connect(node.env.scheduler_address)
-            stranger = node.context.socket(zmq.DEALER)
-            stranger.setsockopt(zmq.LINGER, 0)
-            stranger.connect(node.env.scheduler_address)
+            member, stranger = _dealer(node, "raw"), _dealer(node)
             refused = [
                 (stranger, {"type": "delete", "sender": "x"}, "unknown message type 'delete'"),
                 (stranger, {"type": "barrier", "sender": "x"}, "x is not registered"),
@@ -66,10 +66,7 @@ def test_the_scheduler_answers_what_it_does_not_take_with_an_error(tmp_path):
             # the member was not made to finish, nor left behind: its heartbeat is answered
             assert _ask(member, {"type": "heartbeat", "sender": node.uid}).type == "ack"
             node.finish()
-        finally:
-            node.close()
-        codes = job.wait(30)
-        assert codes == {"scheduler": 0, "server0": 0}, job.output("scheduler")
+        assert job.wait(30) == {"scheduler": 0, "server0": 0}, job.output("scheduler")
         assert "dropped a malformed message" in job.output("scheduler")
         assert "aborting" not in job.output("scheduler")
 
