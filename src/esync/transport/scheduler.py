@@ -116,8 +116,7 @@ def _members_only(handler: Callable[["Scheduler", bytes, Member, Message], Optio
     def checked(self: "Scheduler", identity: bytes, uid: str, member: Optional[Member],
                 msg: Message) -> Optional[int]:
         if member is None or not member.alive:
-            self.listener.send(identity, {"type": "error", "error": f"{uid} is not registered"})
-            return None
+            return self._not_registered(identity, uid)
         return handler(self, identity, member, msg)
 
     return checked
@@ -239,12 +238,15 @@ class Scheduler:
             return self._abort(text_field(msg.header, "reason", 2000, required=False)
                                or f"{uid} failed")
         if not member.alive:
-            self.listener.send(identity, {"type": "error", "error": f"{uid} is not registered"})
-            return None
+            return self._not_registered(identity, uid)
         reason = text_field(msg.header, "reason", 2000, required=False) or "failed"
         if msg.header.get("user_error") is True:  # the code's: a restart fails the same way
             return self._abort(reason, exclude=uid)
         return self._lost(member, f"failed: {reason}")
+
+    def _not_registered(self, identity: bytes, uid: str) -> None:
+        """A request only a living member may make, from `uid`, which is none."""
+        self.listener.send(identity, {"type": "error", "error": f"{uid} is not registered"})
 
     @_members_only
     def _on_barrier(self, identity: bytes, member: Member, msg: Message) -> None:
