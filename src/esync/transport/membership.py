@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from esync.errors import UserError
 from esync.registry import EVALUATOR
@@ -169,10 +169,6 @@ class Membership:
     def worker_ranks(self) -> List[int]:
         """The living workers' ranks, in order."""
         return sorted(m.rank for m in self.of("worker", living=True))
-
-    def describe_all(self) -> str:
-        """Every member, as Member.describe says it, comma separated."""
-        return ", ".join(m.describe() for m in self._members.values())
 
     def silent(self, timeout: float) -> Optional[Member]:
         """A living, unfinished member that sent nothing for `timeout` seconds, if any."""
