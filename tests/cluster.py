@@ -69,6 +69,15 @@ class Cluster:
             assert time.monotonic() < deadline, f"{name} did not log {texts}"
             time.sleep(0.05)
 
+    def node(self, role: str):
+        """A node of this job in this process (esync.transport.node.Node), with the job's
+        DMLC_* and PS_* variables; the caller closes it."""
+        from esync.transport.cluster import ClusterEnv
+        from esync.transport.node import Node
+
+        env = {k: v for k, v in self.env.items() if k.startswith(("DMLC_", "PS_"))}
+        return Node(ClusterEnv.from_environ({**env, "DMLC_ROLE": role}), role)
+
     def output(self, name: str) -> str:
         with open(os.path.join(self.dir, f"{name}.out")) as f:
             return f.read()

@@ -24,8 +24,9 @@ from esync.flat import floating_buffers, trainable
 from esync.registry import EVALUATOR
 from esync.server import weights_header
 from esync.transport.auth import Guard
-from esync.transport.message import (FRAME_SLACK, MAX_HEADER_BYTES, MessageError,
-                                     chunk_spans, decode, encode)
+from esync.transport.dispatch import Handlers
+from esync.transport.message import (FRAME_SLACK, MAX_HEADER_BYTES, Message, MessageError,
+                                     chunk_spans, encode)
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +93,15 @@ class ModelPublisher:
     def _take(self, frames) -> None:
         identity = frames[0].bytes
         try:
-            msg = decode(frames[1:], ("pull",))
-            if msg.header.get("sender") != EVALUATOR:
-                raise MessageError("only the evaluator pulls from the DDP baseline")
+            REQUESTS(REQUESTS.decode(frames[1:]), self, identity)
         except MessageError as e:
             log.warning("[%s] publisher rejected a message: %s", self.name, e)
             self._send(identity, {"type": "error", "error": str(e)})
-            return
+
+    def _on_pull(self, identity: bytes, msg: Message) -> None:
+        """The evaluator's pull: answered with the next snapshot (`offer`)."""
+        if msg.header.get("sender") != EVALUATOR:
+            raise MessageError("only the evaluator pulls from the DDP baseline")
         stop = msg.header.get("stop")
         if isinstance(stop, str) and self.stop_reason is None:
             self.stop_reason = stop
@@ -126,3 +129,7 @@ class ModelPublisher:
         self.sock.close(linger=0)
         self.guard.close()
         self.context.term()
+
+
+#: the publisher's one dispatch table: the evaluator only pulls
+REQUESTS: Handlers[None] = Handlers({"pull": ModelPublisher._on_pull})

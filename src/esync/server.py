@@ -41,8 +41,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import zmq
@@ -53,14 +52,13 @@ from esync.registry import EVALUATOR
 from esync.compress import CompressionError, decode_chunk
 from esync.algorithms.rules import WEIGHTS, Key, Rule, RuleConfig, make_rule
 from esync.transport.cluster import ClusterEnv, advertised_address
+from esync.transport.dispatch import Handlers
 from esync.transport.message import (CHUNK_BYTES, CHUNK_VALUES, FRAME_SLACK, Message,
-                                     MessageError, chunk_spans, decode, encode,
-                                     integer_field)
-from esync.transport.node import JobAborted, Node, node_id
+                                     MessageError, chunk_spans, encode, integer_field)
+from esync.transport.node import JobAborted, Node
+from esync.transport.peers import Peers, Stalled, Who, asking, telling
 from esync.transport.quiet import Quiet
 
-REQUESTS = ("init", "pull", "push", "join", "leave")
-STRANGERS = 1024  # identities remembered as not members (bounded)
 EVALUATOR_PULLS = 64  # evaluators' pulls waiting for a round's end (bounded)
 #: milliseconds a send may wait once a member's queue is full (ZeroMQ's SNDHWM messages
 #: unread): then it does not read, and is dropped
@@ -72,12 +70,6 @@ def _short(value: Any) -> str:
     """A peer's value in an error message and the log: repr, cut to 40 characters."""
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-#: who a peer is, from its ZeroMQ identity: ("worker", rank), ("evaluator", k) or None
-Who = Callable[[bytes], Optional[Tuple[str, int]]]
-#: tells the scheduler that the peer with this identity stopped reading
-Stalled = Callable[[bytes], None]
 
 
 #: the shortest wait a push's answer reports (the push that completed a round, or any
@@ -106,16 +98,49 @@ def weights_header(shard: int, round_: int, key: Key, updates: int, age: float,
     return header
 
 
+class Checkpointing:
+    """When a shard is checkpointed (with --checkpoint-dir): between rounds, every
+    --checkpoint-every rounds or seconds, never twice for one round; and the round of
+    its latest checkpoint, which every answer names."""
+
+    def __init__(self, store: Optional[Checkpoints],
+                 every: Tuple[Optional[int], Optional[float]] = (None, None)):
+        self.store = store
+        self.every_rounds, self.every_seconds = every
+        self.saved_updates, self.saved_at = 0, time.monotonic()
+        self.latest: Optional[int] = None  # the round of the latest checkpoint
+
+    def due(self, updates: int, at_boundary: bool) -> bool:
+        """Whether the shard, at round `updates`, is to be checkpointed now."""
+        if self.store is None or updates == self.saved_updates or not at_boundary:
+            return False
+        return (self.every_rounds is not None and updates % self.every_rounds == 0) or \
+            (self.every_seconds is not None
+             and time.monotonic() - self.saved_at >= self.every_seconds)
+
+    def saved(self, updates: int) -> None:
+        """The checkpoint of round `updates` is written."""
+        self.saved_updates, self.saved_at = updates, time.monotonic()
+        self.latest = updates
+
+    def restored(self, updates: int) -> None:
+        """The shard was taken back from its checkpoint of round `updates`."""
+        self.saved_updates = self.latest = updates
+
+
 class ShardServer:
+    """Serves one shard (see the module's docstring): `handle` takes each message,
+    `notice` the scheduler's; who its peers are is `peers`' to say, when to checkpoint
+    `checkpointing`'s."""
+
     def __init__(self, rank: int, num_workers: int, sock: zmq.Socket, who: Who,
                  checkpoints: Optional[Checkpoints] = None,
                  every: Tuple[Optional[int], Optional[float]] = (None, None),
                  stalled: Stalled = lambda identity: None):
         self.rank, self.num_workers, self.sock = rank, num_workers, sock
-        self.who, self.stalled = who, stalled
+        self.stalled = stalled
         self.quiet = Quiet()  # strangers that do not read: logged at most this often
-        self.peers: Dict[bytes, Tuple[str, int]] = {}
-        self.strangers: "OrderedDict[bytes, None]" = OrderedDict()
+        self.peers = Peers(who)  # who is who: only the scheduler's members are served
         self.sections: Tuple[np.ndarray, ...] = ()
         self.rule: Optional[Rule] = None
         self.stop_reason: Optional[str] = None
@@ -127,9 +152,7 @@ class ShardServer:
         self.waiting: Dict[Key, List[Tuple[bytes, int, int, float]]] = {}
         self.started_at: Optional[float] = None  # when worker 0 said training started
         self.age_offset = 0.0  # a restored shard's training clock at its checkpoint
-        self.checkpoints, (self.every_rounds, self.every_seconds) = checkpoints, every
-        self.saved_updates, self.saved_at = 0, time.monotonic()
-        self.checkpointed: Optional[int] = None  # the round of the latest checkpoint
+        self.checkpointing = Checkpointing(checkpoints, every)
         #: samples the job's pushes trained so far (each push says its own: `samples`)
         self.trained = 0
 
@@ -142,9 +165,8 @@ class ShardServer:
     def handle(self, frames: List[zmq.Frame]) -> None:
         identity = frames[0].bytes if hasattr(frames[0], "bytes") else bytes(frames[0])
         try:
-            msg = decode(frames[1:], REQUESTS)
-            worker = self._worker(identity, msg)
-            getattr(self, f"_on_{msg.type}")(identity, worker, msg)
+            msg = HANDLERS.decode(frames[1:])
+            HANDLERS(msg, self, identity, self._worker(identity, msg))
         except MessageError as e:
             log.warning("[server %d] rejected a message from %r: %s", self.rank,
                         identity[:64], e)
@@ -157,26 +179,8 @@ class ShardServer:
             self._send(identity, {"type": "error",
                                   "error": f"internal error: {type(e).__name__}"})
 
-    def _peer(self, identity: bytes) -> Optional[Tuple[str, int]]:
-        if identity in self.peers:
-            return self.peers[identity]
-        if identity in self.strangers:
-            return None
-        peer = self.who(identity)
-        if peer is None:
-            self._stranger(identity)
-        else:
-            self.peers[identity] = peer
-        return peer
-
-    def _stranger(self, identity: bytes) -> None:
-        """Remember `identity` as not a member (the newest STRANGERS of them)."""
-        self.strangers[identity] = None
-        while len(self.strangers) > STRANGERS:
-            self.strangers.popitem(last=False)
-
     def _worker(self, identity: bytes, msg: Message):
-        peer = self._peer(identity)
+        peer = self.peers.lookup(identity)
         if peer is None:
             raise MessageError("not a member of this job (unknown sender)")
         role, rank = peer
@@ -358,8 +362,7 @@ class ShardServer:
         if header.get("type") != "left" or type(rank) is not int \
                 or role not in ("worker", EVALUATOR):
             return
-        for identity in [i for i, p in self.peers.items() if p == (role, rank)]:
-            del self.peers[identity]
+        self.peers.forget(role, rank)
         if role == EVALUATOR:
             return
         log.warning("[server %d] worker %d died; going on with the others", self.rank, rank)
@@ -376,48 +379,41 @@ class ShardServer:
 
     # --- checkpoints --------------------------------------------------------------------
     def _maybe_checkpoint(self) -> None:
-        if self.checkpoints is None or self.updates == self.saved_updates \
-                or not self.rule.at_boundary:
-            return
-        due = (self.every_rounds is not None and self.updates % self.every_rounds == 0) or \
-            (self.every_seconds is not None
-             and time.monotonic() - self.saved_at >= self.every_seconds)
-        if due:
+        if self.checkpointing.due(self.updates, self.rule.at_boundary):
             self.save_checkpoint()
 
     def save_checkpoint(self) -> None:
         tensors, meta = self.rule.state()
         tensors = dict(tensors, weights=self.sections[0], buffers=self.sections[1])
         age = 0.0 if self.started_at is None else time.monotonic() - self.started_at
-        self.checkpoints.save(self.updates, tensors, dict(
+        self.checkpointing.store.save(self.updates, tensors, dict(
             meta, rule=self.rule.config.to_header(), updates=self.updates, age=round(age, 6),
             shard=self.rank, trained=self.trained))
-        self.saved_updates, self.saved_at = self.updates, time.monotonic()
-        self.checkpointed = self.updates
+        self.checkpointing.saved(self.updates)
         log.debug("[server %d] checkpoint of round %d", self.rank, self.updates)
 
     def restore(self, rounds: Optional[List[int]], members: List[int], resumed: bool) -> None:
         """Take the shard back from its newest whole checkpoint (among `rounds`)."""
-        tensors, meta = self.checkpoints.load_newest(rounds)
+        store = self.checkpointing.store
+        tensors, meta = store.load_newest(rounds)
         try:
             config = RuleConfig.from_header(meta.get("rule"))
         except ValueError as e:
-            raise UserError(f"{self.checkpoints.path}: bad rule in the checkpoint: {e}") \
-                from None
+            raise UserError(f"{store.path}: bad rule in the checkpoint: {e}") from None
         if config.num_workers != self.num_workers:
-            raise UserError(f"{self.checkpoints.path}: the checkpoint is of a job with "
+            raise UserError(f"{store.path}: the checkpoint is of a job with "
                             f"{config.num_workers} workers, this one has {self.num_workers}")
         self.sections = (tensors.pop("weights").copy(), tensors.pop("buffers").copy())
         self.rule = make_rule(*self.sections, config)
         self.rule.restore(tensors, meta, members)
-        self.saved_updates = self.checkpointed = self.updates
+        self.checkpointing.restored(self.updates)
         trained = meta.get("trained", 0)
         self.trained = trained if isinstance(trained, int) and trained >= 0 else 0
         self.age_offset = float(meta.get("age", 0.0))
         if not resumed:  # the others train on: the clock runs
             self.started_at = time.monotonic() - self.age_offset
         log.info("[server %d] restored shard %d from round %d of %s (%d weights, rule %s)",
-                 self.rank, self.rank, meta["round"], self.checkpoints.path,
+                 self.rank, self.rank, meta["round"], store.path,
                  len(self.sections[0]), config.name)
         self._answer_early_pulls()
 
@@ -441,7 +437,7 @@ class ShardServer:
         section, offset = key
         age = 0.0 if self.started_at is None else time.monotonic() - self.started_at
         header = weights_header(self.rank, round_, key, self.updates, age, self.stop_reason,
-                                waited, self.trained, self.checkpointed)
+                                waited, self.trained, self.checkpointing.latest)
         values = self.sections[section][offset:offset + length]
         if worker == EVALUATOR:  # it reads mid-round: never a view the rule may change
             self._send(identity, header, [values.copy()])
@@ -470,35 +466,25 @@ class ShardServer:
                 pass
             finally:
                 self.sock.setsockopt(zmq.SNDTIMEO, -1)
-            role, rank = self.peers.pop(identity)
+            role, rank = self.peers.drop(identity)
             log.warning("[server %d] %s %d does not read its answers; dropping it", self.rank,
                         role, rank)
-            self._stranger(identity)
             self.stalled(identity)
         elif self.quiet.say("unread"):
             log.warning("[server %d] a peer that is not a member (%r) does not read its "
                         "answers; dropping them", self.rank, identity[:64])
 
 
-def _who(node: Node) -> Who:
-    def who(identity: bytes) -> Optional[Tuple[str, int]]:
-        """A peer's identity is "<node id>/<socket name>" (a node may have several)."""
-        if len(identity) > 256 or b"/" not in identity:
-            return None
-        answer = node.who(node_id(identity))
-        if answer is None or answer.get("role") not in ("worker", EVALUATOR) \
-                or type(answer.get("rank")) is not int:
-            return None
-        return answer["role"], answer["rank"]
-
-    return who
-
-
-def _stalled(node: Node) -> Stalled:
-    def stalled(identity: bytes) -> None:
-        node.tell({"type": "stalled", "uid": node_id(identity)})
-
-    return stalled
+#: the server's one dispatch table: its keys are the requests it accepts (`decode` refuses
+#: any other type, answered `error` in `ShardServer.handle`)
+HANDLERS: Handlers[None] = Handlers({
+    "init": ShardServer._on_init,
+    "pull": ShardServer._on_pull,
+    "push": ShardServer._on_push,
+    "join": ShardServer._on_join,
+    "leave": ShardServer._on_leave,
+})
+REQUESTS = HANDLERS.types
 
 
 def run_server(env: ClusterEnv, opts: Any = None,
@@ -523,8 +509,8 @@ def run_server(env: ClusterEnv, opts: Any = None,
                                        checkpoints=found, settings=settings or {})
             rank = assignment["rank"]
             checkpoints = Checkpoints(folder, rank, opts.keep_checkpoints) if folder else None
-            server = ShardServer(rank, assignment["num_workers"], sock, _who(node),
-                                 checkpoints, checkpoint_every(opts), _stalled(node))
+            server = ShardServer(rank, assignment["num_workers"], sock, asking(node),
+                                 checkpoints, checkpoint_every(opts), telling(node))
             if assignment.get("restore"):
                 if checkpoints is None:
                     raise UserError(f"server {rank} replaces a dead one but has no "

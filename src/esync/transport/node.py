@@ -33,6 +33,7 @@ import zmq
 from esync.errors import UserError
 from esync.transport.auth import Guard
 from esync.transport.cluster import ClusterEnv
+from esync.transport.dispatch import Handlers
 from esync.transport.handshake import Handshakes
 from esync.transport.message import Message, MessageError, decode, encode
 
@@ -40,7 +41,6 @@ POLL_MS = 100
 RECONNECT_S = 2.0
 #: seconds between a waiting node's lines saying what it waits for
 PROGRESS_S = 5.0
-NOTICES = ("ack", "abort", "shutdown", "left", "servers")
 REPLIES = ("assign", "barrier_done", "ack", "error", "member", "rendezvous", "abort", "lease")
 
 log = logging.getLogger(__name__)
@@ -292,23 +292,14 @@ class Node:
                     self._abort(f"{self.name}: {failed[-1]}", JoinFailed)
                 if sock.poll(int(min(interval, POLL_MS / 1000) * 1000)):
                     try:
-                        notice = decode(sock.recv_multipart(copy=False), NOTICES)
+                        notice = NOTICES.decode(sock.recv_multipart(copy=False))
                     except MessageError as e:
                         log.warning("[%s] dropped a bad notice from the scheduler: %s",
                                     self.name, e)
                         continue
                     last_answer = time.monotonic()
                     self._answered.set()
-                    if notice.type == "abort":
-                        self._abort(str(notice.header.get("reason", "aborted by the scheduler")))
-                    elif notice.type == "servers":
-                        self._servers_moved(notice.header.get("servers"))
-                    elif notice.type == "left":
-                        self.notices.put(notice.header)
-                    elif notice.type == "shutdown":
-                        log.debug("[ps %s] <- scheduler shutdown", self.name)
-                        sock.send_multipart(encode({"type": "bye", "sender": self.uid}))
-                        self._shutdown.set()
+                    NOTICES(notice, self, sock)
                 if last_answer is not None and time.monotonic() - last_answer > timeout \
                         and self._aborted is None and not self._shutdown.is_set():
                     self._abort(f"lost the scheduler at {self.env.scheduler_address}: no answer "
@@ -316,6 +307,26 @@ class Node:
         finally:
             handshakes.close()
             sock.close(linger=0)
+
+    # the scheduler's notices, each with the heartbeat socket (NOTICES)
+    def _on_ack(self, sock: zmq.Socket, notice: Message) -> None:
+        """A heartbeat's answer: the scheduler is there (nothing else to do)."""
+
+    def _on_abort(self, sock: zmq.Socket, notice: Message) -> None:
+        self._abort(str(notice.header.get("reason", "aborted by the scheduler")))
+
+    def _on_servers(self, sock: zmq.Socket, notice: Message) -> None:
+        """A server was started again: the servers' address book changed."""
+        self._servers_moved(notice.header.get("servers"))
+
+    def _on_left(self, sock: zmq.Socket, notice: Message) -> None:
+        """A worker died (servers): for the main thread, esync.server's `notice`."""
+        self.notices.put(notice.header)
+
+    def _on_shutdown(self, sock: zmq.Socket, notice: Message) -> None:
+        log.debug("[ps %s] <- scheduler shutdown", self.name)
+        sock.send_multipart(encode({"type": "bye", "sender": self.uid}))
+        self._shutdown.set()
 
     def _servers_moved(self, servers) -> None:
         if isinstance(servers, list) and all(isinstance(a, str) for a in servers) \
@@ -355,6 +366,17 @@ class Node:
             self.fail(str(error) if isinstance(error, UserError) else failure_line(error),
                       user_error=not isinstance(error, (KeyboardInterrupt, SystemExit)))
         self.close()
+
+
+#: the scheduler's notices a node takes on its heartbeat socket, one handler each (their
+#: keys are the only types accepted: any other is logged and dropped)
+NOTICES: Handlers[None] = Handlers({
+    "ack": Node._on_ack,
+    "abort": Node._on_abort,
+    "shutdown": Node._on_shutdown,
+    "left": Node._on_left,
+    "servers": Node._on_servers,
+})
 
 
 def failure_line(error: BaseException) -> str:

@@ -45,48 +45,42 @@ registered members' state is kept (bounded memory whatever strangers send): at m
 MAX_EVALUATORS evaluators, dropped like any member when their heartbeats stop. Every
 send is non-blocking: a peer whose queue is full does not read, and is dropped (a member
 is lost, by the failure policy) instead of stalling the scheduler. A peer that fails
-the CurveZMQ handshake (another job key) is logged, at most every few seconds."""
+the CurveZMQ handshake (another job key) is logged, at most every few seconds.
+
+The Scheduler owns the socket (`listener`), reads each message and hands it to its
+handler (one table, `HANDLERS`); the parts keep their own state: the roster
+(`membership`), `barriers`, the `rendezvous`, the job's file (`jobfile`), the block
+leases (`leasing`), and the end of the job (`shutdown`: the servers' shutdown and the
+start-up abort's linger). What one part's event means for the others (a death, an
+abort, the ranks dealt) is decided here."""
 from __future__ import annotations
 
 import json
 import logging
-import os
-import secrets
 import time
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
-
-import zmq
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
 
 from esync import config
 from esync import ready
-from esync.live import JOB_ID, JOB_ID_ENV, JOB_ID_FORM
 from esync.errors import UserError
 from esync.registry import EVALUATOR
-from esync.transport.auth import Guard, job_key
-from esync.transport.cluster import ClusterEnv, resolve
-from esync.transport.handshake import Handshakes
+from esync.transport.auth import job_key
+from esync.transport.barriers import Barriers
+from esync.transport.cluster import ClusterEnv
+from esync.transport.dispatch import Handlers
+from esync.transport.jobfile import JobFile
 from esync.transport.leasing import LeaseDesk
-from esync.transport.message import (FRAME_SLACK, MAX_HEADER_BYTES, MessageError, decode,
-                                     encode, integer_field, text_field)
-from esync.transport.node import PROGRESS_S, clock, node_id
-from esync.transport.quiet import Quiet
+from esync.transport.listener import Listener
+from esync.transport.membership import MAX_EVALUATORS, Member, Membership, member_from
+from esync.transport.message import Message, MessageError, text_field
+from esync.transport.node import PROGRESS_S, clock
+from esync.transport.rendezvous import Rendezvous
+from esync.transport.shutdown import Linger, Shutdown
 
-POLL_MS = 100
-REQUESTS = ("register", "heartbeat", "barrier", "finished", "abort", "bye", "who",
-            "rendezvous", "stalled", "lease", "leases", "others")
-ROLES = ("server", "worker", EVALUATOR)
-QUEUED = 16
-JOB_FILE = "job.json"
-#: evaluators a job admits at once (each is served the whole model)
-MAX_EVALUATORS = 8
-#: seconds a job aborted during start-up stays to tell late nodes why
-ABORT_LINGER = 60.0
-#: messages (ZeroMQ's SNDHWM) and bytes (the kernel's SO_SNDBUF) queued for one peer:
-#: a peer that lets more pile up does not read (each message is ~100 bytes)
-SEND_QUEUE, SEND_QUEUE_BYTES = 100, 64 << 10
-#: a node's settings at registration: at most this many, of these sizes
-MAX_SETTINGS, MAX_SETTING_CHARS = 32, 256
+__all__ = ["MAX_EVALUATORS", "Policy", "Scheduler", "tell_why"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -110,280 +104,90 @@ class Policy:
                    opts.algorithm.synchronous, opts.start_timeout)
 
 
-def _checkpoint_rounds(header: Dict) -> Dict[int, List[int]]:
-    """A server's report of the checkpoints it sees: {"<shard>": [round, ...]}."""
-    value = header.get("checkpoints")
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or len(value) > 4096:
-        raise MessageError("field 'checkpoints' must be a map of shard to rounds")
-    out = {}
-    for shard, rounds in value.items():
-        if not isinstance(shard, str) or not shard.isdigit() or not isinstance(rounds, list) \
-                or len(rounds) > 4096 or not all(isinstance(r, int) and not isinstance(r, bool)
-                                                 and r >= 0 for r in rounds):
-            raise MessageError("field 'checkpoints' must be a map of shard to rounds")
-        out[int(shard)] = rounds
-    return out
+#: a handler of the scheduler's table: (scheduler, identity, sender's id, the sender if a
+#: member, message) -> the job's exit code if the message ends it, else None
+Handler = Callable[["Scheduler", bytes, str, Optional[Member], Message], Optional[int]]
 
 
-def _settings(header: Dict) -> Dict[str, str]:
-    """A node's settings that must agree across the job: {name: value}, both text."""
-    value = header.get("settings")
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or len(value) > MAX_SETTINGS or not all(
-            isinstance(k, str) and isinstance(v, str) and len(k) <= MAX_SETTING_CHARS
-            and len(v) <= MAX_SETTING_CHARS for k, v in value.items()):
-        raise MessageError(f"field 'settings' must be a map of at most {MAX_SETTINGS} "
-                           f"names to values, as text")
-    return dict(value)
+def _members_only(handler: Callable[["Scheduler", bytes, Member, Message], Optional[int]]
+                  ) -> Handler:
+    """A request only a living member may make: from anyone else, answered `error`."""
+    def checked(self: "Scheduler", identity: bytes, uid: str, member: Optional[Member],
+                msg: Message) -> Optional[int]:
+        if member is None or not member.alive:
+            return self._not_registered(identity, uid)
+        return handler(self, identity, member, msg)
 
-log = logging.getLogger(__name__)
+    return checked
 
 
-@dataclass
-class Member:
-    uid: str
-    role: str
-    hostname: str
-    pid: int
-    address: Optional[str]
-    settings: Dict[str, str]
-    device: str = ""
-    rank: Optional[int] = None
-    wanted_rank: Optional[int] = None  # a worker's DMLC_WORKER_ID
-    finished: bool = False
-    dead_since: Optional[float] = None  # left behind (worker) or awaited (server)
-    checkpoints: Dict[int, List[int]] = field(default_factory=dict)
+class Scheduler:
+    """Serves one job (`run`): owns the socket, dispatches each message, and says what
+    an event of one part means for the others."""
+
+    def __init__(self, env: ClusterEnv, policy: Optional[Policy] = None,
+                 settings: Optional[Dict[str, str]] = None):
+        self.env = env
+        self.policy = policy = policy or Policy()
+        #: settings: the scheduler's own, that the nodes' must agree with
+        self.roster = Membership(env.num_servers, env.num_workers, settings)
+        self.listener = Listener(env, lambda uid: uid in self.roster)
+        self.barriers = Barriers()
+        self.rendezvous = Rendezvous(env.num_servers)
+        self.job_file = JobFile(policy.checkpoint_dir, policy.resume, env.num_servers,
+                                env.num_workers)
+        self.leases = LeaseDesk(env.num_workers, policy.checkpoint_dir, policy.resume)
+        self.shutdown = Shutdown(env.heartbeat_interval, env.heartbeat_timeout)
+        self.linger = Linger(env.num_servers + env.num_workers)
+        self.aborted: Optional[str] = None  # why the job was aborted
 
     @property
-    def alive(self) -> bool:
-        return self.dead_since is None
-
-    def describe(self) -> str:
-        """"worker 2 (pid 123 on host)"; before it has a rank, its device label."""
-        name = self.rank if self.rank is not None else self.device
-        return f"{self.role}{f' {name}' if name != '' else ''} (pid {self.pid} on " \
-               f"{self.hostname})"
-
-
-@dataclass
-class Scheduler:
-    env: ClusterEnv
-    policy: Policy = field(default_factory=Policy)
-    members: Dict[str, Member] = field(default_factory=dict)
-    last_seen: Dict[str, float] = field(default_factory=dict)
-    barriers: Dict[str, List[str]] = field(default_factory=dict)
-    assigned: bool = False
-    started: bool = False  # the workers passed their first barrier: training runs
-    #: nodes that registered to replace one not yet known to be dead (bounded)
-    queued: List[Member] = field(default_factory=list)
-    closing_since: Optional[float] = None  # when every living worker had finished
-    #: a job without servers: where its workers meet (worker 0's `rendezvous`), and the
-    #: members waiting to hear it
-    meeting: Optional[Dict[str, str]] = None
-    meeting_waiters: List[str] = field(default_factory=list)
-    #: names the job where several share a service (the ESync state server)
-    job: str = field(default_factory=lambda: time.strftime("job-%Y%m%d-%H%M%S-")
-                     + secrets.token_hex(3))
-    #: the scheduler's own settings that the nodes' must agree with (see _settings)
-    settings: Dict[str, str] = field(default_factory=dict)
-    #: per setting: the value the job runs with, and whose it was
-    agreed: Dict[str, Tuple[str, str]] = field(default_factory=dict)
-    evaluators: int = 0  # evaluators that ever joined (their ranks)
-    #: members whose queue of messages from the scheduler is full: they do not read
-    stalled: Set[str] = field(default_factory=set)
-    aborted: Optional[str] = None  # why the job was aborted
-    #: a start-up abort: nodes told why (their ids), and how long to tell late ones
-    told: Set[str] = field(default_factory=set)
-    linger: float = ABORT_LINGER
-    quiet: Quiet = field(default_factory=Quiet)  # strangers that do not read: logged
-    #                                                at most this often
-    leases: Optional[LeaseDesk] = None  # blocks of shards leased to the workers
-    #: --resume: the worker rank each device (label@host) had (job.json)
-    previous_ranks: Dict[str, int] = field(default_factory=dict)
-    #: workers waiting for every other worker to have finished or died (`others`)
-    waiting_for_others: List[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.agreed = {name: (value, "the scheduler") for name, value in self.settings.items()}
-        self.leases = LeaseDesk(self.env.num_workers, self.policy.checkpoint_dir,
-                                self.policy.resume)
+    def job(self) -> str:
+        """The job's id (esync.transport.jobfile)."""
+        return self.job_file.job
 
     def run(self) -> int:
         """Serve the job until it ends: 0 when every worker finished, 1 when aborted."""
-        self._name_job()
-        self._job_file()
-        port = self._listen()
+        self.job_file.name()
+        self.job_file.open()
+        port = self.listener.listen()
+        self.listening_since = time.monotonic()
+        self.next_progress = self.listening_since + PROGRESS_S
         log.info("[scheduler] listening on %s:%d for %d server(s) and %d worker(s)%s",
-                 self.host, port, self.env.num_servers, self.env.num_workers,
-                 " (CurveZMQ: job key required)" if self.guard.secure else "")
-        if not self.guard.secure:
+                 self.listener.host, port, self.env.num_servers, self.env.num_workers,
+                 " (CurveZMQ: job key required)" if self.listener.secure else "")
+        if not self.listener.secure:
             job_key()  # says once that the traffic is unauthenticated
         ready.announce(port)
         try:
             code = self._serve()
-            for waiting in self.queued:  # they would wait for a place until they time out
-                self._send(f"{waiting.uid}/hb".encode(), {
+            for waiting in self.roster.drain_queued():  # they would wait until they time out
+                self.listener.tell(waiting.uid, "hb", {
                     "type": "abort", "reason": self.aborted or "the job ended before a "
                     f"dead {waiting.role}'s place came free for {waiting.describe()}"})
-            if self.aborted is not None and not self.assigned:
-                self._tell_late_nodes()
+            if self.aborted is not None and not self.roster.assigned:
+                self.linger.tell_late_nodes(self.listener, self.aborted, REQUESTS)
         finally:
-            self._close()
+            self.listener.close()
         return code
 
-    def _listen(self) -> int:
-        """Bind the job's socket (UserError if it cannot); the port. (Also used by
-        tell_why: no job state is touched.)"""
-        self.context = zmq.Context()
-        self.guard = Guard.from_environ(self.context, warn=False)  # warned once it listens
-        self.sock = self.guard.serve(self.context.socket(zmq.ROUTER))
-        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER_BYTES + FRAME_SLACK)  # headers only
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a node's fresh connection takes over
-        self.sock.setsockopt(zmq.LINGER, 2000)
-        # what a peer that does not read may hold queued here before it is dropped: its
-        # node reads every answer at once, and a notice comes at most every heartbeat
-        self.sock.setsockopt(zmq.SNDHWM, SEND_QUEUE)
-        self.sock.setsockopt(zmq.SNDBUF, SEND_QUEUE_BYTES)
-        self.handshakes = Handshakes(self.sock, self.guard.secure, listening=True)
-        self.host = f"tcp://{resolve(self.env.root_uri, 'DMLC_PS_ROOT_URI')}"
-        port = self.env.root_port
-        try:
-            if port == 0:  # DMLC_PS_ROOT_PORT=0: a free port, reported (esync.ready)
-                port = self.sock.bind_to_random_port(self.host)
-            else:
-                self.sock.bind(f"{self.host}:{port}")
-        except zmq.ZMQError as e:
-            self._close(linger=0)
-            raise UserError(f"DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT: cannot listen on "
-                            f"{self.host}:{port}: {e}") from None
-        self.listening_since = self.next_progress = time.monotonic()
-        self.next_progress += PROGRESS_S
-        return port
-
-    def _close(self, linger: Optional[int] = None) -> None:
-        self.handshakes.close()
-        self.sock.close(linger=linger)
-        self.guard.close()
-        self.context.term()
-
-    def _in_rank_order(self, role: str) -> List[Member]:
-        """The members of `role` in the order of their ranks: a worker that asks for a
-        rank (DMLC_WORKER_ID: a launcher's worker k is rank k in every run, so that rank
-        0, the names and the data are the same each time) has it; in a resumed job a
-        worker takes the rank its device (--device-name and host) had, so that it goes
-        on with its own data (job.json's `ranks`); the others fill the ranks left in the
-        order they registered."""
-        members = [m for m in self.members.values() if m.role == role]
-        if role != "worker":
-            return members
-        order: List[Optional[Member]] = [None] * len(members)
-        others = []
-        for m in members:
-            rank = m.wanted_rank
-            if rank is None:
-                rank = self.previous_ranks.get(f"{m.device}@{m.hostname}")
-            if isinstance(rank, int) and 0 <= rank < len(order) and order[rank] is None:
-                order[rank] = m
-            else:
-                others.append(m)
-        return [m if m is not None else others.pop(0) for m in order]
-
-    def _keep_ranks(self) -> None:
-        """With --checkpoint-dir: which device had which worker rank, in job.json."""
-        if not self.policy.checkpoint_dir:
-            return
-        path = os.path.join(self.policy.checkpoint_dir, JOB_FILE)
-        ranks = {f"{m.device}@{m.hostname}": m.rank for m in self.members.values()
-                 if m.role == "worker"}
-        try:
-            with open(path) as f:
-                job = json.load(f)
-            with open(path + ".partial", "w") as f:
-                json.dump({**job, "ranks": ranks}, f)
-            os.replace(path + ".partial", path)
-        except (OSError, ValueError) as e:
-            log.warning("[scheduler] cannot keep the workers' ranks in %s: %s", path, e)
-
-    def _name_job(self, environ=os.environ) -> None:
-        """The job's id from ESYNC_JOB_ID where a launcher gave one (its live page is
-        named so too); else the one drawn. A job resumed takes its saved id instead."""
-        given = environ.get(JOB_ID_ENV, "")
-        if not given:
-            return
-        if not JOB_ID.fullmatch(given):
-            raise UserError(f"{JOB_ID_ENV}={given[:80]!r}: expected {JOB_ID_FORM}")
-        self.job = given
-
-    def _job_file(self) -> None:
-        """With --checkpoint-dir: keep the job id there; with --resume, take it back."""
-        folder = self.policy.checkpoint_dir
-        if not folder:
-            if self.policy.resume:
-                raise UserError("--resume needs --checkpoint-dir (where the job's "
-                                "checkpoints are)")
-            return
-        path = os.path.join(folder, JOB_FILE)
-        if self.policy.resume:
-            try:
-                with open(path) as f:
-                    saved = json.load(f)
-                job = saved.get("job")
-                ranks = saved.get("ranks")
-            except (OSError, ValueError, AttributeError) as e:
-                raise UserError(f"--resume: cannot read the job id from {path}: "
-                                f"{getattr(e, 'strerror', None) or e}") from None
-            if not isinstance(job, str) or not job:
-                raise UserError(f"--resume: {path} names no job")
-            self.job = job
-            self.previous_ranks = ranks if isinstance(ranks, dict) else {}
-            log.info("[scheduler] resuming job %s from %s", job, folder)
-            return
-        try:
-            os.makedirs(folder, exist_ok=True)
-            with open(path + ".partial", "w") as f:
-                json.dump({"job": self.job, "num_servers": self.env.num_servers,
-                           "num_workers": self.env.num_workers}, f)
-            os.replace(path + ".partial", path)
-        except OSError as e:
-            raise UserError(f"--checkpoint-dir {folder}: cannot write {JOB_FILE}: "
-                            f"{e.strerror}") from None
-
     def _serve(self) -> Optional[int]:
-        last_notice = 0.0
         while True:
-            if self.sock.poll(POLL_MS):
-                identity, *frames = self.sock.recv_multipart(copy=False)
-                code = self._handle(identity.bytes, frames)
+            received = self.listener.receive()
+            if received is not None:
+                code = self._handle(*received)
                 if code is not None:
                     return code
-            self._watch_handshakes()
+            self.listener.watch_handshakes()
             code = self._drop_stalled() or self._wait_for_nodes()
             if code is not None:
                 return code
-            if self.closing_since is not None:
-                now = time.monotonic()
-                left = [m for m in self.members.values()
-                        if m.role in ("server", EVALUATOR) and not m.finished and m.alive]
-                if not left:
-                    if self.leases.granted():
-                        log.info("[scheduler] blocks leased per worker rank: %s",
-                                 json.dumps(self.leases.granted(), sort_keys=True))
-                    log.info("[scheduler] all %d nodes are done", len(self.members))
-                    return 0
-                if now - self.closing_since > self.env.heartbeat_timeout:
-                    log.warning("[scheduler] %s did not confirm the shutdown; leaving anyway",
-                                ", ".join(m.describe() for m in left))
-                    return 0
-                if now - last_notice >= self.env.heartbeat_interval:
-                    for server in left:  # again, until each one confirms
-                        self._send(f"{server.uid}/hb".encode(), {"type": "shutdown"})
-                    last_notice = now
+            if self.shutdown.closing:
+                code = self._close_down()
+                if code is not None:
+                    return code
                 continue
-            dead = self._dead_member()
+            dead = self.roster.silent(self.env.heartbeat_timeout)
             if dead is not None:
                 code = self._lost(dead, f"sent no heartbeat for "
                                         f"{self.env.heartbeat_timeout:g} s")
@@ -396,341 +200,255 @@ class Scheduler:
     # --- messages ---------------------------------------------------------------------
     def _handle(self, identity: bytes, frames) -> Optional[int]:
         try:
-            msg = decode(frames, REQUESTS)
-            return self._dispatch(identity, str(msg.header["sender"])[:256], msg)
+            msg = HANDLERS.decode(frames)
+            uid = str(msg.header["sender"])[:256]
+            member = self.roster.seen(uid)
+            if msg.type != "heartbeat":
+                log.debug("[scheduler] <- %s: %s", uid, msg.header)
+            return HANDLERS(msg, self, identity, uid, member)
         except MessageError as e:
             log.warning("[scheduler] dropped a malformed message from %r: %s",
                         identity[:64], e)
-            self._send(identity, {"type": "error", "error": str(e)})
+            self.listener.send(identity, {"type": "error", "error": str(e)})
         except Exception as e:  # one message never ends the job
             log.exception("[scheduler] error handling a message from %r", identity[:64])
-            self._send(identity, {"type": "error",
-                                  "error": f"internal error: {type(e).__name__}"})
+            self.listener.send(identity, {"type": "error",
+                                          "error": f"internal error: {type(e).__name__}"})
         return None
 
-    def _dispatch(self, identity: bytes, uid: str, msg) -> Optional[int]:
-        member = self.members.get(uid)
-        if member is not None:
-            self.last_seen[uid] = time.monotonic()
-        if msg.type == "heartbeat":
-            if member is not None and not member.alive and member.role == "worker":
-                # declared dead, yet alive: it was left behind and cannot come back as is
-                self._send(identity, {"type": "abort", "reason": f"{member.describe()} was "
-                                      f"left behind as dead; start it again to rejoin"})
-            else:
-                self._send(identity, {"type": "ack"})
-            return None
-        log.debug("[scheduler] <- %s: %s", uid, msg.header)
-        if msg.type == "register":
-            return self._register(identity, uid, msg.header)
-        if msg.type == "abort" and member is None:  # failed before it could join
-            if self.assigned:  # the job runs: a node that cannot start does not end it
+    def _on_heartbeat(self, identity: bytes, uid: str, member: Optional[Member],
+                      msg: Message) -> None:
+        if member is not None and not member.alive and member.role == "worker":
+            # declared dead, yet alive: it was left behind and cannot come back as is
+            self.listener.send(identity, {"type": "abort", "reason": f"{member.describe()} "
+                                          f"was left behind as dead; start it again to rejoin"})
+        else:
+            self.listener.send(identity, {"type": "ack"})
+
+    def _on_abort(self, identity: bytes, uid: str, member: Optional[Member],
+                  msg: Message) -> Optional[int]:
+        """A node says it fails: before it could join, or as a member."""
+        if member is None:  # failed before it could join
+            if self.roster.assigned:  # the job runs: a node that cannot start does not end it
                 log.warning("[scheduler] a node that is not a member could not start: %s",
                             text_field(msg.header, "reason", 2000, required=False))
                 return None
-            self.told.add(uid)  # it knows: it is the one that failed
+            self.linger.heard(uid)  # it knows: it is the one that failed
             return self._abort(text_field(msg.header, "reason", 2000, required=False)
                                or f"{uid} failed")
-        if member is None or not member.alive:
-            self._send(identity, {"type": "error", "error": f"{uid} is not registered"})
-            return None
-        if msg.type == "who":
-            return self._who(identity, member, msg.header)
-        if msg.type == "rendezvous":
-            return self._rendezvous(member, msg.header)
-        if msg.type == "barrier":
-            group = text_field(msg.header, "group", required=False) or "workers"
-            return self._barrier(identity, uid, group)
-        if msg.type == "finished":
-            member.finished = True
-            self._send(identity, {"type": "ack"})
-            self._maybe_closing()
-            self._answer_others()
-            return None
-        if msg.type == "others":  # a worker (ASGD's worker 0) waits for the last pushes
-            if member.role != "worker":
-                raise MessageError("only workers wait for the other workers")
-            self.waiting_for_others.append(uid)
-            self._answer_others()
-            return None
-        if msg.type == "bye":  # a server confirms the shutdown
-            member.finished = True
-            return None
-        if msg.type == "stalled":
-            return self._stalled_at_server(member, msg.header)
-        if msg.type in ("lease", "leases"):
-            if member.role != "worker":
-                raise MessageError("only workers lease blocks")
-            if msg.type == "lease":
-                self._send(identity, self.leases.request(member.rank, msg.header))
-            else:
-                self.leases.report(member.rank, msg.header)
-                self._send(identity, {"type": "ack"})
-            return None
+        if not member.alive:
+            return self._not_registered(identity, uid)
         reason = text_field(msg.header, "reason", 2000, required=False) or "failed"
         if msg.header.get("user_error") is True:  # the code's: a restart fails the same way
             return self._abort(reason, exclude=uid)
         return self._lost(member, f"failed: {reason}")
 
-    def _stalled_at_server(self, server: Member, header: Dict) -> Optional[int]:
+    def _not_registered(self, identity: bytes, uid: str) -> None:
+        """A request only a living member may make, from `uid`, which is none."""
+        self.listener.send(identity, {"type": "error", "error": f"{uid} is not registered"})
+
+    @_members_only
+    def _on_barrier(self, identity: bytes, member: Member, msg: Message) -> None:
+        group = text_field(msg.header, "group", required=False) or "workers"
+        if not self.barriers.enter(member.uid, group, self.roster.living_in(group)):
+            self.listener.send(identity, {"type": "error",
+                                          "error": f"not a member of group {group!r}"})
+            return
+        self._release_barriers()
+
+    @_members_only
+    def _on_finished(self, identity: bytes, member: Member, msg: Message) -> None:
+        member.finished = True
+        self.listener.send(identity, {"type": "ack"})
+        self._maybe_closing()
+        self._answer_others()
+
+    @_members_only
+    def _on_others(self, identity: bytes, member: Member, msg: Message) -> None:
+        """A worker (ASGD's worker 0) waits for the other workers' last pushes."""
+        if member.role != "worker":
+            raise MessageError("only workers wait for the other workers")
+        self.shutdown.wait_for_others(member.uid)
+        self._answer_others()
+
+    @_members_only
+    def _on_bye(self, identity: bytes, member: Member, msg: Message) -> None:
+        """A server confirms the shutdown."""
+        member.finished = True
+
+    @_members_only
+    def _on_stalled(self, identity: bytes, server: Member, msg: Message) -> Optional[int]:
         """A server says a peer stopped reading its answers: lost, by the policy."""
         if server.role != "server":
             raise MessageError("only servers say that a peer stopped reading")
-        peer = self.members.get(text_field(header, "uid"))
+        peer = self.roster.get(text_field(msg.header, "uid"))
         if peer is None or not peer.alive or peer.finished or peer.role == "server":
             return None
         return self._lost(peer, f"stopped reading server {server.rank}'s answers")
 
-    def _who(self, identity: bytes, asker: Member, header: Dict) -> None:
+    @_members_only
+    def _on_who(self, identity: bytes, asker: Member, msg: Message) -> None:
         """A server asks who a peer is (the node id its socket carries)."""
         if asker.role != "server":
             raise MessageError("only servers may ask who a peer is")
-        peer = self.members.get(text_field(header, "uid"))
+        peer = self.roster.get(text_field(msg.header, "uid"))
         if peer is None or not peer.alive or peer.role not in ("worker", EVALUATOR):
-            self._send(identity, {"type": "error", "error": "not a member of the job"})
+            self.listener.send(identity, {"type": "error", "error": "not a member of the job"})
         else:
-            self._send(identity, {"type": "member", "role": peer.role, "rank": peer.rank})
-        return None
+            self.listener.send(identity, {"type": "member", "role": peer.role,
+                                          "rank": peer.rank})
 
-    def _rendezvous(self, member: Member, header: Dict) -> None:
+    @_members_only
+    def _on_rendezvous(self, identity: bytes, member: Member, msg: Message) -> None:
         """A job without servers (all-reduce): worker 0 says where the workers meet; the
         others, and evaluators, are told once it has."""
-        if self.env.num_servers:
-            raise MessageError("rendezvous is for jobs without servers (DMLC_NUM_SERVER=0)")
-        if "store" in header:
-            if member.role != "worker" or member.rank != 0:
-                raise MessageError("only worker 0 says where the workers meet")
-            self.meeting = {k: text_field(header, k) for k in ("store", "evaluator")}
-            self._send(f"{member.uid}/ctl".encode(), {"type": "ack"})
-            waiters, self.meeting_waiters = self.meeting_waiters, []
+        if "store" in msg.header:
+            waiters = self.rendezvous.publish(member, msg.header)
+            self.listener.tell(member.uid, "ctl", {"type": "ack"})
         else:
-            waiters = [member.uid]
-            if self.meeting is None:
-                if member.uid not in self.meeting_waiters:
-                    self.meeting_waiters.append(member.uid)
-                return None
+            waiters = [member.uid] if self.rendezvous.ask(member) else []
         for uid in waiters:
-            self._send(f"{uid}/ctl".encode(), {"type": "rendezvous", **self.meeting})
-        return None
+            self.listener.tell(uid, "ctl", {"type": "rendezvous", **self.rendezvous.meeting})
 
-    def _register(self, identity: bytes, uid: str, header: Dict) -> Optional[int]:
-        role = text_field(header, "role")
-        if role not in ROLES:
-            raise MessageError(f"unknown role {role!r}")
-        if uid in self.members:
-            raise MessageError(f"{uid} is already registered")
-        port = integer_field(header, "port", 1, 65535, required=False)
-        host = text_field(header, "host", required=False)
-        member = Member(uid, role, text_field(header, "hostname", required=False) or "?",
-                        integer_field(header, "pid", 0, 2**31, required=False) or 0,
-                        f"tcp://{host}:{port}" if port and host else None,
-                        _settings(header),
-                        text_field(header, "device", required=False) or "",
-                        checkpoints=_checkpoint_rounds(header))
-        if role == "worker":
-            member.wanted_rank = integer_field(header, "rank", 0, self.env.num_workers - 1,
-                                               required=False)
-        if role == "server" and member.address is None:
-            raise MessageError("a server registers with its 'host' and 'port'")
-        if role == EVALUATOR:  # an observer: it is compared, never compared with
-            return self._register_evaluator(member)
-        differs = self._disagreement(member)
+    @_members_only
+    def _on_lease(self, identity: bytes, member: Member, msg: Message) -> None:
+        self._check_leasing(member)
+        self.listener.send(identity, self.leases.request(member.rank, msg.header))
+
+    @_members_only
+    def _on_leases(self, identity: bytes, member: Member, msg: Message) -> None:
+        self._check_leasing(member)
+        self.leases.report(member.rank, msg.header)
+        self.listener.send(identity, {"type": "ack"})
+
+    @staticmethod
+    def _check_leasing(member: Member) -> None:
+        if member.role != "worker":
+            raise MessageError("only workers lease blocks")
+
+    # --- joining ----------------------------------------------------------------------
+    def _on_register(self, identity: bytes, uid: str, member: Optional[Member],
+                     msg: Message) -> Optional[int]:
+        joining = member_from(uid, msg.header, self.env.num_workers,
+                              registered=member is not None)
+        if joining.role == EVALUATOR:  # an observer: it is compared, never compared with
+            return self._register_evaluator(joining)
+        differs = self.roster.disagreement(joining)
         if differs is not None:
-            if self.assigned:  # the job itself is well configured
-                return self._refuse(member, differs)
-            self._send(f"{uid}/ctl".encode(), {"type": "error", "error": differs})
-            self.told.add(uid)
+            if self.roster.assigned:  # the job itself is well configured
+                return self._refuse(joining, differs)
+            self.listener.tell(uid, "ctl", {"type": "error", "error": differs})
+            self.linger.heard(uid)
             return self._abort(f"the job's nodes disagree: {differs}")
-        for name, value in member.settings.items():
-            self.agreed.setdefault(name, (value, member.describe()))
-        if self.assigned:
-            return self._replace(member)
-        wanted = {"server": self.env.num_servers, "worker": self.env.num_workers}
-        count = sum(1 for m in self.members.values() if m.role == role)
-        if count >= wanted[role]:
-            self._send(f"{uid}/ctl".encode(), {
-                "type": "error", "error": f"the job already has its {wanted[role]} "
-                f"{role}(s) (DMLC_NUM_{role.upper()})"})
+        self.roster.agree(joining)
+        if self.roster.assigned:
+            return self._replace(joining)
+        error = self.roster.place(joining)
+        if error is not None:
+            self.listener.tell(uid, "ctl", {"type": "error", "error": error})
             return None
-        self.members[uid] = member
-        self.last_seen[uid] = time.monotonic()
-        self.barriers.setdefault("register", []).append(uid)
-        log.info("[scheduler] %s registered: pid %d on %s%s", role, member.pid,
-                 member.hostname, f", serving at {member.address}" if member.address else "")
-        if all(sum(1 for m in self.members.values() if m.role == r) == n
-               for r, n in wanted.items()):
+        if self.roster.complete:
             return self._assign()
         return None
 
     def _refuse(self, member: Member, why: str) -> None:
         log.error("[scheduler] error: refused %s: %s", member.describe(), why)
-        self._send(f"{member.uid}/ctl".encode(), {"type": "error", "error": why})
+        self.listener.tell(member.uid, "ctl", {"type": "error", "error": why})
 
-    def _disagreement(self, member: Member) -> Optional[str]:
-        """Which of `member`'s settings differs from the job's, and from whose; None if
-        all agree (the scheduler's own come first, then the first node to give one)."""
-        for name, value in member.settings.items():
-            theirs, whose = self.agreed.get(name, (value, ""))
-            if value != theirs:
-                return f"{name} is {value} for {member.describe()} but {theirs} for {whose}"
-        return None
-
-    def _replace(self, member: Member) -> Optional[int]:
-        """A worker or server that registers once the job runs takes a dead one's rank:
-        the one with its device label and host if there is one."""
-        dead = [m for m in self.members.values() if m.role == member.role and not m.alive]
-        dead.sort(key=lambda m: (member.wanted_rank is not None and m.rank != member.wanted_rank,
-                                 m.device != member.device or m.hostname != member.hostname,
-                                 m.rank))
-        if not dead:  # perhaps the one it replaces is not yet known to be dead: wait
-            if len(self.queued) >= QUEUED:
-                self._send(f"{member.uid}/ctl".encode(), {
+    def _replace(self, member: Member) -> None:
+        """A worker or server that registers once the job runs takes a dead one's rank,
+        or waits for one."""
+        if not self.roster.take_dead_place(member):
+            if not self.roster.queue(member):
+                self.listener.tell(member.uid, "ctl", {
                     "type": "error", "error": f"the job already has its living "
                     f"{member.role}s (DMLC_NUM_{member.role.upper()})"})
-            else:
-                log.info("[scheduler] %s waits for a dead %s's place", member.describe(),
-                         member.role)
-                self.queued.append(member)
-            return None
-        old = dead[0]
-        del self.members[old.uid]
-        self.last_seen.pop(old.uid, None)
-        member.rank = old.rank
-        self.members[member.uid] = member
-        self.last_seen[member.uid] = time.monotonic()
+            return
         if member.role == "worker":
             log.info("[scheduler] %s rejoins as worker %d (device %r)", member.describe(),
                      member.rank, member.device)
             self._send_assignment(member, rejoin=True)
-            return None
+            return
         log.info("[scheduler] %s takes over shard %d at %s; telling the workers",
                  member.describe(), member.rank, member.address)
         self._send_assignment(member, restore=True)
-        servers = self._servers()
-        for m in self.members.values():
-            if m.role in ("worker", EVALUATOR) and m.alive and not m.finished:
-                self._send(f"{m.uid}/hb".encode(), {"type": "servers", "servers": servers})
-        return None
+        servers = self.roster.servers()
+        for m in self.roster.of("worker", EVALUATOR, living=True):
+            if not m.finished:
+                self.listener.tell(m.uid, "hb", {"type": "servers", "servers": servers})
 
     def _register_evaluator(self, member: Member) -> None:
         """An evaluator joins at any time; it is answered once the servers are known (and
         its settings compared with the job's, which are all known then)."""
-        if sum(1 for m in self.members.values() if m.role == EVALUATOR) >= MAX_EVALUATORS:
-            self._send(f"{member.uid}/ctl".encode(), {
-                "type": "error", "error": f"the job already has {MAX_EVALUATORS} evaluators, "
-                f"the most it admits"})
-            return None
-        member.rank, self.evaluators = self.evaluators, self.evaluators + 1
-        self.members[member.uid] = member
-        self.last_seen[member.uid] = time.monotonic()
-        log.info("[scheduler] evaluator registered: pid %d on %s", member.pid, member.hostname)
-        if self.assigned:
+        error = self.roster.admit_evaluator(member)
+        if error is not None:
+            self.listener.tell(member.uid, "ctl", {"type": "error", "error": error})
+        elif self.roster.assigned:
             self._assign_evaluator(member)
-        else:
-            self.barriers.setdefault("register", []).append(member.uid)
-        return None
 
     def _assign_evaluator(self, member: Member) -> None:
-        differs = self._disagreement(member)
+        differs = self.roster.disagreement(member)
         if differs is None:
             self._send_assignment(member)
         else:
             self._refuse(member, differs)
             self._forget(member)
 
-    def _servers(self) -> List[Optional[str]]:
-        ranked = sorted((m for m in self.members.values() if m.role == "server"),
-                        key=lambda m: m.rank)
-        return [m.address for m in ranked]
-
-    def _send_assignment(self, member: Member, **extra) -> None:
-        self._send(f"{member.uid}/ctl".encode(), {
-            "type": "assign", "rank": member.rank, "servers": self._servers(), "job": self.job,
-            "num_servers": self.env.num_servers, "num_workers": self.env.num_workers,
-            "workers": sorted(m.rank for m in self.members.values()
-                              if m.role == "worker" and m.alive), **extra})
-
-    def _restore_rounds(self) -> Dict[int, List[int]]:
-        """--resume: per shard, the checkpoint rounds it may restore, best first (in
-        synchronous modes, only rounds that every shard has)."""
-        seen: Dict[int, set] = {}
-        for m in self.members.values():
-            for shard, rounds in m.checkpoints.items():
-                seen.setdefault(shard, set()).update(rounds)
-        missing = [k for k in range(self.env.num_servers) if not seen.get(k)]
-        if missing:
-            raise UserError(f"--resume: no checkpoint of shard {missing[0]} in "
-                            f"{self.policy.checkpoint_dir}")
-        if self.policy.synchronous:
-            common = set.intersection(*(seen[k] for k in range(self.env.num_servers)))
-            if common:
-                return {k: sorted(common, reverse=True) for k in range(self.env.num_servers)}
-            log.warning("[scheduler] --resume: the shards have no checkpoint round in "
-                        "common; each restores its newest")
-        return {k: sorted(seen[k], reverse=True) for k in range(self.env.num_servers)}
-
     def _assign(self) -> Optional[int]:
+        """Every node has registered: deal the ranks and tell each its assignment (with
+        --resume, each server the checkpoint rounds it may restore)."""
         restore: Dict[int, List[int]] = {}
         if self.policy.resume:
             try:
-                restore = self._restore_rounds()
+                restore = self.roster.restore_rounds(self.policy.synchronous,
+                                                     self.policy.checkpoint_dir)
             except UserError as e:
                 return self._abort(str(e))
-        for role in ("server", "worker"):
-            for rank, m in enumerate(self._in_rank_order(role)):
-                m.rank = rank
-        self._keep_ranks()
-        for uid in self.barriers.pop("register"):
-            member = self.members[uid]
+        waiting = self.roster.deal_ranks(self.job_file.previous_ranks)
+        self.job_file.keep_ranks(self.roster.worker_devices())
+        for member in waiting:
             if member.role == "server" and self.policy.resume:
                 self._send_assignment(member, restore=True, rounds=restore[member.rank])
             elif member.role == EVALUATOR:
                 self._assign_evaluator(member)
             else:
                 self._send_assignment(member)
-        self.assigned = True
         log.info("[scheduler] all %d nodes registered; ranks assigned; job id %s",
-                 len(self.members), self.job)
+                 len(self.roster), self.job)
         return None
 
-    def _barrier(self, identity: bytes, uid: str, group: str) -> None:
-        role = {"workers": "worker", "servers": "server"}.get(group)
-        members = [m.uid for m in self.members.values()
-                   if (group == "all" or m.role == role) and m.alive]
-        if uid not in members:
-            self._send(identity, {"type": "error", "error": f"not a member of group {group!r}"})
+    def _send_assignment(self, member: Member, **extra) -> None:
+        self.listener.tell(member.uid, "ctl", {
+            "type": "assign", "rank": member.rank, "servers": self.roster.servers(),
+            "job": self.job, "num_servers": self.env.num_servers,
+            "num_workers": self.env.num_workers, "workers": self.roster.worker_ranks(),
+            **extra})
+
+    def _wait_for_nodes(self) -> Optional[int]:
+        """Until the job is complete: who is missing, every PROGRESS_S seconds; the end
+        of the job after --start-timeout."""
+        if self.roster.assigned:
             return None
-        waiting = self.barriers.setdefault(f"barrier:{group}", [])
-        waiting.append(uid)
-        self._release_barriers()
+        now, timeout = time.monotonic(), self.policy.start_timeout
+        if timeout and now - self.listening_since >= timeout:
+            self.linger.cancel()  # the missing ones were waited for long enough
+            return self._abort(f"the job did not start within --start-timeout {timeout:g} s: "
+                               f"{self._missing()}")
+        if now >= self.next_progress:
+            log.info("[scheduler] waiting since %s: %s", clock(self.listening_since),
+                     self._missing())
+            self.next_progress = now + PROGRESS_S
         return None
+
+    def _missing(self) -> str:
+        return self.roster.missing() + self.listener.failed_handshakes()
 
     def _release_barriers(self) -> None:
-        """Release each barrier whose living members are all waiting (also after a
-        death: the dead are not waited for)."""
-        for name in [n for n in self.barriers if n.startswith("barrier:")]:
-            group = name.split(":", 1)[1]
-            role = {"workers": "worker", "servers": "server"}.get(group)
-            members = {m.uid for m in self.members.values()
-                       if (group == "all" or m.role == role) and m.alive}
-            waiting = [u for u in self.barriers[name] if u in members]
-            if members <= set(waiting):
-                del self.barriers[name]
-                if group == "workers":
-                    self.started = True
-                for waiter in waiting:
-                    self._send(f"{waiter}/ctl".encode(), {"type": "barrier_done",
-                                                          "group": group})
+        for group, waiters in self.barriers.release(self.roster.living_in):
+            for waiter in waiters:
+                self.listener.tell(waiter, "ctl", {"type": "barrier_done", "group": group})
 
     # --- failure ----------------------------------------------------------------------
-    def _dead_member(self) -> Optional[Member]:
-        now = time.monotonic()
-        for m in self.members.values():
-            if not m.finished and m.alive and \
-                    now - self.last_seen.get(m.uid, now) > self.env.heartbeat_timeout:
-                return m
-        return None
-
     def _lost(self, member: Member, how: str) -> Optional[int]:
         """`member` died (`how`): go on without it if the policy allows, else end the job."""
         reason = f"{member.describe()} {how}"
@@ -738,15 +456,15 @@ class Scheduler:
             log.warning("[scheduler] %s; the job goes on without it", reason)
             self._forget(member)
             return None
-        if not self.assigned:
+        if not self.roster.assigned:
             return self._abort(reason, exclude=member.uid)
         if not self.env.num_servers and member.role == "worker":
             return self._abort(f"{reason}; an all-reduce job cannot go on without it",
                                exclude=member.uid)
         if member.role == "worker" and self.policy.on_worker_failure == "continue" \
-                and self.started:  # before, the others wait for it (worker 0's init)
+                and self.barriers.started:  # before, the others wait for it (worker 0's init)
             member.dead_since = time.monotonic()
-            living = [m for m in self.members.values() if m.role == "worker" and m.alive]
+            living = self.roster.of("worker", living=True)
             if len(living) < self.policy.min_workers:
                 return self._abort(f"{reason}; {len(living)} living worker(s) left, fewer "
                                    f"than --min-workers {self.policy.min_workers}",
@@ -771,154 +489,104 @@ class Scheduler:
 
     def _forget(self, member: Member) -> None:
         """Drop an evaluator that left: it no longer counts, and the servers forget it."""
-        del self.members[member.uid]
-        self.last_seen.pop(member.uid, None)
-        for name in list(self.barriers):
-            self.barriers[name] = [u for u in self.barriers[name] if u != member.uid]
-        self.meeting_waiters = [u for u in self.meeting_waiters if u != member.uid]
+        self.roster.forget(member)
+        self.barriers.forget(member.uid)
+        self.rendezvous.forget(member.uid)
         self._tell_servers_left(member)
 
     def _tell_servers_left(self, member: Member) -> None:
         """The living servers forget `member` (a dead worker, an evaluator that left)."""
-        for m in self.members.values():
-            if m.role == "server" and m.alive:
-                self._send(f"{m.uid}/hb".encode(), {"type": "left", "role": member.role,
-                                                    "rank": member.rank, "uid": member.uid})
+        for m in self.roster.of("server", living=True):
+            self.listener.tell(m.uid, "hb", {"type": "left", "role": member.role,
+                                             "rank": member.rank, "uid": member.uid})
 
     def _take_queued(self, role: str) -> None:
         """A node of `role` died: the first one waiting to replace one takes its place."""
-        for waiting in [m for m in self.queued if m.role == role]:
-            self.queued.remove(waiting)
+        waiting = self.roster.next_queued(role)
+        if waiting is not None:
             self._replace(waiting)
-            return
 
     def _server_patience(self) -> Optional[int]:
-        now = time.monotonic()
-        for m in self.members.values():
-            if m.role == "server" and not m.alive and \
-                    now - m.dead_since > self.policy.server_patience:
-                return self._abort(f"{m.describe()} died and was not started again within "
-                                   f"--server-patience {self.policy.server_patience:g} s")
+        m = self.roster.overdue_server(self.policy.server_patience)
+        if m is None:
+            return None
+        return self._abort(f"{m.describe()} died and was not started again within "
+                           f"--server-patience {self.policy.server_patience:g} s")
+
+    def _drop_stalled(self) -> Optional[int]:
+        """Lose, by the policy, each member that does not read the scheduler's messages."""
+        uid = self.listener.pop_stalled()
+        while uid is not None:
+            member = self.roster.get(uid)
+            if member is not None and member.alive and not member.finished:
+                code = self._lost(member, "does not read the scheduler's messages")
+                if code is not None:
+                    return code
+            uid = self.listener.pop_stalled()
         return None
-
-    def _answer_others(self) -> None:
-        """Answer each worker waiting for the others once every other living worker
-        has finished (a dead one is not waited for)."""
-        for uid in list(self.waiting_for_others):
-            others = [m for m in self.members.values() if m.role == "worker" and m.alive
-                      and m.uid != uid and not m.finished]
-            if not others:
-                self.waiting_for_others.remove(uid)
-                self._send(f"{uid}/ctl".encode(), {"type": "ack"})
-
-    def _maybe_closing(self) -> None:
-        workers = [m for m in self.members.values() if m.role == "worker" and m.alive]
-        if self.assigned and self.closing_since is None and workers and \
-                all(m.finished for m in workers):
-            self.closing_since = time.monotonic()
-            dead = sum(1 for m in self.members.values() if m.role == "worker" and not m.alive)
-            log.info("[scheduler] all %d workers finished%s; shutting the servers down",
-                     len(workers), f" ({dead} left behind dead)" if dead else "")
 
     def _abort(self, reason: str, exclude: Optional[str] = None) -> int:
         log.error("[scheduler] error: aborting the job: %s", reason)
         self.aborted = reason
         if exclude is not None:
-            self.told.add(exclude)
-        for m in self.members.values():
+            self.linger.heard(exclude)
+        for m in self.roster.of("server", "worker", EVALUATOR):
             if m.uid != exclude and not m.finished and m.alive:
-                self._send(f"{m.uid}/hb".encode(), {"type": "abort", "reason": reason})
-                self.told.add(m.uid)
+                self.listener.tell(m.uid, "hb", {"type": "abort", "reason": reason})
+                self.linger.heard(m.uid)
         return 1
 
-    # --- starting ---------------------------------------------------------------------
-    def _wait_for_nodes(self) -> Optional[int]:
-        """Until the job is complete: who is missing, every PROGRESS_S seconds; the end
-        of the job after --start-timeout."""
-        if self.assigned:
-            return None
-        now, timeout = time.monotonic(), self.policy.start_timeout
-        if timeout and now - self.listening_since >= timeout:
-            self.linger = 0.0  # the missing ones were waited for long enough
-            return self._abort(f"the job did not start within --start-timeout {timeout:g} s: "
-                               f"{self._missing()}")
-        if now >= self.next_progress:
-            log.info("[scheduler] waiting since %s: %s", clock(self.listening_since),
-                     self._missing())
-            self.next_progress = now + PROGRESS_S
-        return None
+    # --- the end ----------------------------------------------------------------------
+    def _answer_others(self) -> None:
+        """Answer each worker waiting for the others once every other living worker
+        has finished (a dead one is not waited for)."""
+        for uid in self.shutdown.others_done(self.roster.others_running):
+            self.listener.tell(uid, "ctl", {"type": "ack"})
 
-    def _missing(self) -> str:
-        """"1 of 1 server and 2 of 3 workers registered, waiting for 1 more worker ..."."""
-        have, missing = [], []
-        for role, wanted in (("server", self.env.num_servers), ("worker", self.env.num_workers)):
-            count = sum(1 for m in self.members.values() if m.role == role)
-            have.append(f"{count} of {wanted} {role}{'s' if wanted != 1 else ''}")
-            if count < wanted:
-                more = wanted - count
-                missing.append(f"{more} more {role}{'s' if more != 1 else ''} "
-                               f"(DMLC_NUM_{role.upper()}={wanted})")
-        text = f"{' and '.join(have)} registered, waiting for {' and '.join(missing)}"
-        registered = [m.describe() for m in self.members.values() if m.role != EVALUATOR]
-        if registered:
-            text += f"; registered: {', '.join(registered)}"
-        if self.handshakes.failures:
-            text += f"; {self.handshakes.failures} connection(s) failed to authenticate " \
-                    f"(last: {self.handshakes.failure})"
-        return text
-
-    def _tell_late_nodes(self) -> None:
-        """After an abort during start-up: answer whoever comes with the reason, for up
-        to `linger` seconds or until every server and worker the job expected was told."""
-        expected = self.env.num_servers + self.env.num_workers
-        if self.linger <= 0 or len(self.told) >= expected:
+    def _maybe_closing(self) -> None:
+        if not self.roster.assigned:
             return
-        log.info("[scheduler] staying up to %g s to tell the nodes that have not heard why "
-                 "(%d of %d told)", self.linger, len(self.told), expected)
-        deadline = time.monotonic() + self.linger
-        while time.monotonic() < deadline and len(self.told) < expected:
-            self._watch_handshakes()
-            if not self.sock.poll(POLL_MS):
-                continue
-            identity, *frames = self.sock.recv_multipart(copy=False)
-            try:
-                sender = text_field(decode(frames, REQUESTS).header, "sender")
-            except MessageError:
-                continue
-            self._send(identity.bytes, {"type": "abort", "reason": self.aborted})
-            if len(self.told) < 4 * expected:
-                self.told.add(sender)
+        workers = self.roster.of("worker", living=True)
+        self.shutdown.begin_if_done(len(workers), sum(1 for m in workers if m.finished),
+                                    len(self.roster.of("worker")) - len(workers))
 
-    # --- peers that cannot authenticate, or do not read ---------------------------------
-    def _watch_handshakes(self) -> None:
-        for failed in self.handshakes.poll():
-            line = self.handshakes.say(failed)
-            if line is not None:
-                log.warning("[scheduler] a node could not join: %s", line)
-
-    def _drop_stalled(self) -> Optional[int]:
-        while self.stalled:
-            member = self.members.get(self.stalled.pop())
-            if member is not None and member.alive and not member.finished:
-                code = self._lost(member, "does not read the scheduler's messages")
-                if code is not None:
-                    return code
+    def _close_down(self) -> Optional[int]:
+        """Every worker finished: 0 once the servers and evaluators confirmed the
+        shutdown (or had a heartbeat timeout to); until then, tell them again."""
+        left = [m for m in self.roster.of("server", EVALUATOR, living=True) if not m.finished]
+        if not left:
+            if self.leases.granted():
+                log.info("[scheduler] blocks leased per worker rank: %s",
+                         json.dumps(self.leases.granted(), sort_keys=True))
+            log.info("[scheduler] all %d nodes are done", len(self.roster))
+            return 0
+        if self.shutdown.overdue():
+            log.warning("[scheduler] %s did not confirm the shutdown; leaving anyway",
+                        ", ".join(m.describe() for m in left))
+            return 0
+        if self.shutdown.notice_due():
+            for server in left:  # again, until each one confirms
+                self.listener.tell(server.uid, "hb", {"type": "shutdown"})
         return None
 
-    def _send(self, identity: bytes, header: Dict) -> None:
-        """Never blocks: a peer whose queue is full does not read, and is dropped."""
-        try:
-            self.sock.send_multipart([identity, *encode({"sender": "scheduler", **header})],
-                                     flags=zmq.NOBLOCK)
-        except zmq.Again:
-            uid = node_id(identity)
-            if uid in self.members:
-                self.stalled.add(uid)
-            elif self.quiet.say("unread"):
-                log.warning("[scheduler] a peer that is not a member (%r) does not read its "
-                            "answers; dropping them", identity[:64])
-        except zmq.ZMQError:  # the peer is gone (ROUTER_MANDATORY): nothing to tell it
-            pass
+
+#: the scheduler's one dispatch table: its keys are the requests it accepts (`decode`
+#: refuses any other type, answered `error` in `_handle`)
+HANDLERS: Handlers[Optional[int]] = Handlers({
+    "register": Scheduler._on_register,
+    "heartbeat": Scheduler._on_heartbeat,
+    "barrier": Scheduler._on_barrier,
+    "finished": Scheduler._on_finished,
+    "abort": Scheduler._on_abort,
+    "bye": Scheduler._on_bye,
+    "who": Scheduler._on_who,
+    "rendezvous": Scheduler._on_rendezvous,
+    "stalled": Scheduler._on_stalled,
+    "lease": Scheduler._on_lease,
+    "leases": Scheduler._on_leases,
+    "others": Scheduler._on_others,
+})
+REQUESTS = HANDLERS.types
 
 
 def tell_why(env: ClusterEnv, reason: str) -> None:
@@ -929,13 +597,12 @@ def tell_why(env: ClusterEnv, reason: str) -> None:
     cannot listen."""
     if env.root_port == 0:
         return
-    scheduler = Scheduler(env)
+    listener = Listener(env)
     try:
-        scheduler._listen()
+        listener.listen()
     except UserError:
         return
     try:
-        scheduler.aborted = reason
-        scheduler._tell_late_nodes()
+        Linger(env.num_servers + env.num_workers).tell_late_nodes(listener, reason, REQUESTS)
     finally:
-        scheduler._close()
+        listener.close()
