@@ -139,12 +139,13 @@ class Options:
     """Settings of one process of a run (worker, server, scheduler or standalone)."""
 
     learning_rate: float = _opt(["-l", "--learning-rate"], config.LEARNING_RATE,
-                                "SGD learning rate of local, sync and async modes",
+                                "SGD learning rate of local, sync, async and localsgd modes",
                                 type=_positive_float)
     local_lr: float = _opt(["-ll", "--local-lr"], config.LEARNING_RATE_LOCAL,
                            "local SGD learning rate of esync", type=_positive_float)
     global_lr: float = _opt(["-gl", "--global-lr"], config.LEARNING_RATE_GLOBAL,
-                            "esync's scale of the averaged model delta", type=_positive_float)
+                            "esync, localsgd: scale of the averaged model delta",
+                            type=_positive_float)
     momentum: float = _opt(["--momentum"], config.MOMENTUM, "SGD momentum in [0, 1)",
                            type=_momentum)
     weight_decay: float = _opt(["--weight-decay"], config.WEIGHT_DECAY, "SGD weight decay",
@@ -200,7 +201,7 @@ class Options:
                         "samples of the round) or normalized (each divided by its local "
                         "steps, scaled by the mean steps: FedNova)", choices=list(AVERAGES))
     outer_momentum: float = _opt(["--outer-momentum"], config.OUTER_MOMENTUM,
-                                 "esync: Nesterov momentum of the outer step on the "
+                                 "esync, localsgd: Nesterov momentum of the outer step on the "
                                  "averaged delta, -gl its learning rate (DiLoCo); 0: the "
                                  "plain average", type=_momentum)
     backend: str = _opt(["--backend"], config.BACKEND,
@@ -231,6 +232,12 @@ class Options:
                                        "most --max-local-steps); default: the slowest "
                                        "living device's one iteration sets the round",
                                        type=_positive_float)
+    # local SGD with a fixed period (-m localsgd, esync.algorithms.localsgd)
+    period: int = _opt(["--period"], 8, "localsgd: local iterations of each worker "
+                       "between two averagings of the workers' models", type=_positive_int)
+    warmup_steps: int = _opt(["--warmup-steps"], 0, "localsgd: during the first N local "
+                             "iterations the models are averaged after every one",
+                             type=_non_negative_int)
     dataset: str = _opt(["--dataset"], config.DATASET,
                         f"data set: {', '.join(DATASETS)} (folder and cifar10 read "
                         f"--data-dir), {SHARDS_PREFIX}DIR (shards written by esync-pack), "
@@ -428,17 +435,23 @@ def check_plugins(opts: Options) -> None:
 
 
 def check_aggregation(opts: Options, num_servers: Optional[int] = None) -> None:
-    """--backend, --compress and ESync's aggregation options against the mode and (if
-    known) the job's DMLC_NUM_SERVER; UserError names the flag."""
+    """--backend, --compress, ESync's aggregation options and local SGD's period against
+    the mode and (if known) the job's DMLC_NUM_SERVER; UserError names the flag."""
     from esync import registry
 
     algorithm = registry.of_options(opts)
+    local_sgd = algorithm.key == "localsgd"  # ESync's rule (and outer momentum), no budgets
     esync_only = {f"--average {opts.average}": opts.average != config.AVERAGE,
-                  "--outer-momentum": opts.outer_momentum,
+                  "--outer-momentum": opts.outer_momentum and not local_sgd,
                   "--round-time": opts.round_time is not None}
     given = [flag for flag, value in esync_only.items() if value]
     if given and not algorithm.state_server:
-        raise UserError(f"{given[0]} applies to -m esync only, not -m {opts.mode}")
+        also = " or localsgd" if given[0] == "--outer-momentum" else ""
+        raise UserError(f"{given[0]} applies to -m esync{also} only, not -m {opts.mode}")
+    given = [flag for flag, name in (("--period", "period"), ("--warmup-steps", "warmup_steps"))
+             if getattr(opts, name) != getattr(Options, name)]
+    if given and not local_sgd:
+        raise UserError(f"{given[0]} applies to -m localsgd only, not -m {opts.mode}")
     if opts.balance_batches and algorithm.backend != "ddp":
         raise UserError(f"--balance-batches applies to -m ddp only, not -m {opts.mode}")
     if opts.balance_batches and opts.min_batch > opts.batch_size:
@@ -473,7 +486,8 @@ def check_aggregation(opts: Options, num_servers: Optional[int] = None) -> None:
 def build_parser(prog: str = "esync") -> ArgumentParser:
     return _OneLineParser(
         Options, prog=prog,
-        description="Train a network with ESync, SSGD, ASGD, DC-ASGD, DDP or standalone. "
+        description="Train a network with ESync, SSGD, ASGD, DC-ASGD, local SGD, DDP or "
+                    "standalone. "
                     "The role (scheduler, server, worker, evaluator) comes from DMLC_ROLE; "
                     "-m ddp takes torch.distributed's RANK, WORLD_SIZE, MASTER_ADDR and "
                     "MASTER_PORT; without either only -m local runs.")

@@ -50,6 +50,8 @@ class Algorithm:
     #                           through servers (`--backend allreduce`)
     balance_batches: bool = False  # with `--balance-batches 1` (DDP with each worker's
     #                                batch in proportion to its speed: LB-BSP)
+    compared: bool = True  # among the runs esync-experiment makes and esync-draw draws
+    #                        (all_folders); False: run it by its -m (a baseline on call)
 
     @property
     def distributed(self) -> bool:
@@ -103,6 +105,10 @@ ALGORITHMS: Dict[str, Algorithm] = {a.key: a for a in (
               backend="ddp", balance_batches=True),
     Algorithm("local", "local", False, "esync.algorithms.standalone:StandaloneSGD", None,
               "local", "Local", "Standalone", backend=None),
+    Algorithm(key="localsgd", mode="localsgd", dcasgd=False,
+              worker="esync.algorithms.localsgd:LocalSGD", rule="esync.rules:ESyncRule",
+              folder="localsgd", summary="LocalSGD", display="Local SGD", synchronous=True,
+              all_reduce=True, compared=False),
 )}
 
 #: the speedup table's baseline: other algorithms' times are divided by its time
@@ -162,10 +168,11 @@ def from_folder(folder: str) -> Optional[Tuple[Algorithm, bool]]:
 def all_folders() -> Iterator[Tuple[Algorithm, bool]]:
     """Every (algorithm, split by class) run the experiment knows, in its order: the
     distributed algorithms on IID data, then on split-by-class data, then standalone."""
-    distributed = [a for a in ALGORITHMS.values() if a.distributed]
+    compared = [a for a in ALGORITHMS.values() if a.compared]
+    distributed = [a for a in compared if a.distributed]
     yield from ((a, False) for a in distributed)
     yield from ((a, True) for a in distributed)
-    yield from ((a, False) for a in ALGORITHMS.values() if not a.distributed)
+    yield from ((a, False) for a in compared if not a.distributed)
 
 
 def _load(path: str) -> Any:
