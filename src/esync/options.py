@@ -205,7 +205,7 @@ class Options:
                                  "averaged delta, -gl its learning rate (DiLoCo); 0: the "
                                  "plain average", type=_momentum)
     backend: str = _opt(["--backend"], config.BACKEND,
-                        "sync, esync: aggregate through the parameter servers (ps) or by "
+                        "sync, esync, localsgd: aggregate through the parameter servers (ps) or by "
                         "all-reduce among the workers (allreduce, with DMLC_NUM_SERVER=0)",
                         choices=list(BACKENDS))
     compress: str = _opt(["--compress"], config.COMPRESS,
@@ -213,7 +213,7 @@ class Options:
                          "largest fraction R of the values, with error feedback), "
                          "threshold:T (the values over T in magnitude, with error "
                          "feedback; threshold:auto:F: T chosen to keep about the fraction "
-                         "F), partial:K (sync, esync: each round one of K slices "
+                         "F), partial:K (sync, esync, localsgd: each round one of K slices "
                          "in turn, the rest local)",
                          type=_compress)
     split_by_class: Switch = _opt(["-s", "--split-by-class"], config.SPLIT_BY_CLASS,
