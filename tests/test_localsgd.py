@@ -44,14 +44,8 @@ def probe(tmp_path, backend, flags):
     """Each worker's record of a probe run (tests/localsgd_probe.py), by rank."""
     folder = tmp_path / backend
     folder.mkdir()
-    servers = 1 if backend == "ps" else 0
-    with Cluster(folder, servers, 2) as job:
-        job.start("scheduler", "scheduler")
-        if servers:
-            job.start("server0", "server")
-        for w in range(2):
-            job.start(f"worker{w}", "worker",
-                      [str(folder / "rank{rank}.npz"), "-m", "localsgd", "--backend", backend,
+    with Cluster(folder, 1 if backend == "ps" else 0, 2) as job:
+        job.start_all([str(folder / "rank{rank}.npz"), "-m", "localsgd", "--backend", backend,
                        *flags], program=("-m", "tests.localsgd_probe"))
         assert_all_exit_0(job, job.wait(120))
     return [dict(np.load(folder / f"rank{rank}.npz")) for rank in range(2)]
