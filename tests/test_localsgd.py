@@ -89,6 +89,22 @@ def test_every_worker_holds_the_mean_of_the_workers_models_after_each_round(
     np.testing.assert_array_equal(ranks[0]["after"], ranks[1]["after"])
 
 
+def test_built_from_keywords_its_rounds_follow_the_warmup_then_the_period():
+    from esync.algorithms.base import Job
+    from esync.algorithms.localsgd import LocalSGD
+
+    job = Job(node=None, rank=0, num_workers=2, servers=[], id="job")
+    algorithm = LocalSGD(job, period=4, warmup_steps=2)
+    assert [algorithm.local_iterations(r) for r in range(1, 6)] == [1, 1, 4, 4, 4]
+    assert algorithm.rule.to_header() == {  # the plain mean, on the servers or all-reduced
+        "name": "localsgd", "num_workers": 2, "lr": 1.0, "momentum": 0.0,
+        "weight_decay": 0.0, "lamda": 0.0, "normalize": False, "by_steps": False}
+    assert [LocalSGD(job, period=3).local_iterations(r) for r in (1, 2)] == [3, 3]
+    for bad in ({"period": 0}, {"period": 2, "warmup_steps": -1}):
+        with pytest.raises(ValueError, match="period >= 1 and warmup_steps >= 0"):
+            LocalSGD(job, **bad)
+
+
 @pytest.mark.parametrize("args, message", [
     (["-m", "localsgd", "--period", "0"],
      "argument --period: expected a positive integer, got '0'"),

@@ -25,11 +25,13 @@ from esync.algorithms.base import Job, Phases
 from esync.algorithms.pushpull import PushPull
 from esync.compress import Compression
 from esync.link import Link, link_of
-from esync.options import compression
+from esync.options import Options, compression
 from esync.rules import RuleConfig
 
 
 class LocalSGD(PushPull):
+    """`LocalSGD(job, period=8, warmup_steps=0)`: the module's docstring says what it does."""
+
     #: the registry key (esync.registry): the rule name the servers are sent
     key = "localsgd"
 
@@ -47,7 +49,7 @@ class LocalSGD(PushPull):
         self.period, self.warmup_steps = period, warmup_steps
 
     @classmethod
-    def from_options(cls, opts, job: Optional[Job]) -> "LocalSGD":
+    def from_options(cls, opts: Options, job: Optional[Job]) -> "LocalSGD":
         return cls(job, opts.period, opts.warmup_steps, opts.global_lr, opts.outer_momentum,
                    opts.eval_every, link_of(opts), opts.backend, compression(opts))
 
@@ -61,5 +63,5 @@ class LocalSGD(PushPull):
         return self.local_iterations(round_), {}
 
     def push_scale(self, steps: int) -> float:
-        """The round's delta as it is: the rule adds -gl times the workers' mean."""
+        """The round's delta as it is: the rule sets w <- w + gl * mean(delta)."""
         return 1.0
