@@ -40,14 +40,17 @@ class Cluster:
         self.procs[name] = proc
         return proc
 
-    def start_all(self, worker_args: Sequence[str], server_args: Sequence[str] = ("-c", "1")):
-        """The original's order: scheduler, servers, workers (any order works)."""
+    def start_all(self, worker_args: Sequence[str], server_args: Sequence[str] = ("-c", "1"),
+                  program: Sequence[str] = (MAIN,)):
+        """The original's order: scheduler, servers, workers (any order works); the
+        workers run `program` (main.py, or a probe of the tests taking its flags)."""
         self.start("scheduler", "scheduler", server_args)
         for s in range(self.num_servers):
             self.start(f"server{s}", "server", server_args)
         for w in range(self.num_workers):
             self.start(f"worker{w}", "worker",
-                       [*worker_args, "--device-name", f"w{w}", "-ld", self.log_dir])
+                       [*worker_args, "--device-name", f"w{w}", "-ld", self.log_dir],
+                       program=program)
         return self
 
     def wait(self, timeout: float = 180) -> Dict[str, int]:

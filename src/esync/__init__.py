@@ -16,12 +16,11 @@ the launchers and log tools.
 
 __version__ = "0.1.0"
 
-#: the algorithm objects (esync.algorithms: each algorithm's policy, torch-free), by module
-_ALGORITHMS = {"ESync": "esync.algorithms.esync", "SSGD": "esync.algorithms.sync",
-               "ASGD": "esync.algorithms.asynchronous",
-               "DCASGD": "esync.algorithms.asynchronous", "DDP": "esync.algorithms.ddp",
-               "BalancedDDP": "esync.algorithms.ddp",
-               "Standalone": "esync.algorithms.standalone"}
+from esync import registry as _registry
+
+#: the algorithm objects (esync.algorithms: each algorithm's policy, torch-free), by
+#: name: the registry's rows say where each one lives
+_ALGORITHMS = dict(row.policy.split(":")[::-1] for row in _registry.ALGORITHMS.values())
 
 #: the public API, in esync.api (ShardDataset, in esync.data.decode: shards written by esync-pack, whose
 #: prepared loader reads them block by block)

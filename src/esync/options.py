@@ -16,7 +16,9 @@ workers with this same parser, so that a bad flag is refused before anything sta
 import argparse
 import math
 import sys
-from dataclasses import dataclass, field
+import dataclasses
+import typing
+from dataclasses import dataclass, fields, make_dataclass
 from typing import Annotated, Dict, Optional, Sequence, Set
 
 from argparse_dataclass import ArgumentParser
@@ -24,10 +26,15 @@ from argparse_dataclass import ArgumentParser
 from esync import config
 from esync.data import DATA_SPLITS, DATASETS, IN_MEMORY, METRICS, SHARDS_PREFIX, SHUFFLES
 from esync.errors import UserError
+from esync.flagtypes import (cache_fraction as _cache_fraction, flag as _opt, fraction as _fraction,
+                             momentum as _momentum, non_negative_float as _non_negative_float,
+                             non_negative_int as _non_negative_int, port as _port,
+                             positive_float as _positive_float, positive_int as _positive_int,
+                             slowdown as _slowdown, switch as _switch)
 from esync.models import NETWORKS
 from esync.plugin import is_spec
 from esync.compress import Compression
-from esync.registry import AVERAGES, BACKENDS, MODES, Algorithm, of_options
+from esync.registry import ALGORITHMS, AVERAGES, BACKENDS, MODES, Algorithm, of_options
 
 #: the variable in which esync-run hands a training script these flags (a JSON list of
 #: strings), for esync.init to parse
@@ -36,43 +43,6 @@ ARGS_VARIABLE = "ESYNC_ARGS"
 # A bool that takes a value (`-c 1`, `-s True`), as the original's flags did. The
 # annotation keeps argparse-dataclass from turning it into a value-less switch.
 Switch = Annotated[bool, "takes a value: 1/0, true/false, yes/no"]
-
-
-def _switch(text: str) -> bool:
-    low = text.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected 1/0, true/false or yes/no, got {text!r}")
-
-
-def _number(kind, name: str, low=None, high=None, low_open=False):
-    """An argparse type converting to `kind` and checking low <= value <= high."""
-
-    def convert(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {name}, got {text!r}") from None
-        if not math.isfinite(value) or (low is not None and (value < low or (low_open and value == low))) \
-                or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"expected {name}, got {text!r}")
-        return value
-
-    convert.__name__ = name
-    return convert
-
-
-_positive_int = _number(int, "a positive integer", low=1)
-_non_negative_int = _number(int, "an integer >= 0", low=0)
-_positive_float = _number(float, "a positive number", low=0.0, low_open=True)
-_non_negative_float = _number(float, "a number >= 0", low=0.0)
-_fraction = _number(float, "a number in (0, 1]", low=0.0, high=1.0, low_open=True)
-_momentum = _number(float, "a number in [0, 1)", low=0.0, high=0.999999)
-_slowdown = _number(float, "a number >= 1", low=1.0)
-_cache_fraction = _number(float, "a number in [0, 1]", low=0.0, high=1.0)
-_port = _number(int, "a port number in 1..65535", low=1, high=65535)
 
 
 def _network(text: str) -> str:
@@ -129,25 +99,19 @@ def checkpoint_every(opts: "Options") -> tuple:
     return (None, float(text[:-1])) if text.endswith("s") else (int(text), None)
 
 
-def _opt(flags: Sequence[str], default, help: str, **metadata):
-    shown = {None: "none", "": "empty"}.get(default, default)
-    metadata.update(args=list(flags), help=f"{help} (default: {shown})")
-    return field(default=default, metadata=metadata)
-
-
 @dataclass
-class Options:
+class _MainFlags:
     """Settings of one process of a run (worker, server, scheduler or standalone)."""
 
     learning_rate: float = _opt(["-l", "--learning-rate"], config.LEARNING_RATE,
-                                "SGD learning rate of local, sync and async modes",
+                                "SGD learning rate of local, sync, async and localsgd modes",
                                 type=_positive_float)
     local_lr: float = _opt(["-ll", "--local-lr"], config.LEARNING_RATE_LOCAL,
                            "local SGD learning rate of esync", type=_positive_float)
     # ESync's (esync.algorithms.esync.ESync.FLAGS), as are --average, --outer-momentum,
     # --max-local-steps and --round-time below
     global_lr: float = _opt(["-gl", "--global-lr"], config.LEARNING_RATE_GLOBAL,
-                            "esync's scale of the averaged model delta", type=_positive_float)
+                            "esync, localsgd: scale of the averaged model delta", type=_positive_float)
     momentum: float = _opt(["--momentum"], config.MOMENTUM, "SGD momentum in [0, 1)",
                            type=_momentum)
     weight_decay: float = _opt(["--weight-decay"], config.WEIGHT_DECAY, "SGD weight decay",
@@ -206,11 +170,11 @@ class Options:
                         "samples of the round) or normalized (each divided by its local "
                         "steps, scaled by the mean steps: FedNova)", choices=list(AVERAGES))
     outer_momentum: float = _opt(["--outer-momentum"], config.OUTER_MOMENTUM,
-                                 "esync: Nesterov momentum of the outer step on the "
+                                 "esync, localsgd: Nesterov momentum of the outer step on the "
                                  "averaged delta, -gl its learning rate (DiLoCo); 0: the "
                                  "plain average", type=_momentum)
     backend: str = _opt(["--backend"], config.BACKEND,
-                        "sync, esync: aggregate through the parameter servers (ps) or by "
+                        "sync, esync, localsgd: aggregate through the parameter servers (ps) or by "
                         "all-reduce among the workers (allreduce, with DMLC_NUM_SERVER=0)",
                         choices=list(BACKENDS))
     compress: str = _opt(["--compress"], config.COMPRESS,
@@ -218,7 +182,7 @@ class Options:
                          "largest fraction R of the values, with error feedback), "
                          "threshold:T (the values over T in magnitude, with error "
                          "feedback; threshold:auto:F: T chosen to keep about the fraction "
-                         "F), partial:K (sync, esync: each round one of K slices "
+                         "F), partial:K (sync, esync, localsgd: each round one of K slices "
                          "in turn, the rest local)",
                          type=_compress)
     split_by_class: Switch = _opt(["-s", "--split-by-class"], config.SPLIT_BY_CLASS,
@@ -365,6 +329,30 @@ class Options:
         return of_options(self)
 
 
+
+def _algorithms_flags() -> list:
+    """The flags that algorithms declare on their policies' fields (esync.flagtypes.flag;
+    local SGD's --period), each once, in the registry's order: an algorithm's unit
+    brings its own flags, and no line here names them."""
+    known = {f.name for f in fields(_MainFlags)}
+    declared = []
+    for algorithm in ALGORITHMS.values():
+        policy = algorithm.policy_class()
+        types = typing.get_type_hints(policy)
+        for f in fields(policy):
+            if "args" in f.metadata and f.name not in known:
+                known.add(f.name)
+                declared.append((f.name, types[f.name],
+                                 dataclasses.field(default=f.default, metadata=f.metadata)))
+    return declared
+
+
+#: Settings of one process of a run (worker, server, scheduler or standalone): main.py's
+#: flags, then those the algorithms' policies declare
+Options = make_dataclass("Options", _algorithms_flags(), bases=(_MainFlags,))
+Options.__module__ = __name__
+Options.__doc__ = _MainFlags.__doc__
+
 #: the settings (Options field names) that only main.py's built-in loop (esync/train.py,
 #: esync/task.py, esync/worker.py) reads: a script's own optimizer and DataLoader take
 #: their place (-ll is ESync's local SGD step, -b the built-in loader's batch, which a
@@ -443,7 +431,8 @@ def check_plugins(opts: Options) -> None:
 def build_parser(prog: str = "esync") -> ArgumentParser:
     return _OneLineParser(
         Options, prog=prog,
-        description="Train a network with ESync, SSGD, ASGD, DC-ASGD, DDP or standalone. "
+        description="Train a network with ESync, SSGD, ASGD, DC-ASGD, local SGD, DDP or "
+                    "standalone. "
                     "The role (scheduler, server, worker, evaluator) comes from DMLC_ROLE; "
                     "-m ddp takes torch.distributed's RANK, WORLD_SIZE, MASTER_ADDR and "
                     "MASTER_PORT; without either only -m local runs.")

@@ -9,6 +9,7 @@ plus its unit under esync/algorithms/: policy, worker hooks and server rule, if 
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, Optional, Tuple
@@ -58,6 +59,8 @@ class Algorithm:
     #                           through servers (`--backend allreduce`)
     balance_batches: bool = False  # with `--balance-batches 1` (DDP with each worker's
     #                                batch in proportion to its speed: LB-BSP)
+    compared: bool = True  # among the runs esync-experiment makes and esync-draw draws
+    #                        (all_folders); False: run it by its -m (a baseline on call)
 
     @property
     def distributed(self) -> bool:
@@ -120,6 +123,10 @@ ALGORITHMS: Dict[str, Algorithm] = {a.key: a for a in (
     Algorithm(key="local", mode="local", policy=_A + "standalone:Standalone",
               worker=_A + "standalone.worker:StandaloneSGD", folder="local",
               summary="Local", display="Standalone", backend=None),
+    Algorithm(key="localsgd", mode="localsgd", policy=_A + "localsgd:LocalSGD",
+              worker=_A + "localsgd.worker:LocalSGDWorker", rule=_A + "esync.rule:ESyncRule",
+              folder="localsgd", summary="LocalSGD", display="Local SGD", synchronous=True,
+              all_reduce=True, compared=False),
 )}
 
 #: the speedup table's baseline: other algorithms' times are divided by its time
@@ -168,10 +175,15 @@ def check_aggregation(opts: Any, num_servers: Optional[int] = None) -> None:
     the job's DMLC_NUM_SERVER; UserError names the flag. Torch-free: the launchers call
     it on the flags they pass."""
     algorithm = opts.algorithm
+    own = _spellings(opts, algorithm)  # flags several algorithms share (-gl) pass
     for other in ALGORITHMS.values():
-        given = other.policy_class().flags_given(opts) if other is not algorithm else []
+        given = [] if other is algorithm else [
+            g for g in other.policy_class().flags_given(opts) if g.split()[0] not in own]
         if given:
-            raise UserError(f"{given[0]} applies to -m {other.mode} only, not -m {opts.mode}")
+            flag = given[0].split()[0]
+            takers = [a.mode for a in ALGORITHMS.values() if flag in _spellings(opts, a)]
+            raise UserError(f"{given[0]} applies to -m {' or '.join(takers or [other.mode])} "
+                            f"only, not -m {opts.mode}")
     algorithm.policy_class().from_options(opts).check(opts)
     if opts.compress != "none" and not algorithm.parameter_server:
         raise UserError(f"--compress applies to the parameter-server modes, not -m {opts.mode}")
@@ -195,6 +207,14 @@ def check_aggregation(opts: Any, num_servers: Optional[int] = None) -> None:
                         f"all-reduce needs no servers: set DMLC_NUM_SERVER=0")
 
 
+def _spellings(opts: Any, algorithm: Algorithm) -> set:
+    """The command-line spellings of the flags `algorithm`'s policy takes its settings
+    from (the parser's fields' own)."""
+    names = set(algorithm.policy_class().FLAGS.values())
+    return {spelling for f in dataclasses.fields(opts) if f.name in names
+            for spelling in f.metadata.get("args", ())}
+
+
 def with_rules() -> Iterator[Algorithm]:
     return (a for a in ALGORITHMS.values() if a.rule is not None)
 
@@ -213,10 +233,11 @@ def from_folder(folder: str) -> Optional[Tuple[Algorithm, bool]]:
 def all_folders() -> Iterator[Tuple[Algorithm, bool]]:
     """Every (algorithm, split by class) run the experiment knows, in its order: the
     distributed algorithms on IID data, then on split-by-class data, then standalone."""
-    distributed = [a for a in ALGORITHMS.values() if a.distributed]
+    compared = [a for a in ALGORITHMS.values() if a.compared]
+    distributed = [a for a in compared if a.distributed]
     yield from ((a, False) for a in distributed)
     yield from ((a, True) for a in distributed)
-    yield from ((a, False) for a in ALGORITHMS.values() if not a.distributed)
+    yield from ((a, False) for a in compared if not a.distributed)
 
 
 def _load(path: str) -> Any:

@@ -55,7 +55,7 @@ from esync.logs_tools import compare, summary
 PROG = "esync-experiment"
 PLAIN, LINKS = "plain", "links"
 CONFIGS = (PLAIN, LINKS)
-DEFAULT_MODES = ",".join(a.folder for a in registry.ALGORITHMS.values())
+DEFAULT_MODES = ",".join(a.folder for a, split in registry.all_folders() if not split)
 
 
 def jobs() -> Dict[str, List[str]]:
