@@ -213,7 +213,8 @@ def data(nets):
 
 
 def _check(argv):
-    from esync.options import check_plugins, parse_options
+    from esync.options import parse_options
+    from esync.startup import check_plugins
 
     check_plugins(parse_options(argv))
 

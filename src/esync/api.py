@@ -76,7 +76,7 @@ def init(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Se
     global _session
     if _session is not None:
         return _session
-    from esync.console import say_error
+    from esync.errors import say_error
 
     prog = prog or os.path.basename(sys.argv[0]) or "esync"
     try:
@@ -299,7 +299,7 @@ def _use_policy(session: Session, policy: Policy) -> None:
 
 def _fail(session: Session, error: UserError) -> None:
     """End the process with `error`'s one line and exit status 2, the job told."""
-    from esync.console import say_error
+    from esync.errors import say_error
 
     session.close(error)
     say_error(os.path.basename(sys.argv[0]) or "esync", error)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import sys
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from esync.console import configure_logging

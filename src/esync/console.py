@@ -11,12 +11,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import TYPE_CHECKING, Optional
-
-from esync.errors import UserError, say_error  # noqa: F401 (the one-line error, here too)
-
-if TYPE_CHECKING:
-    from esync.transport.cluster import ClusterEnv
 
 #: the handlers this module installs, so that configuring again replaces them
 _HANDLERS: list = []
@@ -65,13 +59,3 @@ def configure_logging(verbose: bool = False) -> None:
         _HANDLERS.append(handler)
     root.setLevel(logging.INFO)
     logging.getLogger("esync.transport").setLevel(logging.DEBUG if verbose else logging.NOTSET)
-
-
-def report_failed_start(env: Optional["ClusterEnv"], error: UserError) -> None:
-    """Bad input before joining a parameter-server job: tell its scheduler, which ends
-    the job rather than wait for this node (nodes that joined tell it themselves:
-    Node.fail). Best effort: with wrong cluster variables there is nobody to tell."""
-    if env is not None and env.role not in ("scheduler", "evaluator"):
-        from esync.transport.node import report_failed_start
-
-        report_failed_start(env, str(error))

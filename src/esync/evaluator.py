@@ -141,7 +141,7 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
 def run_ps_evaluator(opts: Options, device: torch.device, env: ClusterEnv,
                      settings: Optional[Dict[str, str]] = None) -> int:
     """Join a parameter-server job as its evaluator. `settings`: what must agree with the
-    job's other nodes (esync.options.agreed_settings)."""
+    job's other nodes (esync.startup.agreed_settings)."""
     from esync.transport.node import Node
 
     node = Node(env, registry.EVALUATOR)

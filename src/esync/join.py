@@ -24,7 +24,8 @@ from esync.statefile import WorkerState
 from esync.data.order import DataSettings
 from esync.errors import UserError
 from esync.live import LiveReporter
-from esync.options import Options, check_plugins
+from esync.options import Options
+from esync.startup import check_plugins
 from esync.recorder import MODEL_FILE, Recorder
 from esync.session import Session
 from esync.stop import StopCriteria
@@ -99,7 +100,7 @@ def join(plan: WorkerPlan, env: Union[ClusterEnv, DDPEnv, None],
          settings: Optional[Dict[str, str]] = None) -> Session:
     """Join the job `env` describes (None: train alone) and return this process's
     Session; closing the session leaves the job. `settings`: what must agree with the
-    job's other nodes (esync.options.agreed_settings)."""
+    job's other nodes (esync.startup.agreed_settings)."""
     opts = plan.opts
     if opts.num_threads:
         torch.set_num_threads(opts.num_threads)

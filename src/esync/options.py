@@ -1,9 +1,14 @@
 """The run's settings: one dataclass, parsed from the command line by argparse-dataclass.
+This module only parses: what the settings mean together is checked where they are used
+(the algorithms' own checks: esync.registry.check_aggregation; plug-ins and the settings
+a job's nodes agree on: esync.startup).
 
-An algorithm's own flags stay fields here, in --help's order (the flag pages are
-generated from this parser), marked with the algorithm whose policy (esync.algorithms)
-names them in its `FLAGS`, takes their defaults and checks them; the algorithms'
-checks run in esync.registry.check_aggregation.
+main.py's own flags are the fields of `_MainFlags`, in --help's order (the flag pages are
+generated from this parser). Some of them are an algorithm's (marked with the policy,
+esync.algorithms, that names them in its `FLAGS`, takes their defaults and checks
+them). An algorithm added since declares its flags on its policy's own fields
+(esync.flagtypes.flag: local SGD's --period), and `Options` collects them from the
+registry's policies: its unit brings them, and no line here names them.
 
 Every flag of the original ESync is kept with its short form (`-l`, `-ll`, `-gl`, `-b`,
 `-dd`, `-g`, `-c`, `-n`, `-ld`, `-e`, `-m`, `-dcasgd`, `-s`, `-ip`, `-port`), so that its
@@ -14,17 +19,17 @@ workers with this same parser, so that a bad flag is refused before anything sta
 """
 
 import argparse
+import dataclasses
 import math
 import sys
-import dataclasses
 import typing
 from dataclasses import dataclass, fields, make_dataclass
-from typing import Annotated, Dict, Optional, Sequence, Set
+from typing import Annotated, Optional, Sequence, Set
 
 from argparse_dataclass import ArgumentParser
 
 from esync import config
-from esync.data import DATA_SPLITS, DATASETS, IN_MEMORY, METRICS, SHARDS_PREFIX, SHUFFLES
+from esync.data import DATA_SPLITS, DATASETS, METRICS, SHARDS_PREFIX, SHUFFLES
 from esync.errors import UserError
 from esync.flagtypes import (cache_fraction as _cache_fraction, flag as _opt, fraction as _fraction,
                              momentum as _momentum, non_negative_float as _non_negative_float,
@@ -91,12 +96,6 @@ def _every(text: str) -> str:
         raise argparse.ArgumentTypeError(f"expected N rounds (an integer >= 1) or Ns "
                                          f"seconds (e.g. 30s), got {text!r}")
     return low
-
-
-def checkpoint_every(opts: "Options") -> tuple:
-    """(rounds, seconds) between checkpoints: one of them is None."""
-    text = opts.checkpoint_every
-    return (None, float(text[:-1])) if text.endswith("s") else (int(text), None)
 
 
 @dataclass
@@ -370,62 +369,6 @@ class _OneLineParser(ArgumentParser):
 
     def error(self, message: str):
         raise UserError(message)
-
-
-def server_patience(opts: Options) -> float:
-    """--server-patience, or its default: only a checkpointed shard can be restored."""
-    if opts.server_patience is not None:
-        return opts.server_patience
-    return config.SERVER_PATIENCE if opts.checkpoint_dir else 0.0
-
-
-#: the settings that must agree across a job's nodes: Options field -> its flag
-AGREED = {"mode": "-m", "use_dcasgd": "-dcasgd", "backend": "--backend", "network": "-n",
-          "dataset": "--dataset", "compress": "--compress"}
-#: per role, the settings it runs with whether given or not; a role compares the others
-#: only where its command line gives them (the scheduler's -m, say)
-USED_BY_ROLE = {"worker": tuple(AGREED), "evaluator": ("network", "dataset")}
-
-
-def agreed_settings(opts: Options, role: str, given: Set[str], num_workers: int,
-                    num_servers: int) -> Dict[str, str]:
-    """What this node says the job is, for the scheduler to compare at registration:
-    {"DMLC_NUM_WORKER": "4", "-m": "esync", ...}."""
-    out = {"DMLC_NUM_WORKER": str(num_workers), "DMLC_NUM_SERVER": str(num_servers)}
-    for name, flag in AGREED.items():
-        if name in given or name in USED_BY_ROLE.get(role, ()):
-            value = getattr(opts, name)
-            out[flag] = ("1" if value else "0") if isinstance(value, bool) else str(value)
-    return out
-
-
-def check_plugins(opts: Options) -> None:
-    """What the user plugs in, before anything starts: a plug-in network, data set or
-    loss (`module:function`), or data on disk, is loaded and the network run on two
-    training samples and the loss computed (UserError, one line naming the flag, if
-    anything fails: esync.task); the targets go with the metric; --tensorboard needs
-    the tensorboard package. Built-in names need nothing; torch is imported only for a
-    plug-in."""
-    if opts.tensorboard is not None:
-        from esync.scalars import check_installed
-
-        check_installed()
-    if opts.target_accuracy is not None and opts.metric != "accuracy":
-        raise UserError(f"--target-accuracy needs --metric accuracy, not {opts.metric} "
-                        f"(with --metric loss, give --target-loss)")
-    if opts.target_loss is not None and opts.metric != "loss":
-        raise UserError(f"--target-loss needs --metric loss, not {opts.metric}")
-    if opts.data_split == "leased" and not opts.dataset.startswith(SHARDS_PREFIX):
-        raise UserError(f"--data-split leased leases blocks of shards: give --dataset "
-                        f"{SHARDS_PREFIX}DIR (written by esync-pack), not {opts.dataset}")
-    if opts.data_split == "leased" and opts.split_by_class:
-        raise UserError("--data-split leased moves data between workers; -s 1 keeps each "
-                        "worker's classes on it: use --data-split static with -s 1")
-    if (is_spec(opts.network) or opts.dataset not in IN_MEMORY or opts.loss != "cross_entropy"
-            or opts.evaluate is not None):
-        from esync.task import task_of
-
-        task_of(opts).check(opts.network)
 
 
 def build_parser(prog: str = "esync") -> ArgumentParser:

@@ -490,8 +490,8 @@ REQUESTS = HANDLERS.types
 def run_server(env: ClusterEnv, opts: Any = None,
                settings: Optional[Dict[str, str]] = None) -> int:
     """Join the job, then serve one shard until the scheduler says shut down.
-    `settings`: what must agree with the job's other nodes (esync.options.agreed_settings)."""
-    from esync.options import checkpoint_every, parse_options
+    `settings`: what must agree with the job's other nodes (esync.startup.agreed_settings)."""
+    from esync.options import parse_options
 
     opts = opts or parse_options([])
     folder = opts.checkpoint_dir
@@ -529,3 +529,9 @@ def run_server(env: ClusterEnv, opts: Any = None,
             return 0
         finally:
             sock.close()
+
+
+def checkpoint_every(opts: Any) -> tuple:
+    """(rounds, seconds) between checkpoints: one of them is None."""
+    text = opts.checkpoint_every
+    return (None, float(text[:-1])) if text.endswith("s") else (int(text), None)

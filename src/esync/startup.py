@@ -18,10 +18,13 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, Optional, Sequence, Set, Union
 
-from esync.console import configure_logging, report_failed_start
+from esync.console import configure_logging
 from esync.errors import UserError
-from esync.options import Options, agreed_settings, flags_given, parse_options
+from esync.data import IN_MEMORY, SHARDS_PREFIX
+from esync.options import Options, flags_given, parse_options
+from esync.plugin import is_spec
 from esync.transport.cluster import ClusterEnv, DDPEnv
+from esync.transport.node import report_failed_start
 
 if TYPE_CHECKING:
     import torch
@@ -63,7 +66,7 @@ def start(argv: Optional[Sequence[str]], prog: str, script: bool = False) -> Sta
     except UserError as e:
         if role:
             try:
-                report_failed_start(ClusterEnv.from_environ(), e)
+                _report_failed_start(ClusterEnv.from_environ(), e)
             except UserError:  # wrong cluster variables: there is nobody to tell
                 pass
         raise
@@ -81,7 +84,7 @@ def start(argv: Optional[Sequence[str]], prog: str, script: bool = False) -> Sta
 
             device = select_device(opts)
     except UserError as e:
-        report_failed_start(cluster, e)
+        _report_failed_start(cluster, e)
         raise
     configure_logging(verbose=cluster is not None and cluster.verbose)
     given = flags_given(argv, prog)
@@ -113,3 +116,60 @@ def _not_a_worker(role: str) -> None:
     raise UserError(f"DMLC_ROLE={role}: a training script is a worker; the scheduler, "
                     f"servers and evaluator are started as `esync` processes (esync-run "
                     f"does)")
+
+
+def _report_failed_start(env: Optional["ClusterEnv"], error: UserError) -> None:
+    """Bad input before joining a parameter-server job: tell its scheduler, which ends
+    the job rather than wait for this node (nodes that joined tell it themselves:
+    Node.fail). Best effort: with wrong cluster variables there is nobody to tell."""
+    if env is not None and env.role not in ("scheduler", "evaluator"):
+        report_failed_start(env, str(error))
+
+
+#: the settings that must agree across a job's nodes: Options field -> its flag
+AGREED = {"mode": "-m", "use_dcasgd": "-dcasgd", "backend": "--backend", "network": "-n",
+          "dataset": "--dataset", "compress": "--compress"}
+#: per role, the settings it runs with whether given or not; a role compares the others
+#: only where its command line gives them (the scheduler's -m, say)
+USED_BY_ROLE = {"worker": tuple(AGREED), "evaluator": ("network", "dataset")}
+
+
+def agreed_settings(opts: Options, role: str, given: Set[str], num_workers: int,
+                    num_servers: int) -> Dict[str, str]:
+    """What this node says the job is, for the scheduler to compare at registration:
+    {"DMLC_NUM_WORKER": "4", "-m": "esync", ...}."""
+    out = {"DMLC_NUM_WORKER": str(num_workers), "DMLC_NUM_SERVER": str(num_servers)}
+    for name, flag in AGREED.items():
+        if name in given or name in USED_BY_ROLE.get(role, ()):
+            value = getattr(opts, name)
+            out[flag] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+    return out
+
+
+def check_plugins(opts: Options) -> None:
+    """What the user plugs in, before anything starts: a plug-in network, data set or
+    loss (`module:function`), or data on disk, is loaded and the network run on two
+    training samples and the loss computed (UserError, one line naming the flag, if
+    anything fails: esync.task); the targets go with the metric; --tensorboard needs
+    the tensorboard package. Built-in names need nothing; torch is imported only for a
+    plug-in."""
+    if opts.tensorboard is not None:
+        from esync.scalars import check_installed
+
+        check_installed()
+    if opts.target_accuracy is not None and opts.metric != "accuracy":
+        raise UserError(f"--target-accuracy needs --metric accuracy, not {opts.metric} "
+                        f"(with --metric loss, give --target-loss)")
+    if opts.target_loss is not None and opts.metric != "loss":
+        raise UserError(f"--target-loss needs --metric loss, not {opts.metric}")
+    if opts.data_split == "leased" and not opts.dataset.startswith(SHARDS_PREFIX):
+        raise UserError(f"--data-split leased leases blocks of shards: give --dataset "
+                        f"{SHARDS_PREFIX}DIR (written by esync-pack), not {opts.dataset}")
+    if opts.data_split == "leased" and opts.split_by_class:
+        raise UserError("--data-split leased moves data between workers; -s 1 keeps each "
+                        "worker's classes on it: use --data-split static with -s 1")
+    if (is_spec(opts.network) or opts.dataset not in IN_MEMORY or opts.loss != "cross_entropy"
+            or opts.evaluate is not None):
+        from esync.task import task_of
+
+        task_of(opts).check(opts.network)

@@ -56,7 +56,7 @@ def run_cluster_worker(plan: WorkerPlan, env: ClusterEnv,
                        settings: Optional[Dict[str, str]] = None) -> int:
     """Join the parameter-server (or all-reduce) job, train this worker's partition,
     tell the scheduler it is done. `settings`: what must agree with the job's other
-    nodes (esync.options.agreed_settings)."""
+    nodes (esync.startup.agreed_settings)."""
     return _exit_status(_train(plan, env, settings))
 
 

@@ -73,7 +73,8 @@ from typing import IO, List, Mapping, Optional, Sequence
 from esync import config
 from esync import registry
 from esync.errors import UserError, command_main
-from esync.options import Options, check_plugins, flags_given, parse_options
+from esync.options import Options, flags_given, parse_options
+from esync.startup import check_plugins
 from esync.options import build_parser as options_parser
 from esync.transport.auth import job_key
 from esync.launch.job import AUTH_VARIABLES, Plan, RayPlan  # noqa: F401 (esync-launch's names)

@@ -59,7 +59,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from esync import config
 from esync import ready
@@ -97,8 +97,6 @@ class Policy:
 
     @classmethod
     def from_options(cls, opts) -> "Policy":
-        from esync.options import server_patience
-
         return cls(opts.on_worker_failure, opts.min_workers, server_patience(opts),
                    opts.checkpoint_dir, opts.resume,
                    opts.algorithm.synchronous, opts.start_timeout)
@@ -606,3 +604,10 @@ def tell_why(env: ClusterEnv, reason: str) -> None:
         Linger(env.num_servers + env.num_workers).tell_late_nodes(listener, reason, REQUESTS)
     finally:
         listener.close()
+
+
+def server_patience(opts: Any) -> float:
+    """--server-patience, or its default: only a checkpointed shard can be restored."""
+    if opts.server_patience is not None:
+        return opts.server_patience
+    return config.SERVER_PATIENCE if opts.checkpoint_dir else 0.0
