@@ -20,6 +20,8 @@ import uuid
 
 import pytest
 
+from esync import registry
+
 from esync.launch.supervisor import free_port
 from tests.helpers import REPO
 
@@ -243,7 +245,10 @@ def test_help_documents_the_format():
 #: plug-ins' form (esync.plugin: no import of a plug-in)
 ALLOWED = {"esync", "esync.options", "esync.registry", "esync.errors", "esync.data",
            "esync.models", "esync.plugin", "esync.ready", "esync.transport", "esync.transport.auth",
-           "esync.stateclient", "esync.compress", "esync.live"}
+           "esync.stateclient", "esync.compress", "esync.live",
+           # the parser's flags that algorithms declare: their torch-free policies
+           "esync.flagtypes", "esync.algorithms", "esync.algorithms.policy",
+           *(row.policy.partition(":")[0] for row in registry.ALGORITHMS.values())}
 
 
 def test_api_and_no_runtime_import(cluster_file, tmp_path):

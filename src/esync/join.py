@@ -25,7 +25,6 @@ from esync.data.order import DataSettings
 from esync.errors import UserError
 from esync.live import LiveReporter
 from esync.options import Options
-from esync.startup import check_plugins
 from esync.recorder import MODEL_FILE, Recorder
 from esync.session import Session
 from esync.stop import StopCriteria
@@ -72,7 +71,6 @@ def check(opts: Options, env: Optional[ClusterEnv]) -> WorkerPlan:
         raise UserError(f"-m/--mode {opts.mode} does not run with DMLC_ROLE={env.role}: "
                         f"unset DMLC_ROLE, or pick a parameter-server mode ({others})")
     registry.check_aggregation(opts, env.num_servers if env is not None else None)
-    check_plugins(opts)
     device = select_device(opts)
     patience = 0.0
     if algorithm.state_server:

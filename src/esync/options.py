@@ -39,7 +39,7 @@ from esync.flagtypes import (cache_fraction as _cache_fraction, flag as _opt, fr
 from esync.models import NETWORKS
 from esync.plugin import is_spec
 from esync.compress import Compression
-from esync.registry import ALGORITHMS, AVERAGES, BACKENDS, MODES, Algorithm, of_options
+from esync.registry import ALGORITHMS, BACKENDS, MODES, Algorithm, of_options
 
 #: the variable in which esync-run hands a training script these flags (a JSON list of
 #: strings), for esync.init to parse
@@ -107,10 +107,6 @@ class _MainFlags:
                                 type=_positive_float)
     local_lr: float = _opt(["-ll", "--local-lr"], config.LEARNING_RATE_LOCAL,
                            "local SGD learning rate of esync", type=_positive_float)
-    # ESync's (esync.algorithms.esync.ESync.FLAGS), as are --average, --outer-momentum,
-    # --max-local-steps and --round-time below
-    global_lr: float = _opt(["-gl", "--global-lr"], config.LEARNING_RATE_GLOBAL,
-                            "esync, localsgd: scale of the averaged model delta", type=_positive_float)
     momentum: float = _opt(["--momentum"], config.MOMENTUM, "SGD momentum in [0, 1)",
                            type=_momentum)
     weight_decay: float = _opt(["--weight-decay"], config.WEIGHT_DECAY, "SGD weight decay",
@@ -150,28 +146,12 @@ class _MainFlags:
     mode: str = _opt(["-m", "--mode"], config.MODE, "training algorithm", choices=MODES)
     use_dcasgd: Switch = _opt(["-dcasgd", "--use-dcasgd"], config.DCASGD,
                               "1: delay-compensated ASGD (with -m async)", type=_switch)
-    # speed-balanced DDP's (esync.algorithms.ddp.BalancedDDP), with --min-batch
+    # selects speed-balanced DDP (esync.algorithms.ddp.BalancedDDP: its --min-batch)
     balance_batches: Switch = _opt(["--balance-batches"], config.BALANCE_BATCHES,
                                    "ddp: 1: each worker's batch in proportion to its measured "
                                    "speed, re-estimated as it trains, the global batch (-b "
                                    "times the workers) and the learning rate unchanged "
                                    "(LB-BSP)", type=_switch)
-    min_batch: int = _opt(["--min-batch"], config.MIN_BATCH,
-                          "with --balance-batches: the smallest batch a worker is given",
-                          type=_positive_int)
-    # DC-ASGD's (esync.algorithms.asynchronous.DCASGD.FLAGS)
-    dcasgd_lamda: float = _opt(["--dcasgd-lamda"], config.DCASGD_LAMDA,
-                               "DC-ASGD's variance-control factor", type=_non_negative_float)
-    # ESync's
-    average: str = _opt(["--average"], config.AVERAGE,
-                        "esync: how the round's deltas are averaged: mean (each the same, "
-                        "the paper's), steps (each weighted by its local steps, i.e. its "
-                        "samples of the round) or normalized (each divided by its local "
-                        "steps, scaled by the mean steps: FedNova)", choices=list(AVERAGES))
-    outer_momentum: float = _opt(["--outer-momentum"], config.OUTER_MOMENTUM,
-                                 "esync, localsgd: Nesterov momentum of the outer step on the "
-                                 "averaged delta, -gl its learning rate (DiLoCo); 0: the "
-                                 "plain average", type=_momentum)
     backend: str = _opt(["--backend"], config.BACKEND,
                         "sync, esync, localsgd: aggregate through the parameter servers (ps) or by "
                         "all-reduce among the workers (allreduce, with DMLC_NUM_SERVER=0)",
@@ -191,16 +171,6 @@ class _MainFlags:
                                 "address of the ESync state server")
     state_server_port: int = _opt(["-port", "--state-server-port"], config.STATE_SERVER_PORT,
                                   "port of the ESync state server", type=_port)
-    # ESync's
-    max_local_steps: int = _opt(["--max-local-steps"], config.MAX_LOCAL_STEPS,
-                                "esync: the most local iterations a device runs in a round",
-                                type=_positive_int)
-    round_time: Optional[float] = _opt(["--round-time"], config.ROUND_TIME,
-                                       "esync: seconds each round should take; every "
-                                       "device runs as many local iterations as fit (at "
-                                       "most --max-local-steps); default: the slowest "
-                                       "living device's one iteration sets the round",
-                                       type=_positive_float)
     dataset: str = _opt(["--dataset"], config.DATASET,
                         f"data set: {', '.join(DATASETS)} (folder and cifar10 read "
                         f"--data-dir), {SHARDS_PREFIX}DIR (shards written by esync-pack), "
@@ -330,18 +300,20 @@ class _MainFlags:
 
 
 def _algorithms_flags() -> list:
-    """The flags that algorithms declare on their policies' fields (esync.flagtypes.flag;
-    local SGD's --period), each once, in the registry's order: an algorithm's unit
-    brings its own flags, and no line here names them."""
+    """The flags that algorithms declare on their policies' fields (esync.flagtypes.flag:
+    ESync's --max-local-steps, local SGD's --period), each once (-gl is ESync's and local
+    SGD's), in the registry's order: an algorithm's unit brings its own flags, and no
+    line here names them."""
     known = {f.name for f in fields(_MainFlags)}
     declared = []
     for algorithm in ALGORITHMS.values():
         policy = algorithm.policy_class()
         types = typing.get_type_hints(policy)
         for f in fields(policy):
-            if "args" in f.metadata and f.name not in known:
-                known.add(f.name)
-                declared.append((f.name, types[f.name],
+            name = policy.FLAGS.get(f.name, f.name)  # DC-ASGD's lamda: --dcasgd-lamda
+            if "args" in f.metadata and name not in known:
+                known.add(name)
+                declared.append((name, types[f.name],
                                  dataclasses.field(default=f.default, metadata=f.metadata)))
     return declared
 

@@ -79,6 +79,7 @@ def start(argv: Optional[Sequence[str]], prog: str, script: bool = False) -> Sta
             from esync import join  # torch: after the cheap checks
 
             plan = join.check(opts, cluster)
+            check_plugins(opts)  # last: it may load a plug-in and run it on two samples
         elif name == "evaluator":
             from esync.join import select_device
 

@@ -8,9 +8,11 @@ machinery.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, List
 
 from esync import config
 from esync.algorithms.policy import Policy, number_in
+from esync.flagtypes import flag, non_negative_float
 
 
 @dataclass(frozen=True)
@@ -25,11 +27,16 @@ class DCASGD(Policy):
     """DC-ASGD (Zheng et al. 2017): ASGD with each gradient compensated for its delay,
     g + lamda * g * g * (w - w_sent), `lamda` the variance-control factor."""
 
-    lamda: float = config.DCASGD_LAMDA
+    lamda: float = flag(["--dcasgd-lamda"], config.DCASGD_LAMDA,
+                        "DC-ASGD's variance-control factor", type=non_negative_float)
 
     key = "dcasgd"
     FLAGS = {"lamda": "dcasgd_lamda"}
 
     def __post_init__(self) -> None:
         number_in(self, "lamda", low=0.0)
+
+    @classmethod
+    def flags_given(cls, opts: Any) -> List[str]:
+        return []  # --dcasgd-lamda is taken, and unused, with any mode, as it always was
 

@@ -38,8 +38,8 @@ class Policy:
         """This algorithm's own flags that `opts` sets away from their defaults, as the
         user spelt them: another mode refuses them (esync.registry.check_aggregation).
         By default the flags its fields declare (esync.flagtypes.flag)."""
-        return [f.metadata["args"][0] for f in dataclasses.fields(cls)
-                if "args" in f.metadata and getattr(opts, f.name) != f.default]
+        return [f.metadata["args"][0] for f in dataclasses.fields(cls) if "args" in f.metadata
+                and getattr(opts, cls.FLAGS.get(f.name, f.name)) != f.default]
 
     def check(self, opts: Any) -> None:
         """What cannot work with this policy in a job run with `opts`: UserError, one

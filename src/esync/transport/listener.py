@@ -37,6 +37,9 @@ class Listener:
 
     def listen(self) -> int:
         """Bind the job's socket (UserError if it cannot); the port."""
+        # an address that does not resolve fails before any socket is open, which would
+        # otherwise hold the process at exit
+        self.host = f"tcp://{resolve(self.env.root_uri, 'DMLC_PS_ROOT_URI')}"
         self.context = zmq.Context()
         self.guard = Guard.from_environ(self.context, warn=False)  # warned once it listens
         self.sock = self.guard.serve(self.context.socket(zmq.ROUTER))
@@ -49,7 +52,6 @@ class Listener:
         self.sock.setsockopt(zmq.SNDHWM, SEND_QUEUE)
         self.sock.setsockopt(zmq.SNDBUF, SEND_QUEUE_BYTES)
         self.handshakes = Handshakes(self.sock, self.guard.secure, listening=True)
-        self.host = f"tcp://{resolve(self.env.root_uri, 'DMLC_PS_ROOT_URI')}"
         port = self.env.root_port
         try:
             if port == 0:  # DMLC_PS_ROOT_PORT=0: a free port, reported (esync.ready)

@@ -11,6 +11,7 @@ from typing import Any, List
 from esync import config
 from esync.algorithms.policy import Policy
 from esync.errors import UserError
+from esync.flagtypes import flag, positive_int
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,9 @@ class BalancedDDP(Policy):
     """DDP with each rank's batch in proportion to its measured speed, the global batch
     unchanged (LB-BSP); `min_batch` (--min-batch) is the smallest batch a rank gets."""
 
-    min_batch: int = config.MIN_BATCH
+    min_batch: int = flag(["--min-batch"], config.MIN_BATCH,
+                          "with --balance-batches: the smallest batch a worker is given",
+                          type=positive_int)
 
     key = "ddp-balanced"
     FLAGS = {"min_batch": "min_batch"}

@@ -15,6 +15,7 @@ from typing import Any, List, Optional
 from esync import config, registry
 from esync.algorithms.policy import Policy, number_in
 from esync.errors import UserError
+from esync.flagtypes import flag, momentum, positive_float, positive_int
 
 
 @dataclass(frozen=True)
@@ -26,11 +27,28 @@ class ESync(Policy):
     --outer-momentum: DiLoCo's), and seconds a round should take (`round_time`,
     --round-time; None: the slowest living device's one iteration)."""
 
-    max_local_steps: int = config.MAX_LOCAL_STEPS
-    average: str = config.AVERAGE
-    global_lr: float = config.LEARNING_RATE_GLOBAL
-    outer_momentum: float = config.OUTER_MOMENTUM
-    round_time: Optional[float] = config.ROUND_TIME
+    max_local_steps: int = flag(["--max-local-steps"], config.MAX_LOCAL_STEPS,
+                                "esync: the most local iterations a device runs in a round",
+                                type=positive_int)
+    average: str = flag(["--average"], config.AVERAGE,
+                        "esync: how the round's deltas are averaged: mean (each the same, "
+                        "the paper's), steps (each weighted by its local steps, i.e. its "
+                        "samples of the round) or normalized (each divided by its local "
+                        "steps, scaled by the mean steps: FedNova)",
+                        choices=list(registry.AVERAGES))
+    global_lr: float = flag(["-gl", "--global-lr"], config.LEARNING_RATE_GLOBAL,
+                            "esync, localsgd: scale of the averaged model delta",
+                            type=positive_float)
+    outer_momentum: float = flag(["--outer-momentum"], config.OUTER_MOMENTUM,
+                                 "esync, localsgd: Nesterov momentum of the outer step on the "
+                                 "averaged delta, -gl its learning rate (DiLoCo); 0: the "
+                                 "plain average", type=momentum)
+    round_time: Optional[float] = flag(["--round-time"], config.ROUND_TIME,
+                                       "esync: seconds each round should take; every "
+                                       "device runs as many local iterations as fit (at "
+                                       "most --max-local-steps); default: the slowest "
+                                       "living device's one iteration sets the round",
+                                       type=positive_float)
 
     key = "esync"
     FLAGS = {"max_local_steps": "max_local_steps", "average": "average",
