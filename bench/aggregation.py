@@ -23,7 +23,7 @@ options: `-m esync` on IID data, plain (the baseline) and --outer-momentum 0.9 (
     -gl 1, and with -gl 0.1: the plain average's step size); on non-IID data (-s 1,
     split by class), plain (the baseline), --average normalized, and --outer-momentum
     0.9 (both -gl) (through --options-backend, default ps).
-codecs: SINGA's ways of synchronising (esync.compress), `-m sync` and `-m esync`, each
+codecs: SINGA's ways of synchronising (esync.comm.compress), `-m sync` and `-m esync`, each
     with ps and allreduce uncompressed (the baselines of their backend) and, on both
     backends, --compress partial:4, topk:0.01, threshold:T (T = 0.05 for SSGD's
     pushed gradients, 0.01 for ESync's deltas: THRESHOLDS) and threshold:auto:0.01.

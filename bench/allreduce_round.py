@@ -10,7 +10,7 @@ the ratio esync/bare, each median [min-max] over the repeats (progress on stderr
 
 (a) esync: W worker processes go through the real code path of `--backend allreduce`:
     each registers with a real scheduler (DMLC_* variables, DMLC_NUM_SERVER=0), builds
-    `esync.allreduce.AllReduce` (its Job from the scheduler's assignment, a FlatModel of
+    `esync.comm.allreduce.AllReduce` (its Job from the scheduler's assignment, a FlatModel of
     a model whose trainable weights are one vector of --values float32 values, default
     11,176,512 = 44.7 MB, ResNet-18's fp32 size, plus --buffers floating buffers,
     default 9,600 = ResNet-18's BatchNorm statistics; RuleConfig("sync", W, lr=0.1)),
@@ -38,7 +38,7 @@ round, and a last column gives esync's fp16 round against the bare fp32 one.
 Every node is a child process, `python bench/allreduce_round.py --node KIND ...`,
 started and stopped by launch.supervisor (bench/nodes.py's NodeRun) with one torch/OMP
 thread each; the scheduler and rank 0 of the bare group bind free ports and report them
-(esync.ready); each worker writes its round times to a JSON file. A node that fails
+(esync.infra.ready); each worker writes its round times to a JSON file. A node that fails
 ends the measurement with its log's last line.
 """
 from __future__ import annotations
@@ -105,9 +105,9 @@ def _esync_worker(values: int, buffers: int, rounds: int, compress: str,
     from torch import nn
 
     from esync.algorithms.base import Job
-    from esync.allreduce import AllReduce
-    from esync.compress import Compression
-    from esync.flat import FlatModel
+    from esync.comm.allreduce import AllReduce
+    from esync.comm.compress import Compression
+    from esync.comm.flat import FlatModel
     from esync.rules import RuleConfig
     from esync.transport.cluster import ClusterEnv
     from esync.transport.node import Node
@@ -211,7 +211,7 @@ def _int_list(flag: str, text: str, low: int) -> List[int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0],
                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                     epilog="(a) goes through esync.allreduce.AllReduce with a real\n"
+                     epilog="(a) goes through esync.comm.allreduce.AllReduce with a real\n"
                             "scheduler; (b) is a bare gloo dist.all_reduce. See the\n"
                             "module docstring for the details.")
     parser.add_argument("--workers", default="2,4",

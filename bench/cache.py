@@ -238,7 +238,7 @@ def run_job(args, extra: List[str], fraction: float, seed: int, logs: str) -> di
         raise RuntimeError(f"fraction {fraction:g}: no round records in {logs}")
     if fraction and not any("cache_hits" in r for r in records):
         raise RuntimeError("the round records have no cache_hits: this esync builds no cache "
-                           "from --cache-fraction (esync/shardloader.py)")
+                           "from --cache-fraction (esync/runtime/shardloader.py)")
     total = lambda key, rs: sum(r.get(key) or 0 for r in rs)  # noqa: E731
     warm_at = next((i for i, r in enumerate(records) if r["epoch"] >= 1.0), None)
     if warm_at is None:

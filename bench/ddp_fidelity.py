@@ -8,7 +8,7 @@ For each --slowdown setting (one factor per rank; its length is the world size;
 default two settings, 1,1,4,4 and 1,1,1,16), --repeats times, the two sides
 interleaved (plain, ddp, plain, ddp, ...), each for --seconds of training:
 (a) plain: one process per rank of bench/plain_ddp.py (see its docstring): a gloo group
-    whose TCPStore rank 0 hosts on a free port it reports (esync.ready),
+    whose TCPStore rank 0 hosts on a free port it reports (esync.infra.ready),
     `DistributedDataParallel(build_network("lenet"))` with DDP's defaults,
     `torch.optim.SGD(lr=0.05, momentum=0.9)`, batches of 64 per rank from the same
     digits partitions and order as esync's (esync's BatchStream), cross-entropy. A rank
@@ -22,7 +22,7 @@ interleaved (plain, ddp, plain, ddp, ...), each for --seconds of training:
 (b) ddp: one process per rank of `python main.py -m ddp -n lenet --num-threads 1
     --slowdown F --time-limit SECONDS -e 0 --device-name r<k> -ld <tmp>/logs`, with
     RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1 and MASTER_PORT (rank 0: 0, and it reports
-    the free port it bound through esync.ready; the others: that port). Step end times
+    the free port it bound through esync.infra.ready; the others: that port). Step end times
     are rank 0's per-round `total_time` in `<tmp>/logs/<host>/r0/iter-<n>.json`.
 
 Both sides' step end times are taken after the slowdown's sleep, before the stop check

@@ -1,4 +1,4 @@
-"""Emulated links (esync/link.py): how close the model's times are, and what slow links
+"""Emulated links (esync/comm/link.py): how close the model's times are, and what slow links
 do to each mode's jobs.
 
     python bench/links.py [--repeats 3] [--mb 10] [--mbit 100] [--modes esync,sync,...]
@@ -111,8 +111,8 @@ class _TimedLink:
 def _kv_worker(values: int, mbit: float, repeats: int, result: str) -> None:
     import numpy as np
 
-    from esync.kvstore import KVStore
-    from esync.link import Link
+    from esync.comm.kvstore import KVStore
+    from esync.comm.link import Link
     from esync.transport.cluster import ClusterEnv
     from esync.transport.node import Node
 
@@ -156,8 +156,8 @@ def _allreduce_node(rank: int, port: int, values: int, mbit: float, repeats: int
     import torch
     import torch.distributed as dist
 
-    from esync import ready
-    from esync.link import Link
+    from esync.infra import ready
+    from esync.comm.link import Link
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port if rank else 0, 2, is_master=rank == 0,

@@ -93,7 +93,7 @@ def cluster_node(kind: str) -> Optional[int]:
 
         return Scheduler(ClusterEnv.from_environ()).run()
     if kind == "server":
-        from esync.server import run_server
+        from esync.comm.server import run_server
 
         return run_server(ClusterEnv.from_environ())
     return None
@@ -138,11 +138,11 @@ def spread(values: Sequence[float], spec: str) -> str:
 
 def gloo_group(rank: int, world: int, port: int, timeout_s: float):
     """A bare gloo process group, as a torch.distributed user starts one: rank 0 hosts
-    the TCPStore on a free port and reports it (esync.ready), the others join `port`.
+    the TCPStore on a free port and reports it (esync.infra.ready), the others join `port`.
     Returns the store."""
     import torch.distributed as dist
 
-    from esync import ready
+    from esync.infra import ready
 
     store = dist.TCPStore("127.0.0.1", port if rank else 0, world, is_master=rank == 0,
                           wait_for_workers=False, timeout=timedelta(seconds=timeout_s))

@@ -2,7 +2,7 @@
 with: what a DDP user writes, plus the simulated slowdown and a time limit.
 
 One rank: a gloo process group (rank 0 hosts the TCPStore, on the given port or on a
-free one it reports through esync.ready), `DistributedDataParallel(build_network(
+free one it reports through esync.infra.ready), `DistributedDataParallel(build_network(
 "lenet"))` with DDP's defaults (broadcast_buffers=True, 25 MB buckets, ...),
 `torch.optim.SGD(lr=0.05, momentum=0.9)`, cross-entropy, one torch thread. Batches: 64
 per rank from esync's data classes, so the same samples in the same order as `-m ddp`
@@ -10,7 +10,7 @@ per rank from esync's data classes, so the same samples in the same order as `-m
 `EpochOrder(seed=[0, rank])`, `BatchStream`): a plain DataLoader would add its own
 per-batch costs, which are not what is being compared.
 
-Slowdown F (esync.train.Slowdown, as in -m ddp): after each step the rank sleeps (F-1)
+Slowdown F (esync.runtime.train.Slowdown, as in -m ddp): after each step the rank sleeps (F-1)
 times the median of its last 15 steps' computing, where computing is the step's wall time (batch,
 forward, backward, optimizer step) less the time spent in collectives:
 - DDP's buffer broadcast at the start of its forward: the gap between a forward
@@ -55,7 +55,7 @@ def run(rank: int, world: int, port: int, slowdown: float, seconds: float,
     from esync.data.partition import partition
     from esync.data.shuffle import EpochOrder
     from esync.models import build_network
-    from esync.clock import Slowdown
+    from esync.infra.clock import Slowdown
 
     torch.set_num_threads(1)
     torch.manual_seed(SEED)

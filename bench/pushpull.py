@@ -24,7 +24,7 @@ thread.
 
 Every node is a child process, `python bench/pushpull.py --node KIND ...`, started and
 stopped by launch.supervisor: the scheduler and the bare servers bind free ports and
-report them (esync.ready), and each worker writes its round times to a JSON file. A
+report them (esync.infra.ready), and each worker writes its round times to a JSON file. A
 node that fails ends the measurement with its log's last line.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import List, Sequence
 import numpy as np
 import zmq
 
-from esync import ready
+from esync.infra import ready
 from esync.transport.message import CHUNK_VALUES
 from nodes import NodeRun, cluster_node
 
@@ -87,7 +87,7 @@ def _write_result(path: str, times: List[float]) -> None:
 
 
 def _framework_worker(values: int, rounds: int, rule: str, result: str) -> None:
-    from esync.kvstore import KVStore
+    from esync.comm.kvstore import KVStore
     from esync.transport.cluster import ClusterEnv
     from esync.transport.node import Node
 

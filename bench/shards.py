@@ -27,7 +27,7 @@ the baseline of the same run, and then summarised.
    `static`, each device's own share (ShardLoader._own_blocks) through StaticLeases;
    `leased`, one LeaseBook for the job, its leases granted to whichever device asks
    next, the devices asking in turn by their slowdown (a device 4x slower asks 4x less
-   often). Blocks per lease as esync.shardloader computes it (blocks_per_lease of
+   often). Blocks per lease as esync.runtime.shardloader computes it (blocks_per_lease of
    --buffer-ratio of a device's share). Until --mix-epochs epochs of samples are
    drawn (default 3). A batch's label entropy: -sum p log2 p over its classes' shares (bits;
    log2(10) = 3.32 is the most, about 3.30 for 32 samples); the mean over every batch
@@ -234,7 +234,7 @@ def parse_size(text: str) -> int:
 
 # --- item 1: mixing ---------------------------------------------------------------------
 def per_lease(shards: ShardSet, blocks: np.ndarray, workers: int, setting: Setting) -> int:
-    """Blocks per lease, as esync.shardloader.ShardLoader computes it."""
+    """Blocks per lease, as esync.runtime.shardloader.ShardLoader computes it."""
     share = len(shards) // workers
     mean_block = shards.read_bytes_total / len(blocks)
     return blocks_per_lease(share, len(blocks) // workers, setting.buffer_ratio,
@@ -246,7 +246,7 @@ def own_blocks(shards: ShardSet, blocks: np.ndarray, workers: int, rank: int,
                seed: int) -> np.ndarray:
     """Device `rank`'s own blocks under --data-split static: the prepared loader's own
     choice (ShardLoader._own_blocks, on the settings it reads)."""
-    from esync.shardloader import ShardLoader
+    from esync.runtime.shardloader import ShardLoader
 
     me = SimpleNamespace(session=SimpleNamespace(num_workers=workers, rank=rank),
                          settings=DataSettings(seed=seed))

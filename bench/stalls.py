@@ -18,11 +18,11 @@ storage, so that fetching matters): esync-stalls predicts --cache-fraction 0, 0.
 cache's steady state, MinIO's policy: the cached samples are never read again).
 
 Every run, esync-stalls' own too, reads its shards from storage: they are evicted from
-the page cache before each real run (esync.stallprobe.evict, as esync-stalls does
+the page cache before each real run (esync.stalls.stallprobe.evict, as esync-stalls does
 before its cold run), and (a)'s runs last one epoch, so that nothing they read comes
 back from the page cache; (b)'s later epochs may find their shards there, but their
 emulated storage takes at least the bytes over B either way. A real run's samples/s is
-taken from its round records as esync-stalls takes its own (esync.stallprobe.steady:
+taken from its round records as esync-stalls takes its own (esync.stalls.stallprobe.steady:
 the first quarter of its time left out, then whole periods of its block reads); for
 (b), from all its rounds of the second epoch on.
 
@@ -50,7 +50,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from esync.stallprobe import evict, read_records, shard_paths, steady  # noqa: E402
+from esync.stalls.stallprobe import evict, read_records, shard_paths, steady  # noqa: E402
 from esync.options import parse_options  # noqa: E402
 
 PROG = "stalls.py"

@@ -109,11 +109,11 @@ def assert_no_traceback(outputs: Mapping[str, str]) -> None:
 
 
 def assert_breakdown(records: Sequence[dict], waits: bool = False) -> None:
-    """Each round's record says where its time went (esync.breakdown): every category,
+    """Each round's record says where its time went (esync.logs.breakdown): every category,
     none negative, computing in every round, and the categories add up to the job's
     time between the first and last record (within 10%, and 0.2 s). `waits`: a
     synchronous job whose workers differ in speed, where some round waited for others."""
-    from esync.breakdown import CATEGORIES
+    from esync.logs.breakdown import CATEGORIES
 
     assert records, "no round records"
     for r in records:

@@ -18,7 +18,7 @@ import torch
 from esync.algorithms.base import Job
 from esync.algorithms.pushpull import PushPull
 from esync.models import build_network
-from esync.compress import compression
+from esync.comm.compress import compression
 from esync.options import parse_options
 from esync.registry import AVERAGES
 from esync.algorithms.rules import RuleConfig

@@ -1,5 +1,5 @@
 """The aggregation options of the synchronous rules (esync.algorithms.rules) and the compressed
-pushes a parameter server takes (esync.server, esync.compress).
+pushes a parameter server takes (esync.comm.server, esync.comm.compress).
 
 1. ESyncRule (made by make_rule on numpy vectors, driven through `add` for every worker,
    in two weight chunks and one buffer chunk): the plain rule moves the weights by
@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import torch
 
-from esync.compress import Compression, Compressor, decode_chunk
+from esync.comm.compress import Compression, Compressor, decode_chunk
 from esync.algorithms.esync.rule import ESyncRule
 from esync.algorithms.rules import BUFFERS, WEIGHTS, RuleConfig, SyncRule, make_rule
 from esync.transport.message import CHUNK_VALUES, Message, encode
@@ -81,7 +81,7 @@ def run_add(config: RuleConfig, rounds: List[Dict], steps: Optional[Sequence[int
 
 def run_aggregate(config: RuleConfig, rounds: List[Dict],
                   steps: Optional[Sequence[int]] = None, normalize_pushes: bool = False):
-    """The all-reduce backend's path (esync.allreduce.AllReduce.push_pull): the rule on
+    """The all-reduce backend's path (esync.comm.allreduce.AllReduce.push_pull): the rule on
     torch tensors, handed the all-reduced sums."""
     w0, b0 = start()
     weights, buffers = torch.from_numpy(w0.copy()), torch.from_numpy(b0.copy())

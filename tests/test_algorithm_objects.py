@@ -11,7 +11,8 @@ import sys
 import pytest
 
 import esync
-from esync import registry, stallmodel
+from esync import registry
+from esync.stalls import stallmodel
 from esync.algorithms.esync import budget
 from esync.errors import UserError
 from esync.options import parse_options

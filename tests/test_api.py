@@ -1,4 +1,4 @@
-"""The public API (esync.api) under a user's own script (tests/api_script.py), started
+"""The public API (esync.runtime.api) under a user's own script (tests/api_script.py), started
 by esync-run as a real job: BatchNorm's statistics averaged with the weights, a
 learning-rate schedule that follows the job's steps, parameters without a gradient,
 a step AMP's GradScaler skips, and every mode and backend."""
@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from esync.compress import Compression
+from esync.comm.compress import Compression
 from tests.helpers import REPO
 
 SCRIPT = os.path.join(REPO, "tests", "api_script.py")

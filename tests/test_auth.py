@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from esync.errors import UserError
-from esync.kvstore import KVStore
+from esync.comm.kvstore import KVStore
 from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
 from esync.transport.cluster import ClusterEnv
 from esync.transport.message import CHUNK_VALUES

@@ -21,7 +21,7 @@ from torch import nn
 
 from esync.algorithms.ddp.balanced import BalancedDDPWorker as BalancedDDP, apportion
 from esync.algorithms.base import Job
-from esync.link import Link
+from esync.comm.link import Link
 from esync.launch import local
 from tests.helpers import REPO, assert_no_traceback, run_main
 from tests.test_ddp import DDPJob, records
@@ -167,7 +167,7 @@ def test_balanced_ddp_trains_to_90_percent_no_batch_below_the_floor(tmp_path):
     assert "batches" in logs["w0/worker.log"]
 
 
-#: the phases of a step that the balancer counts as its computing (esync.session's
+#: the phases of a step that the balancer counts as its computing (esync.runtime.session's
 #: iteration_timed: the batch's fetch, forward and backward, the update, the slowdown)
 COMPUTING = ("get_batch", "forward and backward", "local update", "slowdown")
 

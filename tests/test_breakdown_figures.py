@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-import esync.breakdown
+import esync.logs.breakdown
 from esync.logs_tools import breakdown, drawer, summary
 from tests.helpers import REPO
 from tests.test_drawer import PNG_MAGIC
 from tests.test_launch_local import LAUNCH, children_of
 from tests.test_summary import FIELDS, write_round
 
-CATEGORIES = list(esync.breakdown.CATEGORIES)
+CATEGORIES = list(esync.logs.breakdown.CATEGORIES)
 NEW_LISTS = [f"breakdown_{c}_list" for c in CATEGORIES] + [
     "prep_seconds_list", "read_bytes_list", "read_seconds_list", "cache_hits_list",
     "remote_batches_list"]

@@ -1,4 +1,4 @@
-"""Checkpoints of a shard (esync.checkpoint) on real files, and a shard server's state
+"""Checkpoints of a shard (esync.comm.checkpoint) on real files, and a shard server's state
 through a checkpoint: written atomically, kept K deep, loaded without unpickling, a
 damaged or half-written one skipped for the previous whole one, or a one-line error
 naming the file."""
@@ -8,10 +8,10 @@ import os
 import numpy as np
 import pytest
 
-from esync.checkpoint import Checkpoints, survey
+from esync.comm.checkpoint import Checkpoints, survey
 from esync.errors import UserError
 from esync.algorithms.rules import WEIGHTS, RuleConfig
-from esync.server import ShardServer
+from esync.comm.server import ShardServer
 
 
 def _tensors(value):

@@ -24,7 +24,7 @@ import os
 
 import pytest
 
-from esync.compress import Compression
+from esync.comm.compress import Compression
 from tests.helpers import evaluator_accuracy
 from tests.test_allreduce import HEADERS, LENET_BUFFERS, LENET_WEIGHTS, launch
 

@@ -375,7 +375,7 @@ def test_console_main_and_no_torch():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "['esync', 'esync.breakdown', 'esync.registry']"
+    assert proc.stdout.strip() == "['esync', 'esync.logs', 'esync.logs.breakdown', 'esync.registry']"
 
 
 # ---------------------------------------------------------------- runs of --metric loss

@@ -1,4 +1,4 @@
-"""esync.compress: `--compress none|fp16|topk:R` on the pushed weight chunks.
+"""esync.comm.compress: `--compress none|fp16|topk:R` on the pushed weight chunks.
 
 1. `Compression.parse` takes the documented spellings and refuses the others with a
    ValueError naming the text; `kept(length)` is ceil(R * length), at least 1.
@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from esync.compress import Compression, CompressionError, Compressor, decode_chunk
+from esync.comm.compress import Compression, CompressionError, Compressor, decode_chunk
 from esync.transport.message import CHUNK_VALUES, chunk_spans, decode, encode, frame_bytes
 
 SETTINGS = settings(max_examples=60, deadline=None, database=None, derandomize=True,

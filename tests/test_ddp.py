@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from esync.link import Link
+from esync.comm.link import Link
 from esync.launch import local
 from esync.launch.supervisor import free_port
 from tests.helpers import CLUSTER_VARIABLES, MAIN, REPO, assert_breakdown

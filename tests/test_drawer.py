@@ -208,7 +208,7 @@ def test_names_from_the_registry_and_no_torch():
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     modes, imported = proc.stdout.splitlines()
-    assert imported == "['esync', 'esync.breakdown', 'esync.registry']"
+    assert imported == "['esync', 'esync.logs', 'esync.logs.breakdown', 'esync.registry']"
     assert modes == ("[('esync', 'ESync', False), ('sync', 'SSGD', False), "
                      "('async', 'ASGD', False), ('dcasgd', 'DC-ASGD', False), "
                      "('ddp', 'DDP', False), ('ddp-balanced', 'Balanced DDP', False), "

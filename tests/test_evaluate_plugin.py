@@ -1,4 +1,4 @@
-"""`--evaluate module:function`, the user's own evaluation (esync/task.py): with it a
+"""`--evaluate module:function`, the user's own evaluation (esync/runtime/task.py): with it a
 data set's samples may be anything (here dicts), the function is checked before
 anything starts and measures the model wherever esync evaluates (Task.evaluate);
 without it samples are (inputs..., target) tuples, a dict refused with one line that
@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from esync import config
 from esync.errors import UserError
-from esync.task import load_task
+from esync.runtime.task import load_task
 
 CPU = torch.device("cpu")
 

@@ -1,4 +1,4 @@
-"""The evaluator (DMLC_ROLE=evaluator, esync/evaluator.py): a process apart from training
+"""The evaluator (DMLC_ROLE=evaluator, esync/runtime/evaluator.py): a process apart from training
 that pulls the global model every --eval-interval seconds, read-only, and logs its test
 accuracy on the training clock. Real jobs of real processes on loopback; and -m local,
 which has no evaluator, evaluating in-process by the clock."""
@@ -17,7 +17,7 @@ import pytest
 
 from esync import registry
 from esync.cli import main
-from esync.kvstore import KVStore
+from esync.comm.kvstore import KVStore
 from esync.transport.cluster import ClusterEnv
 from esync.transport.node import JobAborted, Node
 from esync.launch import local

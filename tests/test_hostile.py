@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 import zmq
 
-from esync.flat import floating_buffers, trainable
-from esync.kvstore import shard_bounds
+from esync.comm.flat import floating_buffers, trainable
+from esync.comm.kvstore import shard_bounds
 from esync.models import build_network
 from esync.transport.auth import Guard, JobKey, new_key
 from esync.transport.cluster import ClusterEnv

@@ -242,10 +242,10 @@ def test_help_documents_the_format():
 
 #: what hosts.py may import of esync: main.py's parser and the registry, nothing of the
 #: runtime (and no torch); the job key's module (zmq only), to draw the job's key; the
-#: plug-ins' form (esync.plugin: no import of a plug-in)
-ALLOWED = {"esync", "esync.options", "esync.registry", "esync.errors", "esync.data",
-           "esync.models", "esync.plugin", "esync.ready", "esync.transport", "esync.transport.auth",
-           "esync.stateclient", "esync.compress", "esync.live",
+#: plug-ins' form (esync.infra.plugin: no import of a plug-in)
+ALLOWED = {"esync", "esync.infra", "esync.logs", "esync.comm", "esync.options", "esync.registry", "esync.errors", "esync.data",
+           "esync.models", "esync.infra.plugin", "esync.infra.ready", "esync.transport", "esync.transport.auth",
+           "esync.infra.stateclient", "esync.comm.compress", "esync.logs.live",
            # the parser's flags that algorithms declare: their torch-free policies
            "esync.flagtypes", "esync.algorithms", "esync.algorithms.policy",
            *(row.policy.partition(":")[0] for row in registry.ALGORITHMS.values())}

@@ -1,13 +1,38 @@
-"""The package's import graph has no circle: every import of one esync module by another
-counts, at the top or inside a function (a lazy import hides a circle from Python, not
-from the reader), under TYPE_CHECKING too."""
+"""The package's import graph: no circle, and every module imports only from its own
+floor or the floors below (ARCHITECTURE.md's layering, the folders of src/esync/). Every
+import of one esync module by another counts, at the top or inside a function (a lazy
+import hides a circle from Python, not from the reader), under TYPE_CHECKING too. Read
+from the source: nothing is imported, so an upward import fails the day it is written."""
 import ast
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Dict, List, Set, Tuple
+
+from esync.registry import ALGORITHMS
 
 SOURCE = Path(__file__).resolve().parent.parent / "src"
-#: circles being taken apart elsewhere on issue 43 (the launchers' job model)
-KNOWN = [{"esync.launch.local", "esync.launch.onray"}]
+#: bottom up: a module may import from its own floor and those below it. A name stands
+#: for the module or its folder; one ending in "." for every module under it; one ending
+#: in "$" for the module alone (an algorithm's policy, whose folder holds its hooks too)
+FLOORS: List[Tuple[str, Tuple[str, ...]]] = [
+    ("leaves", ("esync.errors", "esync.config", "esync.registry", "esync.flagtypes",
+                "esync.comm.compress$")),
+    ("infrastructure", ("esync.infra",)),
+    ("logs", ("esync.logs",)),
+    ("data and models", ("esync.data", "esync.models")),
+    ("algorithms' policies", ("esync.algorithms$", "esync.algorithms.policy$",
+                              *(row.policy.partition(":")[0] + "$"
+                                for row in ALGORITHMS.values()))),
+    ("flags", ("esync.options",)),
+    ("transport", ("esync.transport",)),
+    ("the hooks' interface, the rules' machinery", ("esync.algorithms.base$",
+                                                    "esync.algorithms.rules$")),
+    ("moving vectors", ("esync.comm",)),
+    ("algorithms' hooks and rules", ("esync.algorithms.",)),
+    ("worker runtime", ("esync.runtime",)),
+    ("stall analysis", ("esync.stalls",)),
+    ("front doors", ("esync.cli", "esync.__main__", "esync$")),
+    ("commands", ("esync.launch", "esync.logs_tools")),
+]
 
 
 def _modules() -> Dict[str, Path]:
@@ -73,13 +98,43 @@ def _circles(graph: Dict[str, Set[str]]) -> List[Set[str]]:
 
 
 def test_the_package_has_no_import_circle():
-    circles = [c for c in _circles(_graph(_modules())) if c not in KNOWN]
-    assert circles == []
+    assert _circles(_graph(_modules())) == []
 
 
 def test_a_circle_is_found_where_there_is_one():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _circles(graph) == [{"a", "b", "c"}]
     graph = _graph(_modules())
-    assert "esync.session" in graph["esync.loader"]  # lazy and top-level imports alike
-    assert "esync.shardloader" in graph["esync.loader"]
+    assert "esync.runtime.session" in graph["esync.runtime.loader"]  # lazy and top-level imports alike
+    assert "esync.runtime.shardloader" in graph["esync.runtime.loader"]
+
+
+def floor_of(module: str) -> int:
+    """The floor of `module`: that of the longest name in FLOORS that matches it."""
+    best, floor = -1, None
+    for number, (_, names) in enumerate(FLOORS):
+        for name in names:
+            if name.endswith("$"):
+                matches = module == name[:-1]
+            elif name.endswith("."):
+                matches = module.startswith(name)
+            else:
+                matches = module == name or module.startswith(name + ".")
+            if matches and len(name) > best:
+                best, floor = len(name), number
+    assert floor is not None, f"{module} stands on no floor: add it to FLOORS"
+    return floor
+
+
+def test_every_module_imports_only_from_its_floor_or_below():
+    upward = [f"{m} ({FLOORS[floor_of(m)][0]}) imports {t} ({FLOORS[floor_of(t)][0]})"
+              for m, targets in sorted(_graph(_modules()).items()) for t in sorted(targets)
+              if floor_of(t) > floor_of(m)]
+    assert not upward, "upward imports:\n" + "\n".join(upward)
+
+
+def test_an_upward_import_is_found_where_there_is_one():
+    assert floor_of("esync.comm.kvstore") > floor_of("esync.transport.node")
+    assert floor_of("esync.algorithms.esync.worker") > floor_of("esync.algorithms.esync")
+    graph = _graph(_modules())
+    assert "esync.comm.kvstore" in graph["esync.algorithms.backend"]

@@ -1,5 +1,5 @@
-"""The emulated link (esync.link, `--bandwidth` Mbit/s and `--latency` ms per worker):
-measured on real ZeroMQ sockets against a real esync shard server (esync.server's
+"""The emulated link (esync.comm.link, `--bandwidth` Mbit/s and `--latency` ms per worker):
+measured on real ZeroMQ sockets against a real esync shard server (esync.comm.server's
 ShardServer, serving in a thread of this process), and the all-reduce hold of the DDP
 baseline. Bad values are one line and exit status 2, in main.py and in the launcher."""
 import threading
@@ -11,9 +11,9 @@ import pytest
 import zmq
 
 from esync.cli import main
-from esync.kvstore import KVStore
-from esync.link import Link
-from esync.server import ShardServer
+from esync.comm.kvstore import KVStore
+from esync.comm.link import Link
+from esync.comm.server import ShardServer
 from esync.transport.message import CHUNK_VALUES
 from esync.launch import local
 from tests.helpers import CLUSTER_VARIABLES
@@ -101,7 +101,7 @@ def test_10_mb_at_100_mbit_takes_0_8_s_more(context):
 
 def test_small_transfer_is_bandwidth_plus_a_round_trip_of_latency(context):
     """100 KB at 10 Mbit/s with 20 ms one way: 0.08 s to send, and the ack comes back
-    2 * 20 ms late (esync.link's model): 0.12 s more than unpaced."""
+    2 * 20 ms late (esync.comm.link's model): 0.12 s more than unpaced."""
     timed_init(context, 1000)
     extra = paced_minus_unpaced(context, 25_000,
                                 lambda: Link(bandwidth_mbit=10, latency_ms=20))
@@ -116,7 +116,7 @@ def test_latency_alone_holds_each_answer_a_round_trip(context):
 
 @pytest.mark.parametrize("values", [1000, 3 * CHUNK_VALUES])
 def test_answers_arriving_together_share_one_round_trip_of_latency(context, values):
-    """esync/link.py: 'answers that arrive together share that wait; they do not add
+    """esync/comm/link.py: 'answers that arrive together share that wait; they do not add
     up'. A pull is answered with one message per chunk of each section (weights,
     buffers: 2 messages, or 4 with 3 chunks of weights), sent by the server at once: the
     pull takes one round trip (2 * latency) more, however many messages."""

@@ -1,4 +1,4 @@
-"""esync.live, the reports to the live page, against a real state server process: what a
+"""esync.logs.live, the reports to the live page, against a real state server process: what a
 worker's round records become on the page, the last report, the token, and a state
 server that is gone or refuses (training goes on: nothing raises)."""
 import logging
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from esync.errors import UserError
-from esync.live import LiveReporter, page_url, parse_url
+from esync.logs.live import LiveReporter, page_url, parse_url
 from esync.launch.supervisor import free_port
 from tests.helpers import MAIN, REPO, wait_until
 from tests.stateserver import StateServer
@@ -75,7 +75,7 @@ def test_the_evaluators_metric(server):
 def test_a_refused_token_is_said_once_and_training_goes_on(server, caplog):
     reporter = LiveReporter(page_url("127.0.0.1", server.port, "c3"), {"role": "worker",
                             "rank": 0}, token="not-the-token", interval=0.05)
-    with caplog.at_level(logging.WARNING, logger="esync.live"):
+    with caplog.at_level(logging.WARNING, logger="esync.logs.live"):
         reporter.add(record(1))
         wait_until(lambda: any("ESYNC_STATE_TOKEN" in r.message for r in caplog.records),
                  timeout=30, what="the warning")
@@ -88,7 +88,7 @@ def test_a_refused_token_is_said_once_and_training_goes_on(server, caplog):
 def test_a_state_server_that_is_gone_never_stops_training(caplog):
     reporter = LiveReporter(page_url("127.0.0.1", free_port(), "c4"), {"role": "worker",
                             "rank": 0}, interval=0.05)
-    with caplog.at_level(logging.WARNING, logger="esync.live"):
+    with caplog.at_level(logging.WARNING, logger="esync.logs.live"):
         for k in range(1, 50):
             reporter.add(record(k))
         wait_until(lambda: caplog.records, timeout=30, what="the warning")

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from esync.cli import main
-from esync.recorder import Recorder
+from esync.logs.recorder import Recorder
 from tests.helpers import CLUSTER_VARIABLES, assert_breakdown, make_idx_dataset, run_main
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import zmq
 
-from esync.kvstore import KVStore
+from esync.comm.kvstore import KVStore
 from esync.transport.cluster import ClusterEnv
 from esync.transport.message import decode
 from esync.transport.node import Node

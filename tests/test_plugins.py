@@ -1,6 +1,6 @@
 """The user's own network, data set and loss as plug-ins, `-n module:function`,
-`--dataset module:function`, `--loss module:function` (esync/plugin.py, esync/models,
-esync/task.py): checked in-process for each way they can be wrong, then trained by
+`--dataset module:function`, `--loss module:function` (esync/infra/plugin.py, esync/models,
+esync/runtime/task.py): checked in-process for each way they can be wrong, then trained by
 real processes, alone and as a job of the local launcher, from the folder holding the
 user's module, to a target accuracy or loss."""
 import io
@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from esync import plugin
+from esync.infra import plugin
 from esync.errors import UserError
 from esync.models import build_network
 from esync.launch import local
@@ -163,7 +163,7 @@ def test_the_launcher_refuses_a_bad_plugin_before_starting_anything(nets):
     assert not (nets / "runs").exists()
 
 
-# --- data sets, losses and metrics as plug-ins (esync/task.py) ---------------------------
+# --- data sets, losses and metrics as plug-ins (esync/runtime/task.py) ---------------------------
 # A user's file of tabular data (rows of 8 numbers, 3 classes) and what goes with it
 DATA = r'''
 import torch
@@ -214,7 +214,7 @@ def data(nets):
 
 def _check(argv):
     from esync.options import parse_options
-    from esync.startup import check_plugins
+    from esync.runtime.startup import check_plugins
 
     check_plugins(parse_options(argv))
 
@@ -245,7 +245,7 @@ def _check(argv):
       "--target-accuracy", "0.9"], "--target-accuracy needs --metric accuracy, not loss"),
 ])
 def test_a_bad_data_set_loss_or_target_is_one_line_naming_the_flag(data, argv, message):
-    from esync import task
+    from esync.runtime import task
 
     task._LOADED.clear()
     with pytest.raises(UserError) as caught:

@@ -27,7 +27,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import pytest
 
-from esync.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
+from esync.infra.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
 from esync.transport.auth import KEY_ENV, new_key
 from esync.launch import local
 from esync.launch.supervisor import free_port

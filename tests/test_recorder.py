@@ -6,7 +6,7 @@ import re
 import pytest
 
 from esync.errors import UserError
-from esync.recorder import Recorder
+from esync.logs.recorder import Recorder
 
 
 def test_round_file_format(tmp_path):

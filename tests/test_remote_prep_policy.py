@@ -1,4 +1,4 @@
-"""esync.remoteprep's decisions, in process, with tasks on a thread pool in place of
+"""esync.runtime.remoteprep's decisions, in process, with tasks on a thread pool in place of
 Ray's (the `Tasks` a launcher names in ESYNC_RAY_TASKS; test_remote_prep.py runs Ray's,
 esync/launch/rayprep.py, in real jobs): batches come back in the order they were taken
 whatever order the tasks finish in, the start needs a stall beyond the threshold and a
@@ -12,10 +12,10 @@ import threading
 import pytest
 import torch
 
-from esync import remoteprep
+from esync.runtime import remoteprep
 from esync.errors import UserError
 from esync.data.timed import prepare_batch
-from esync.remoteprep import RemotePrep, TaskLate
+from esync.runtime.remoteprep import RemotePrep, TaskLate
 
 BATCH = 4
 

@@ -20,7 +20,7 @@ from esync.data.leases import Lease, LeaseBook, StaticLeases, blocks_of, epoch_l
 from esync.data.shards import ShardSet, ShardWriter, write_index
 from esync.errors import UserError
 
-# torchdata 0.11 calls the deprecated torch.set_vital (esync.shardloader filters it too)
+# torchdata 0.11 calls the deprecated torch.set_vital (esync.runtime.shardloader filters it too)
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

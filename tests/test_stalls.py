@@ -1,4 +1,4 @@
-"""Where a round's time goes (esync.breakdown), attributed right: a user's script whose
+"""Where a round's time goes (esync.logs.breakdown), attributed right: a user's script whose
 transform sleeps a known time per sample is prep-stalled by that time (decoded in the
 training process or in a DataLoader worker, which times it and sends it back with the
 batch); the same script on emulated slow storage is fetch-stalled by the time its reads

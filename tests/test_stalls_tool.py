@@ -1,4 +1,4 @@
-"""esync-stalls: the prediction arithmetic (esync.stallmodel) on hand-computed cases,
+"""esync-stalls: the prediction arithmetic (esync.stalls.stallmodel) on hand-computed cases,
 and the command run as a user would, on shards the test writes: a table and a
 recommendation line per device, exit 0; a bad flag is one line, exit 2."""
 import json
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from esync import stallmodel as m
+from esync.stalls import stallmodel as m
 from tests.helpers import CLUSTER_VARIABLES, REPO
 from tests.test_shard_data import write_shards
 

@@ -1,4 +1,4 @@
-"""esync.startup: the one start-up sequence of main.py / `esync` and of esync.init, run in
+"""esync.runtime.startup: the one start-up sequence of main.py / `esync` and of esync.init, run in
 this process for each role (nothing is joined: start only parses, reads the variables,
 checks and says what the job's nodes must agree on)."""
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from esync.errors import UserError
-from esync.startup import start
+from esync.runtime.startup import start
 from tests.helpers import CLUSTER_VARIABLES
 
 CLUSTER = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9", "DMLC_NUM_SERVER": "1",
@@ -74,7 +74,7 @@ def test_a_script_is_a_worker_only(environ, variables, args, message):
 
 def test_a_scheduler_starts_without_torch():
     """A scheduler (and a bad flag) is refused or started before torch is imported."""
-    code = ("import sys; from esync.startup import start; "
+    code = ("import sys; from esync.runtime.startup import start; "
             "begun = start(['-m', 'esync'], 'esync'); "
             "print(begun.role, 'torch' in sys.modules)")
     env = {"DMLC_ROLE": "scheduler", **CLUSTER, "PATH": ""}

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from esync.errors import UserError
-from esync.stateclient import StateClient, StateServerError, token_from_environ
+from esync.infra.stateclient import StateClient, StateServerError, token_from_environ
 from esync.launch.supervisor import free_port
 from tests.stateserver import StateServer
 
@@ -143,7 +143,7 @@ def test_a_kept_alive_connection_the_server_closed_is_replaced_quietly(tmp_path,
 def test_the_client_errors_are_one_line_user_errors():
     """Uncaught, they end the worker with one line (esync.cli prints a UserError), and
     a refusal is a StateServerError that the worker may carry on after."""
-    from esync.stateclient import StateServerRefusal
+    from esync.infra.stateclient import StateServerRefusal
 
     assert issubclass(StateServerError, UserError)
     assert issubclass(StateServerRefusal, StateServerError)
@@ -152,7 +152,7 @@ def test_the_client_errors_are_one_line_user_errors():
 def test_a_budget_above_the_workers_cap_is_refused(tmp_path, monkeypatch):
     """The real state server gives budgets up to the job's cap (worker 0's
     --max-local-steps); a worker checks them against its own."""
-    from esync.stateclient import StateServerRefusal
+    from esync.infra.stateclient import StateServerRefusal
 
     monkeypatch.delenv("ESYNC_STATE_TOKEN", raising=False)
     with StateServer(tmp_path) as state:
@@ -214,7 +214,7 @@ class _Answers:
     ({"rank": 0, "round": 5}, "field 'budget' None"),
 ])
 def test_values_out_of_range_from_the_state_server_are_refused(answer, message):
-    from esync.stateclient import StateServerRefusal
+    from esync.infra.stateclient import StateServerRefusal
 
     server = _Answers(answer)
     try:

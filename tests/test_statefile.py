@@ -1,4 +1,4 @@
-"""esync.statefile: optimizer and scheduler state saved as safetensors + JSON, without pickle.
+"""esync.comm.statefile: optimizer and scheduler state saved as safetensors + JSON, without pickle.
 
 1. AdamW (two parameter groups) with OneCycleLR, saved after a few steps and loaded into
    fresh copies: the original and the restored copies, stepped on the same gradients,
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from torch.optim import lr_scheduler as sched
 
 from esync.errors import UserError
-from esync.statefile import exists, load_state, save_state
+from esync.comm.statefile import exists, load_state, save_state
 
 
 def same(a, b, where="state"):

@@ -489,7 +489,7 @@ def test_imports_only_the_registry_of_esync_and_no_torch():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "['esync', 'esync.breakdown', 'esync.registry']"
+    assert proc.stdout.strip() == "['esync', 'esync.logs', 'esync.logs.breakdown', 'esync.registry']"
 
 
 def test_names_come_from_the_registry():
@@ -508,7 +508,7 @@ def test_base_dir_defaults_to_config_log_dir():
 # --- the evaluator's device folder, and the drawer on top (DDP and the evaluator) --------
 
 def write_evaluator(device_dir, evaluations):
-    """An evaluator's folder as esync/evaluator.py writes it: one file per evaluation
+    """An evaluator's folder as esync/runtime/evaluator.py writes it: one file per evaluation
     (time on the training clock, the model's round, its accuracy), no samples, no loss,
     the phases `pull` and `evaluate`, the bytes of one pull."""
     for n, (at, model_round, accuracy) in enumerate(evaluations, 1):

@@ -1,4 +1,4 @@
-"""--tensorboard DIR (esync/scalars.py through esync/recorder.py): the round records
+"""--tensorboard DIR (esync/logs/scalars.py through esync/logs/recorder.py): the round records
 as TensorBoard scalars, read back with TensorBoard's own reader; in-process for the
 recorder, then a real job of the local launcher."""
 import glob
@@ -11,9 +11,9 @@ import sys
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from esync import scalars
+from esync.logs import scalars
 from esync.errors import UserError
-from esync.recorder import Recorder
+from esync.logs.recorder import Recorder
 from esync.launch import local
 from tests.helpers import assert_no_traceback
 

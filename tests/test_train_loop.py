@@ -1,4 +1,4 @@
-"""The one training loop (esync.train.train on esync.session's rounds, the public API's
+"""The one training loop (esync.runtime.train.train on esync.runtime.session's rounds, the public API's
 machinery), driven in this process by a tiny algorithm that records what the loop asks
 of it: the hooks' order, budgets, phases, evaluation,
 stop agreement, traffic and clean-up, with real data, a real network and real logs."""
@@ -14,11 +14,11 @@ import torch
 
 from esync.algorithms.base import Algorithm
 from esync.models import build_network
-from esync.recorder import Recorder
-from esync.session import Session
-from esync.stop import StopCriteria
-from esync.task import load_task
-from esync.train import train
+from esync.logs.recorder import Recorder
+from esync.runtime.session import Session
+from esync.infra.stop import StopCriteria
+from esync.runtime.task import load_task
+from esync.runtime.train import train
 
 CPU = torch.device("cpu")
 

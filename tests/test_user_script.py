@@ -259,7 +259,7 @@ def test_a_gpu_worker_on_a_machine_without_one_is_one_line(tmp_path):
 
 def kill_mid_job(tmp_path, flags, device):
     """esync-run in the background; once `device` has logged round 3, SIGKILL its script
-    (the pid in its log folder's lock, esync.recorder). (its pid, seconds from the kill
+    (the pid in its log folder's lock, esync.logs.recorder). (its pid, seconds from the kill
     to the job's end, the finished process, its stdout and stderr)."""
     seen = tmp_path / "seen"
     seen.mkdir()

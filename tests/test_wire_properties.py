@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from esync.registry import EVALUATOR
-from esync.server import ShardServer
+from esync.comm.server import ShardServer
 from esync.transport.message import (CHUNK_VALUES, MAX_HEADER_BYTES, Message, MessageError,
                                      check_payload, decode, decode_header, encode)
 

@@ -1,6 +1,6 @@
 """esync: data-parallel training on heterogeneous clusters (ESync, SSGD, ASGD, DC-ASGD).
 
-The public API (esync.api) for a training script of your own::
+The public API (esync.runtime.api) for a training script of your own::
 
     import esync
     esync.init()
@@ -22,7 +22,7 @@ from esync import registry as _registry
 #: name: the registry's rows say where each one lives
 _ALGORITHMS = dict(row.policy.split(":")[::-1] for row in _registry.ALGORITHMS.values())
 
-#: the public API, in esync.api (ShardDataset, in esync.data.decode: shards written by esync-pack, whose
+#: the public API, in esync.runtime.api (ShardDataset, in esync.data.decode: shards written by esync-pack, whose
 #: prepared loader reads them block by block)
 __all__ = ["init", "prepare_model", "prepare_data_loader", "prepare_scheduler",
            "DistributedOptimizer", "report", "should_stop", "finish", "get_session",
@@ -39,7 +39,7 @@ def __getattr__(name: str):
 
         return ShardDataset
     if name in __all__:
-        from esync import api
+        from esync.runtime import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'esync' has no attribute {name!r}")

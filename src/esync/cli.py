@@ -1,8 +1,8 @@
 """`python main.py` / `esync`: parse the settings, pick the role, start it.
 
 The role comes from DMLC_ROLE (ps-lite's variables); without it the process trains
-alone. The start-up (flags, role, checks, logging) is esync.startup's, the one a user's
-script goes through too (esync.init); the one-line errors are esync.console's.
+alone. The start-up (flags, role, checks, logging) is esync.runtime.startup's, the one a user's
+script goes through too (esync.init); the one-line errors are esync.infra.console's.
 """
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import logging
 import os
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from esync.console import configure_logging
+from esync.infra.console import configure_logging
 from esync.errors import UserError, command_main, say_error
 
 if TYPE_CHECKING:
-    from esync.startup import Start
+    from esync.runtime.startup import Start
 
 
 def _scheduler_cannot_start(prog: str, error: UserError) -> int:
@@ -35,7 +35,7 @@ def _scheduler_cannot_start(prog: str, error: UserError) -> int:
 
 
 def _run(argv: Optional[Sequence[str]], prog: str) -> int:
-    from esync.startup import start
+    from esync.runtime.startup import start
 
     try:
         begun = start(argv, prog)
@@ -54,21 +54,21 @@ def _run(argv: Optional[Sequence[str]], prog: str) -> int:
     if begun.ddp:
         return _run_ddp(begun)
     if env is None:
-        from esync.worker import run_standalone
+        from esync.runtime.worker import run_standalone
 
         return run_standalone(begun.plan)
     from esync.transport.node import JobAborted, describe
 
     try:
         if env.role == "server":
-            from esync.server import run_server
+            from esync.comm.server import run_server
 
             return run_server(env, opts, begun.settings)
         if env.role == "evaluator":
-            from esync.evaluator import run_ps_evaluator
+            from esync.runtime.evaluator import run_ps_evaluator
 
             return run_ps_evaluator(opts, begun.device, env, begun.settings)
-        from esync.worker import run_cluster_worker
+        from esync.runtime.worker import run_cluster_worker
 
         return run_cluster_worker(begun.plan, env, begun.settings)
     except JobAborted as e:
@@ -80,10 +80,10 @@ def _run_ddp(begun: "Start") -> int:
     """`-m ddp`: a rank of the DDP baseline (torch.distributed's variables), or its
     evaluator (DMLC_ROLE=evaluator)."""
     if begun.role == "evaluator":
-        from esync.evaluator import run_ddp_evaluator
+        from esync.runtime.evaluator import run_ddp_evaluator
 
         return run_ddp_evaluator(begun.opts, begun.device, begun.env)
-    from esync.worker import run_ddp_worker
+    from esync.runtime.worker import run_ddp_worker
 
     return run_ddp_worker(begun.plan, begun.env)
 

@@ -3,7 +3,7 @@
 Edit a value here to change the default of the matching command-line flag or
 environment variable; the flag or variable always wins over the value here.
 `esync/options.py` (main.py's flags), `esync/transport/cluster.py` (PS_* variables),
-`esync/stateclient.py`, the launchers (`esync/launch/`), `esync/logs_tools/summary.py` and the state
+`esync/infra/stateclient.py`, the launchers (`esync/launch/`), `esync/logs_tools/summary.py` and the state
 server's API read these names; nothing else hard-codes one of these defaults.
 
 Defaults that live elsewhere, and why:

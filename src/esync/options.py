@@ -1,7 +1,7 @@
 """The run's settings: one dataclass, parsed from the command line by argparse-dataclass.
 This module only parses: what the settings mean together is checked where they are used
 (the algorithms' own checks: esync.registry.check_aggregation; plug-ins and the settings
-a job's nodes agree on: esync.startup).
+a job's nodes agree on: esync.runtime.startup).
 
 main.py's own flags are the fields of `_MainFlags`, in --help's order (the flag pages are
 generated from this parser). Some of them are an algorithm's (marked with the policy,
@@ -37,8 +37,8 @@ from esync.flagtypes import (cache_fraction as _cache_fraction, flag as _opt, fr
                              positive_float as _positive_float, positive_int as _positive_int,
                              slowdown as _slowdown, switch as _switch)
 from esync.models import NETWORKS
-from esync.plugin import is_spec
-from esync.compress import Compression
+from esync.infra.plugin import is_spec
+from esync.comm.compress import Compression
 from esync.registry import ALGORITHMS, BACKENDS, MODES, Algorithm, of_options
 
 #: the variable in which esync-run hands a training script these flags (a JSON list of
@@ -77,7 +77,7 @@ def _loss(text: str) -> str:
 
 
 def _compress(text: str) -> str:
-    """--compress: one of esync.compress.SPELLING, kept as text (esync.compress parses
+    """--compress: one of esync.comm.compress.SPELLING, kept as text (esync.comm.compress parses
     it)."""
     try:
         return str(Compression.parse(text))
@@ -324,8 +324,8 @@ Options = make_dataclass("Options", _algorithms_flags(), bases=(_MainFlags,))
 Options.__module__ = __name__
 Options.__doc__ = _MainFlags.__doc__
 
-#: the settings (Options field names) that only main.py's built-in loop (esync/train.py,
-#: esync/task.py, esync/worker.py) reads: a script's own optimizer and DataLoader take
+#: the settings (Options field names) that only main.py's built-in loop (esync/runtime/train.py,
+#: esync/runtime/task.py, esync/runtime/worker.py) reads: a script's own optimizer and DataLoader take
 #: their place (-ll is ESync's local SGD step, -b the built-in loader's batch, which a
 #: script's DataLoader gives, speed-balanced DDP's global batch included,
 #: --loader-workers the built-in DataLoader's workers). Not -l: a script's SSGD/ASGD step

@@ -101,7 +101,7 @@ class Algorithm:
 
 ALGORITHMS: Dict[str, Algorithm] = {a.key: a for a in (
     Algorithm(key="esync", mode="esync", policy=_A + "esync:ESync",
-              worker=_A + "esync.worker:ESyncWorker", rule=_A + "esync.rule:ESyncRule",
+              worker=_A + "esync.runtime.worker:ESyncWorker", rule=_A + "esync.rule:ESyncRule",
               folder="esync", summary="ESync", display="ESync", synchronous=True,
               state_server=True, all_reduce=True),
     Algorithm(key="sync", mode="sync", policy=_A + "sync:SSGD",
@@ -134,7 +134,7 @@ BASELINE = "sync"
 #: the algorithm of one device training alone (the figures' dashed line)
 STANDALONE = "local"
 
-#: the evaluator (esync.evaluator): its DMLC_ROLE, the device label of its log folder
+#: the evaluator (esync.runtime.evaluator): its DMLC_ROLE, the device label of its log folder
 #: (LOG_DIR/<host>/evaluator/) and the `sender` of its pulls. It logs the global model's
 #: test accuracy; it trains on nothing and is no worker
 EVALUATOR = "evaluator"

@@ -17,7 +17,7 @@ refreshes itself and as JSON.
                                the charts draw (`?points=0`: without them)
 
 Every process of a job started by a launcher reports, in every mode: each worker, the
-evaluator and the launcher (esync.live sends them, every second or so, to the URL in
+evaluator and the launcher (esync.logs.live sends them, every second or so, to the URL in
 ESYNC_LIVE_URL). A job of the budget API that nobody reports for (ESync workers started
 by hand without ESYNC_LIVE_URL) shows its devices' budgets from the budget API.
 

@@ -1,7 +1,7 @@
 """What a live report may say: the body of POST /jobs/<job>/report/, checked field by
 field (apart from HTTP and the database, so that it is tested in process).
 
-Every process of a job reports a few figures every second or so (esync.live): a worker
+Every process of a job reports a few figures every second or so (esync.logs.live): a worker
 (its rank), the evaluator and the launcher. A report replaces what its process said
 before; absent fields are "not known", not zero. Fields:
 

@@ -1,6 +1,6 @@
 """The one interface in front of the two ways a round's pushes are combined: the
-parameter servers (`--backend ps`: esync.kvstore, wrapped here as `Servers`) and the
-all-reduce among the workers (`--backend allreduce`: esync.allreduce.AllReduce).
+parameter servers (`--backend ps`: esync.comm.kvstore, wrapped here as `Servers`) and the
+all-reduce among the workers (`--backend allreduce`: esync.comm.allreduce.AllReduce).
 The push/pull worker (esync.algorithms.pushpull) calls it and never asks which.
 """
 from __future__ import annotations
@@ -13,10 +13,10 @@ from torch import nn
 
 from esync.algorithms.base import Job
 from esync.algorithms.rules import RuleConfig
-from esync.compress import Compression
-from esync.flat import FlatModel
-from esync.kvstore import KVStore
-from esync.link import Link
+from esync.comm.compress import Compression
+from esync.comm.flat import FlatModel
+from esync.comm.kvstore import KVStore
+from esync.comm.link import Link
 from esync.transport.node import JobAborted
 
 

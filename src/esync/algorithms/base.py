@@ -1,4 +1,4 @@
-"""The hooks through which an algorithm plugs into the one training loop (esync.train).
+"""The hooks through which an algorithm plugs into the one training loop (esync.runtime.train).
 
 The loop owns batches, forward/backward, timing, logging, evaluation and stopping, and
 the optimizer is the user's; an algorithm only says how many local iterations a round

@@ -1,6 +1,6 @@
 """Partial synchronisation (`--compress partial:K`) on the worker, for SSGD and ESync on
 either backend: each round one slice of the weights vector is synchronised, in
-round-robin (esync.compress.Compression.window), the others staying local, as Apache
+round-robin (esync.comm.compress.Compression.window), the others staying local, as Apache
 SINGA's `backward_and_partial_update`.
 
 The worker keeps `reference`, the weights each slice had when it was last synchronised
@@ -20,7 +20,7 @@ from typing import Tuple
 
 import torch
 
-from esync.compress import Compression
+from esync.comm.compress import Compression
 
 
 class PartialSync:

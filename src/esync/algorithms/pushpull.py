@@ -1,6 +1,6 @@
 """The worker's side of synchronous and asynchronous aggregation: at a round's end, push,
-then pull (`--backend ps`: through the parameter servers, esync.kvstore), or all-reduce
-among the workers (`--backend allreduce`, SSGD and ESync only: esync.allreduce), both
+then pull (`--backend ps`: through the parameter servers, esync.comm.kvstore), or all-reduce
+among the workers (`--backend allreduce`, SSGD and ESync only: esync.comm.allreduce), both
 behind one interface (esync.algorithms.backend.Backend).
 
 SSGD, ASGD and DC-ASGD run this class as it is: each round is one local iteration, a
@@ -30,9 +30,9 @@ from esync.algorithms.backend import Backend, Servers
 from esync.algorithms.base import Algorithm, Job, Phases
 from esync.algorithms.partial import PartialSync
 from esync.algorithms.rules import RuleConfig
-from esync.compress import Compression, compression
-from esync.flat import FlatModel
-from esync.link import Link, link_of
+from esync.comm.compress import Compression, compression
+from esync.comm.flat import FlatModel
+from esync.comm.link import Link, link_of
 
 
 class PushPull(Algorithm):
@@ -77,7 +77,7 @@ class PushPull(Algorithm):
     def _join_backend(self, model: nn.Module) -> None:
         """Take the job's model from the servers or the other workers."""
         if self.backend_name == "allreduce":
-            from esync.allreduce import AllReduce  # torch.distributed: only where used
+            from esync.comm.allreduce import AllReduce  # torch.distributed: only where used
 
             self.backend = AllReduce(self.job, self.flat, self.rule, self.compression,
                                      self.link)

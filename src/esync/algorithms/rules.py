@@ -24,7 +24,7 @@ answer chunk i while chunk i+1 is still on the wire.
 
 The arithmetic runs in place on torch views of the numpy vectors (fused multiply-adds,
 no temporaries), one chunk of a few MiB at a time, so it stays in cache. With
-`--backend allreduce` (esync.allreduce) each worker runs the same rule on its own copy
+`--backend allreduce` (esync.comm.allreduce) each worker runs the same rule on its own copy
 of the whole model (torch tensors, on its device), handing `aggregate` the sum the
 all-reduce made: both backends do the same arithmetic.
 """
@@ -281,7 +281,7 @@ class SyncRule(Rule):
 
     def aggregate(self, key: Key, total: torch.Tensor, count: int) -> None:
         """Apply `total`, the sum of `count` workers' pushes of chunk `key` (the held
-        chunks' sum here; the all-reduce's sum in esync.allreduce). The weights take the
+        chunks' sum here; the all-reduce's sum in esync.comm.allreduce). The weights take the
         rule's step; the buffers become the mean."""
         section, offset = key
         if count != self.config.num_workers:  # fewer living workers: their mean

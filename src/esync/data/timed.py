@@ -1,6 +1,6 @@
 """A user's data set and collate function, timed where batches are made, and what every
-prepared loader does with a batch (esync.loader over samples, esync.shardloader over
-shards, esync.remoteprep on other CPUs): count its samples, move it to the device.
+prepared loader does with a batch (esync.runtime.loader over samples, esync.runtime.shardloader over
+shards, esync.runtime.remoteprep on other CPUs): count its samples, move it to the device.
 
 The *prep* of a batch (its samples' making and its collation) is measured in the process
 that makes it (a DataLoader worker, a Ray task, or this one) and carried back with the

@@ -141,9 +141,9 @@ from esync import registry
 from esync.errors import OneLineParser, UserError, command_main
 from esync.options import parse_options
 from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
-from esync.live import JOB_ID, JOB_ID_ENV, JOB_ID_FORM, page_url
-from esync.live import URL_ENV as LIVE_URL_ENV
-from esync.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
+from esync.logs.live import JOB_ID, JOB_ID_ENV, JOB_ID_FORM, page_url
+from esync.logs.live import URL_ENV as LIVE_URL_ENV
+from esync.infra.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
 from esync.launch.job import (SCHEDULER, STATESERVER, WORKER, Endpoint, Role, launch,
                               new_token, roles)
 

@@ -14,7 +14,7 @@ A role that others reach (the state server, the scheduler, DDP's rank 0) is name
 their variables and flags by placeholders, `address_of(name)` and `port_of(name)`,
 which a backend fills where it starts them (`Role.resolved`): a host file gives fixed
 addresses and ports; on this machine and on Ray the role binds a free port (its own
-endpoint, before it runs, is `ADDRESS:0`) and reports it (esync.ready), and the
+endpoint, before it runs, is `ADDRESS:0`) and reports it (esync.infra.ready), and the
 launcher waits for that report before it starts a role that needs it.
 
 Also the placeholders of a process's command filled where it starts (`filler`), the
@@ -33,10 +33,10 @@ from typing import Callable, Dict, List, Mapping, Optional, Protocol, Sequence, 
 
 import esync
 from esync import registry
-from esync.live import JOB_ID_ENV
-from esync.live import URL_ENV as LIVE_URL_ENV
+from esync.logs.live import JOB_ID_ENV
+from esync.logs.live import URL_ENV as LIVE_URL_ENV
 from esync.options import ARGS_VARIABLE, Options
-from esync.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
+from esync.infra.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
 from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
 
 #: the checkout (main.py and the state server's Django project, stateserver/): the
@@ -186,7 +186,7 @@ class Plan:
     devices: List[Optional[str]] = field(default_factory=list)
     ray: Optional[RayPlan] = None  # --ray: where and how to place the job on Ray
     #: esync-run: the user's script and its arguments, run as each worker in place of
-    #: main.py, with main.py's flags in ESYNC_ARGS (esync.api.init reads them)
+    #: main.py, with main.py's flags in ESYNC_ARGS (esync.runtime.api.init reads them)
     script: List[str] = field(default_factory=list)
 
     def scheduler_argv(self, main: Sequence[str]) -> List[str]:

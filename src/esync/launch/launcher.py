@@ -17,9 +17,9 @@ from typing import IO, ClassVar, Dict, List, Optional, Sequence
 
 from tqdm import tqdm
 
-from esync.live import JOB_ID_ENV, LiveReporter, page_url
-from esync.live import URL_ENV as LIVE_URL_ENV
-from esync.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
+from esync.logs.live import JOB_ID_ENV, LiveReporter, page_url
+from esync.logs.live import URL_ENV as LIVE_URL_ENV
+from esync.infra.stateclient import TOKEN_ENV as STATE_TOKEN_ENV
 from esync.launch.job import (ADDRESS, CODE, REPO, SCHEDULER, SERVER, STATESERVER, WORKER,
                               Endpoint, Plan, Role, filler, inherited, job_secrets,
                               last_line, launch)

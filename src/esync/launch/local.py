@@ -35,10 +35,10 @@ Every job has a live page on its state server: the launcher prints its address
 (`live page: http://127.0.0.1:PORT/jobs/<job>/`) as the job starts, gives every process
 that address (ESYNC_LIVE_URL) and the job's id (ESYNC_JOB_ID, which the scheduler takes
 as its own), and reports there itself, every second or so, the job's state and its
-processes' (esync.live; stateserver/budgets/live.py).
+processes' (esync.logs.live; stateserver/budgets/live.py).
 
 The scheduler and the state server bind free ports themselves and report them
-(esync.ready); servers and workers are then given those ports. While the job runs, a
+(esync.infra.ready); servers and workers are then given those ports. While the job runs, a
 progress bar (tqdm; plain lines every 10 s when the output is not a terminal) shows the
 round, the elapsed time and the latest test accuracy. Ctrl-C, SIGTERM, or a child
 failing whose failure ends the job (below) stops every child (launch.supervisor:
@@ -74,7 +74,7 @@ from esync import config
 from esync import registry
 from esync.errors import UserError, command_main
 from esync.options import Options, flags_given, parse_options
-from esync.startup import check_plugins
+from esync.runtime.startup import check_plugins
 from esync.options import build_parser as options_parser
 from esync.transport.auth import job_key
 from esync.launch.job import AUTH_VARIABLES, Plan, RayPlan  # noqa: F401 (esync-launch's names)

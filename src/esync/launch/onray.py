@@ -11,7 +11,7 @@ variables (DMLC_NODE_HOST: the actor's node address), through launch.supervisor 
 process group, killed with the actor), and the cluster's address, the job's namespace and
 runtime environment (ESYNC_RAY_ADDRESS, ESYNC_RAY_NAMESPACE, ESYNC_RAY_RUNTIME_ENV), by
 which a worker with --remote-prep joins the cluster to send its preprocessing to Ray tasks,
-and the tasks that do it (ESYNC_RAY_TASKS: esync/launch/rayprep.py's; the runtime, esync.remoteprep
+and the tasks that do it (ESYNC_RAY_TASKS: esync/launch/rayprep.py's; the runtime, esync.runtime.remoteprep
 included, never imports ray).
 
 Placement: one placement group for the whole job (all or nothing, strategy PACK), a
@@ -65,7 +65,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from esync.remoteprep import ADDRESS_ENV, NAMESPACE_ENV, RUNTIME_ENV_ENV, TASKS_ENV
+from esync.runtime.remoteprep import ADDRESS_ENV, NAMESPACE_ENV, RUNTIME_ENV_ENV, TASKS_ENV
 from esync.launch import rayprep
 from esync.errors import UserError
 from esync.launch.job import REPO, STATE_DB, Plan, filler, inherited, last_line
@@ -172,7 +172,7 @@ class RoleActor:
 
 def cluster_variables() -> Dict[str, str]:
     """The variables by which a process of the job joins this Ray cluster itself
-    (esync.remoteprep, for --remote-prep): its address, the job's namespace and runtime
+    (esync.runtime.remoteprep, for --remote-prep): its address, the job's namespace and runtime
     environment (the shipped checkout), and the tasks that make its batches there
     (esync/launch/rayprep.py's)."""
     context = ray.get_runtime_context()

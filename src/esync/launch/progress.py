@@ -106,9 +106,9 @@ class JobLogs:
         return f"{bar}{os.path.basename(self.folder)}: {text}"
 
     def model_note(self) -> str:
-        """`; the job's model: PATH` where rank 0 wrote it in this run (esync.join's
+        """`; the job's model: PATH` where rank 0 wrote it in this run (esync.runtime.join's
         MODEL_FILE, in its log folder)."""
-        from esync.recorder import MODEL_FILE  # (only at the end: the recorder's imports)
+        from esync.logs.recorder import MODEL_FILE  # (only at the end: the recorder's imports)
 
         for path in glob.glob(os.path.join(self.folder, "*", "*", MODEL_FILE)):
             try:

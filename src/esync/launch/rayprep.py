@@ -1,6 +1,6 @@
 """Ray's side of --remote-prep: a worker's batches made by Ray tasks of one CPU each.
 
-esync/remoteprep.py decides when a worker's batches go out and how many are out; this
+esync/runtime/remoteprep.py decides when a worker's batches go out and how many are out; this
 module runs them, as its `Tasks`. esync/launch/onray.py names it to the processes it starts
 (ESYNC_RAY_TASKS=launch.rayprep:RayTasks, beside the cluster's address, the job's
 namespace and runtime environment), so that the runtime itself never imports ray: a worker
@@ -10,7 +10,7 @@ imports this module only with --remote-prep, when its loader is prepared.
     >>> handle = tasks.submit(items)         # a task: prepare_batch(dataset, items, collate)
     >>> batch, seconds = tasks.result(handle, timeout=20.0)
 
-Trust: as esync/remoteprep.py says, Ray pickles the data set, raw samples and batches
+Trust: as esync/runtime/remoteprep.py says, Ray pickles the data set, raw samples and batches
 inside its own cluster; the trust boundary is the Ray cluster's.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from esync.errors import UserError
-from esync.remoteprep import FLAG, NAMESPACE_ENV, RUNTIME_ENV_ENV, TaskLate, TaskLost, \
+from esync.runtime.remoteprep import FLAG, NAMESPACE_ENV, RUNTIME_ENV_ENV, TaskLate, TaskLost, \
     address
 
 #: in a Ray worker process: the data set and collate function of the job's tasks, by the
@@ -71,7 +71,7 @@ def _reachable(where: str) -> Optional[str]:
 
 
 def connect(environ: Mapping[str, str] = os.environ) -> None:
-    """Join the Ray cluster this worker was placed on (esync.remoteprep.address), unless
+    """Join the Ray cluster this worker was placed on (esync.runtime.remoteprep.address), unless
     this process has joined one already; UserError, naming --remote-prep, if there is
     none to reach."""
     joined = sys.modules.get("ray")
@@ -102,7 +102,7 @@ def connect(environ: Mapping[str, str] = os.environ) -> None:
 
 
 class RayTasks:
-    """esync.remoteprep.Tasks on the Ray cluster this worker was placed on: the data set
+    """esync.runtime.remoteprep.Tasks on the Ray cluster this worker was placed on: the data set
     and collate function are put in its object store once, each batch is a task."""
 
     def __init__(self, dataset, collate: Callable[[List[Any]], Any]):

@@ -8,9 +8,9 @@ The job is given as esync-launch takes it (its --workers, --slowdown, --bandwidt
 --latency, --devices; esync/launch/local.py parses them) with main.py's flags (esync.options:
 a bad flag is one line, exit status 2). Nothing of the job starts: each distinct
 device (slowdown, link, device) is measured here, in short runs alone in this process
-(esync.stallprobe: synthetic batches, the shards in the page cache, the shards evicted),
+(esync.stalls.stallprobe: synthetic batches, the shards in the page cache, the shards evicted),
 and its stalls and what-ifs (DataLoader workers 0..cores, a memory cache of X% of the
-samples, a link of X Mbit/s) are predicted by the model of esync.stallmodel, whose
+samples, a link of X Mbit/s) are predicted by the model of esync.stalls.stallmodel, whose
 equations its docstring gives. Printed: a table per device, then one recommendation
 line per device; `--json FILE` writes the numbers.
 
@@ -27,7 +27,7 @@ first argument ending in `.py`, esync.launch.run's `split`; the script's own aft
 Its workers cannot be measured alone in this process (its model, data, DataLoader and
 loop are its own): the job is run once as esync-run starts it (esync.launch.local.run
 with the script), for --seconds of training, its logs in a temporary folder (or --out),
-and each worker's rounds after the warm-up (esync.stallprobe.steady) say where its
+and each worker's rounds after the warm-up (esync.stalls.stallprobe.steady) say where its
 time went: fetch, prep, compute, communication, wait, state_server, other, with one
 line per worker naming its largest stall and what would cut it. The what-ifs, which
 need the built-in loop's runs alone, are not predicted: one line says so.
@@ -168,8 +168,8 @@ def devices_of(plan) -> List[Device]:
 
 
 def job_of(plan, model_bytes: int):
-    from esync.compress import compression
-    from esync.stallmodel import Job
+    from esync.comm.compress import compression
+    from esync.stalls.stallmodel import Job
 
     algorithm, opts = plan.algorithm, plan.options
     if not algorithm.distributed:
@@ -194,8 +194,8 @@ def _device_options(opts, device: Device):
 
 def analyse(args, plan, threads: int = 1) -> dict:
     """Measure every device and predict; the report as a dict."""
-    from esync.stallmodel import batch_seconds
-    from esync.stallprobe import costs, measure, model_bytes
+    from esync.stalls.stallmodel import batch_seconds
+    from esync.stalls.stallprobe import costs, measure, model_bytes
 
     opts = plan.options
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -224,7 +224,7 @@ def analyse(args, plan, threads: int = 1) -> dict:
 def _device_report(args, device: Device, runs, c, job, K: int, x: float,
                    others: Sequence[float]) -> dict:
     """One device's measurements, stall shares, what-ifs and recommendation."""
-    from esync import stallmodel as model
+    from esync.stalls import stallmodel as model
 
     link = model.Link(device.bandwidth, device.latency)
     steps = model.steps(c, K, x, job, others)
@@ -250,7 +250,7 @@ def _device_report(args, device: Device, runs, c, job, K: int, x: float,
 
 def _fit(c, runs, workers: int) -> List[dict]:
     """The model's samples/s at the runs it was measured from, beside theirs."""
-    from esync.stallmodel import batch_seconds
+    from esync.stalls.stallmodel import batch_seconds
 
     points = [(f"cached, --loader-workers {k}", k, False, run)
               for k, run in runs.cached_by_workers.items()]
@@ -322,7 +322,7 @@ def print_report(report: dict, out=sys.stdout) -> None:
 
 
 # --- a training script of the user's: one run of its job ------------------------------
-#: the breakdown's categories (esync.breakdown), stalls first
+#: the breakdown's categories (esync.logs.breakdown), stalls first
 PHASES = ("fetch", "prep", "communication", "wait", "state_server", "compute", "other")
 #: below this share of a worker's time no stall is worth naming: it is compute-bound
 NAMED_STALL = 0.10
@@ -391,7 +391,7 @@ def profile_script(args, plan, rest: Sequence[str]) -> dict:
 
 def _worker_report(job, k: int, since: float) -> dict:
     """Worker k's rounds after the warm-up: its rate, breakdown, shares and line."""
-    from esync.stallprobe import steady
+    from esync.stalls.stallprobe import steady
 
     label = job.label(k)
     records = []
@@ -445,7 +445,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
 
 
 def _main(argv: List[str], prog: str) -> int:
-    from esync.console import configure_logging
+    from esync.infra.console import configure_logging
 
     try:
         args, plan, threads, given, rest = _plan(argv)

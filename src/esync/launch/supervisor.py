@@ -4,7 +4,7 @@ benchmarks.
 
     with Supervisor(grace=5.0) as sup:
         scheduler = sup.start("scheduler", argv, env=env, log="scheduler.log", ready=True)
-        port = sup.wait_ready(scheduler)            # the port it bound (port 0 + esync.ready)
+        port = sup.wait_ready(scheduler)            # the port it bound (port 0 + esync.infra.ready)
         sup.start("worker0", argv, env=env, log="w0/worker.log")
         while (outcome := sup.wait(timeout=0.5)) is None:
             refresh_progress()
@@ -44,7 +44,7 @@ What it guarantees, on Linux:
   it has exited: a service, or an essential, fatal child without restarts (the
   scheduler, the evaluator). Only `wait` restarts (never a stop); `restart(child)`
   starts an exited child again at once, whatever its budget.
-* **Readiness** (`ready=True`, esync.ready): the child gets the write end of a pipe in
+* **Readiness** (`ready=True`, esync.infra.ready): the child gets the write end of a pipe in
   ESYNC_READY_FD and writes the port it listens on as one line; `wait_ready` waits for
   that line with a deadline and learns of the child's death before it was ready from
   the pipe's end of file (the child's copy closes when it dies): event-driven, no
@@ -85,7 +85,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
-from esync.ready import ENV as READY_ENV
+from esync.infra.ready import ENV as READY_ENV
 
 #: seconds from SIGTERM to SIGKILL when stopping
 GRACE_S = 5.0

@@ -42,7 +42,7 @@ Usage: ``esync-draw -b BASE -n NETWORK [-o OUTDIR] [--target 0.8]
 [--target-loss L] [--linear-time] [--show]``. Missing or unreadable summaries are left
 out with a note on stderr; every output file is always written. The algorithms, their
 folders and their display names come from ``esync.registry`` (and, through summary.py, the
-breakdown's categories from ``esync.breakdown``; nothing else of esync, no
+breakdown's categories from ``esync.logs.breakdown``; nothing else of esync, no
 torch); the file names from ``summary.py``. ``breakdown.png`` is not written where no
 summary has a breakdown (noted).
 

@@ -82,7 +82,7 @@ status 2 without writing anything; a failure to write the output exits with stat
 Library use (the drawer, the experiment): `summarize(base, network, mode) -> dict`
 (raises UserError), `write_summary(base, network, mode) -> (path, dict)`,
 `totals(record) -> dict`, `name_of(mode) -> str`, `output_path(base, network, mode) ->
-str`, `main(argv=None) -> int`. Standard library, esync.registry and esync.breakdown
+str`, `main(argv=None) -> int`. Standard library, esync.registry and esync.logs.breakdown
 (the categories; pure arithmetic) only: no torch, nothing of the runtime.
 """
 from __future__ import annotations
@@ -97,7 +97,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from esync import config
 from esync import registry
-from esync.breakdown import CATEGORIES
+from esync.logs.breakdown import CATEGORIES
 from esync.logs_tools import error_type, user_error
 
 PROG = "summary.py"

@@ -1,5 +1,5 @@
 """The networks, by the names the original ESync's `-n` flag used (plus `lenet`), and
-the user's own as plug-ins: `-n mypackage.nets:build` (esync.plugin) trains whatever
+the user's own as plug-ins: `-n mypackage.nets:build` (esync.infra.plugin) trains whatever
 torch.nn.Module `build()` returns, once it maps the data set's inputs to one score per
 class.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Dict, Optional
 
-from esync import plugin
+from esync.infra import plugin
 from esync.errors import UserError
 
 if TYPE_CHECKING:

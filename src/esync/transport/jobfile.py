@@ -12,7 +12,7 @@ import time
 from typing import Dict, Mapping, Optional
 
 from esync.errors import UserError
-from esync.live import JOB_ID, JOB_ID_ENV, JOB_ID_FORM
+from esync.logs.live import JOB_ID, JOB_ID_ENV, JOB_ID_FORM
 
 JOB_FILE = "job.json"
 

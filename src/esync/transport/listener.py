@@ -54,7 +54,7 @@ class Listener:
         self.handshakes = Handshakes(self.sock, self.guard.secure, listening=True)
         port = self.env.root_port
         try:
-            if port == 0:  # DMLC_PS_ROOT_PORT=0: a free port, reported (esync.ready)
+            if port == 0:  # DMLC_PS_ROOT_PORT=0: a free port, reported (esync.infra.ready)
                 port = self.sock.bind_to_random_port(self.host)
             else:
                 self.sock.bind(f"{self.host}:{port}")

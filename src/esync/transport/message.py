@@ -8,9 +8,9 @@ A payload is a list of *sections* (for example a shard of the parameter vector a
 shard of the buffer vector); `lengths` gives each section's number of elements and
 `frames` how many frames carry it; `dtype` is each section's element type (one name for
 all sections, or a list of one per section): float32, or float16 and int32 for the
-compressed pushes of esync.compress. Sections are cut into frames of at most CHUNK_BYTES,
+compressed pushes of esync.comm.compress. Sections are cut into frames of at most CHUNK_BYTES,
 because ZeroMQ moves frames of a few MiB faster per byte than one huge frame (the
-runtime's pushes go further and send one message per chunk, see esync.server). Tensor
+runtime's pushes go further and send one message per chunk, see esync.comm.server). Tensor
 bytes never pass through msgpack and are sent and received without copies: a frame is
 sent from a memoryview of the array and read back as a numpy view of the frame.
 

@@ -320,7 +320,7 @@ class Node:
         self._servers_moved(notice.header.get("servers"))
 
     def _on_left(self, sock: zmq.Socket, notice: Message) -> None:
-        """A worker died (servers): for the main thread, esync.server's `notice`."""
+        """A worker died (servers): for the main thread, esync.comm.server's `notice`."""
         self.notices.put(notice.header)
 
     def _on_shutdown(self, sock: zmq.Socket, notice: Message) -> None:

@@ -6,7 +6,7 @@ Besides DMLC_NUM_SERVER servers and DMLC_NUM_WORKER workers, any number of evalu
 servers' address book, are not waited for, and their death does not end the job; they
 are shut down with the servers.
 
-A job may have no servers (DMLC_NUM_SERVER=0: `--backend allreduce`, esync.allreduce):
+A job may have no servers (DMLC_NUM_SERVER=0: `--backend allreduce`, esync.comm.allreduce):
 its workers meet through the scheduler (`rendezvous`: worker 0 says where its
 torch.distributed store and its model publisher are; the others and the evaluators are
 told), and a worker that dies ends it.
@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 from esync import config
-from esync import ready
+from esync.infra import ready
 from esync.errors import UserError
 from esync.registry import EVALUATOR
 from esync.transport.auth import job_key

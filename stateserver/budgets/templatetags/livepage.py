@@ -8,7 +8,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 register = template.Library()
 
-#: the categories of a round's time (esync.breakdown) -> their colour in the bars
+#: the categories of a round's time (esync.logs.breakdown) -> their colour in the bars
 PHASE_COLOURS = {"fetch": "#e15759", "prep": "#f28e2b", "compute": "#4e79a7",
                  "communication": "#59a14f", "wait": "#bab0ac", "state_server": "#edc948"}
 OTHER = "#b07aa1"  # "other", and any name not above

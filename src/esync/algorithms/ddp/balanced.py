@@ -9,7 +9,7 @@ plain DDP.
 - *Batches of the user's loader*: the global batch is the ranks' prepared loaders'
   batch sizes together (-b times the ranks in main.py's loop); each local iteration
   takes the next global batch of one order of the whole data set (the same on every
-  rank: esync.loader's shared batches) and each rank its part, so that every rank takes
+  rank: esync.runtime.loader's shared batches) and each rank its part, so that every rank takes
   as many steps in a pass, an epoch loop ends on every rank after the same step, and
   every sample is trained once a pass whatever the batches.
 - *Speed*: each rank keeps the computing time of its steps as the loop measures it
@@ -47,7 +47,7 @@ from torch import nn
 from esync.algorithms.base import Job, Phases
 from esync.algorithms.ddp.worker import DDPWorker
 from esync.errors import UserError
-from esync.link import Link, link_of
+from esync.comm.link import Link, link_of
 
 log = logging.getLogger(__name__)
 

@@ -26,18 +26,18 @@ arithmetic or adding a collective to a step (one all-gather at the start):
   could be over on a rank before rank 0 decides. --max-rounds is written at the start,
   so that limit is exact. All ranks pass one barrier at the end (rank 0 hosts the store
   the others read until then).
-- *Publishing the model to the evaluator* (esync.publish) from rank 0, only when asked.
+- *Publishing the model to the evaluator* (esync.comm.publish) from rank 0, only when asked.
 - *Agreeing on the flags that must match* (`agreement`): the ranks all-gather them once
   at the start and, if one differs from rank 0's, every rank stops with the same line
   naming the flag (ranks started by hand could otherwise disagree on collectives and
   hang, or weigh gradients differently).
 - *Timing communication apart from computing*, so that the log shows it as `global
-  aggregate` and the simulated slowdown (esync.train.Slowdown) scales computing only:
+  aggregate` and the simulated slowdown (esync.runtime.train.Slowdown) scales computing only:
   the buffer broadcast is the gap between forward pre-hooks on the DDP module and on the
   module it wraps; the all-reduce runs through torch's own `allreduce_hook` (the Python
   form of DDP's default all-reduce: the same sum divided by the world size), wrapped to
   time it. With `--bandwidth`/`--latency` the wrapper also holds it for the emulated
-  link (esync.link.Link.before_allreduce: gloo has no byte-level hook).
+  link (esync.comm.link.Link.before_allreduce: gloo has no byte-level hook).
 Traffic is estimated, as gloo does not count bytes: a ring all-reduce of the gradients
 sends (and receives) 2(W-1)/W of their bytes per step (the buffers' broadcast, small
 beside them, is not counted).
@@ -58,7 +58,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from esync.algorithms.base import Algorithm, Job, Phases
 from esync.errors import UserError
-from esync.link import Link, link_of
+from esync.comm.link import Link, link_of
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class DDPWorker(Algorithm):
                              if p.requires_grad)
         self.step_bytes = Link.ring_allreduce_bytes(gradient_bytes, self.world)
         if self.rank == 0 and self.store is not None:
-            from esync.publish import STORE_ADDRESS, ModelPublisher
+            from esync.comm.publish import STORE_ADDRESS, ModelPublisher
 
             self.publisher = ModelPublisher(model, self.host)
             self.store.set(STORE_ADDRESS, self.publisher.address)
@@ -300,7 +300,7 @@ class DDPWorker(Algorithm):
         self.module = None
         gc.collect()
         if self.publisher is not None:
-            from esync.publish import STORE_FINISHED
+            from esync.comm.publish import STORE_FINISHED
 
             self.publisher.close()
             try:

@@ -32,10 +32,10 @@ from esync import registry
 from esync.algorithms.base import Job, Phases
 from esync.algorithms.esync import ESync
 from esync.algorithms.pushpull import PushPull
-from esync.compress import Compression, compression
-from esync.link import Link, link_of
+from esync.comm.compress import Compression, compression
+from esync.comm.link import Link, link_of
 from esync.algorithms.rules import RuleConfig
-from esync.stateclient import PendingBudget, StateClient, StateServerRefusal
+from esync.infra.stateclient import PendingBudget, StateClient, StateServerRefusal
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from esync.algorithms.base import Job, Phases
 from esync.algorithms.localsgd import LocalSGD
 from esync.algorithms.pushpull import PushPull
 from esync.algorithms.rules import RuleConfig
-from esync.compress import compression
-from esync.link import link_of
+from esync.comm.compress import compression
+from esync.comm.link import link_of
 
 
 class LocalSGDWorker(PushPull):

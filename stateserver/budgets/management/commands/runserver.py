@@ -26,13 +26,13 @@ A database that cannot be opened or written ends the command before it listens (
 manage.py's one line naming ESYNC_STATE_DB and the file).
 
 Given port 0 (`runserver 127.0.0.1:0`) it listens on a free port the OS picks, and
-reports it to a supervisor that asked for it (esync.ready: ESYNC_READY_FD)."""
+reports it to a supervisor that asked for it (esync.infra.ready: ESYNC_READY_FD)."""
 import json
 import os
 import socket
 import time
 
-from esync import ready
+from esync.infra import ready
 
 from django.conf import settings
 from django.core.management import call_command

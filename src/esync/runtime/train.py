@@ -1,8 +1,8 @@
 """main.py's built-in training loop: its networks (or a plug-in network) on its data
 sets (or a plug-in's), trained through the public API's optimizer wrapper, exactly as
-a user's script is (esync.api). There is no other training loop: every algorithm, the
+a user's script is (esync.runtime.api). There is no other training loop: every algorithm, the
 rounds, timing, logging and stopping live behind `DistributedOptimizer.step`
-(esync.session)."""
+(esync.runtime.session)."""
 from __future__ import annotations
 
 import time
@@ -12,12 +12,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from esync.api import DistributedOptimizer
+from esync.runtime.api import DistributedOptimizer
 from esync.data.batches import BatchStream
 from esync.data.order import WorkerOrder
-from esync.loader import job_loader
-from esync.session import Session, TrainResult
-from esync.task import Task
+from esync.runtime.loader import job_loader
+from esync.runtime.session import Session, TrainResult
+from esync.runtime.task import Task
 
 
 def train(session: Session, model: nn.Module, task: Task, batch_size: int, lr: float,
@@ -44,7 +44,7 @@ def train(session: Session, model: nn.Module, task: Task, batch_size: int, lr: f
 def batches(session: Session, task: Task, batch_size: int) -> Iterator:
     """The loop's batches of `task`'s training data, on the session's device, until the
     job stops: a built-in data set's in-memory stream, or a torch Dataset's prepared
-    loader (esync.loader), as a user's script would have it."""
+    loader (esync.runtime.loader), as a user's script would have it."""
     if task.arrays is not None:
         order = WorkerOrder(task.labels(), session.rank, session.num_workers, session.data)
         return _stream(session, BatchStream(task.arrays, order.order, batch_size,

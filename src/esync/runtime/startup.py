@@ -1,9 +1,9 @@
 """The one start-up sequence of every esync process: main.py and `esync` (esync.cli, all
-roles) and a user's training script (esync.api.init, a worker).
+roles) and a user's training script (esync.runtime.api.init, a worker).
 
 Parse the flags, read the role's variables (DMLC_ROLE and the ps-lite cluster's, or
 torch.distributed's under -m ddp, or none: alone), check what can be wrong before
-anything starts (a training process: esync.join.check; an evaluator: its device), then
+anything starts (a training process: esync.runtime.join.check; an evaluator: its device), then
 configure logging and say what must agree with the job's other nodes. A bad input
 raises UserError (the caller says it in one line, exit status 2); a node of a cluster
 tells the job's scheduler first, which ends the job rather than wait for it.
@@ -18,18 +18,18 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, Optional, Sequence, Set, Union
 
-from esync.console import configure_logging
+from esync.infra.console import configure_logging
 from esync.errors import UserError
 from esync.data import IN_MEMORY, SHARDS_PREFIX
 from esync.options import Options, flags_given, parse_options
-from esync.plugin import is_spec
+from esync.infra.plugin import is_spec
 from esync.transport.cluster import ClusterEnv, DDPEnv
 from esync.transport.node import report_failed_start
 
 if TYPE_CHECKING:
     import torch
 
-    from esync.join import WorkerPlan
+    from esync.runtime.join import WorkerPlan
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Start:
     role: str
     #: the settings the command line gave itself (Options field names)
     given: Set[str]
-    #: a training process's plan (esync.join.check); None for the other roles
+    #: a training process's plan (esync.runtime.join.check); None for the other roles
     plan: Optional["WorkerPlan"] = None
     #: an evaluator's device; None for the other roles
     device: Optional["torch.device"] = None
@@ -76,12 +76,12 @@ def start(argv: Optional[Sequence[str]], prog: str, script: bool = False) -> Sta
     plan = device = None
     try:
         if name == "worker":
-            from esync import join  # torch: after the cheap checks
+            from esync.runtime import join  # torch: after the cheap checks
 
             plan = join.check(opts, cluster)
             check_plugins(opts)  # last: it may load a plug-in and run it on two samples
         elif name == "evaluator":
-            from esync.join import select_device
+            from esync.runtime.join import select_device
 
             device = select_device(opts)
     except UserError as e:
@@ -151,11 +151,11 @@ def check_plugins(opts: Options) -> None:
     """What the user plugs in, before anything starts: a plug-in network, data set or
     loss (`module:function`), or data on disk, is loaded and the network run on two
     training samples and the loss computed (UserError, one line naming the flag, if
-    anything fails: esync.task); the targets go with the metric; --tensorboard needs
+    anything fails: esync.runtime.task); the targets go with the metric; --tensorboard needs
     the tensorboard package. Built-in names need nothing; torch is imported only for a
     plug-in."""
     if opts.tensorboard is not None:
-        from esync.scalars import check_installed
+        from esync.logs.scalars import check_installed
 
         check_installed()
     if opts.target_accuracy is not None and opts.metric != "accuracy":
@@ -171,6 +171,6 @@ def check_plugins(opts: Options) -> None:
                         "worker's classes on it: use --data-split static with -s 1")
     if (is_spec(opts.network) or opts.dataset not in IN_MEMORY or opts.loss != "cross_entropy"
             or opts.evaluate is not None):
-        from esync.task import task_of
+        from esync.runtime.task import task_of
 
         task_of(opts).check(opts.network)

@@ -1,4 +1,4 @@
-"""A prepared data loader over shards (esync.api.prepare_data_loader of a ShardDataset).
+"""A prepared data loader over shards (esync.runtime.api.prepare_data_loader of a ShardDataset).
 
 Blocks are read in this process (esync.data.blocks) and decoded in the user's
 DataLoader worker processes, through torchdata's StatefulDataLoader. Before each
@@ -11,7 +11,7 @@ worker's
 unfinished leases are trained once, from where its last round left them, and a worker
 continuing the job goes on from the round its model has.
 
-With --remote-prep F (esync.remoteprep) a worker whose rounds stall on preprocessing has
+With --remote-prep F (esync.runtime.remoteprep) a worker whose rounds stall on preprocessing has
 its batches made by Ray tasks instead of its DataLoader workers, from the batch after
 those they hold: the sampler's passes are shared (`_Gate`), and each batch it emits
 carries the sampler's state as of that batch, so that the state kept is the one as of
@@ -39,8 +39,8 @@ from esync.data.order import DataSettings
 from esync.data.partition import partition
 from esync.data.timed import TimedCollate, TimedDataset, samples_in, to_device
 from esync.errors import UserError
-from esync.remoteprep import RemotePrep
-from esync.session import Session
+from esync.runtime.remoteprep import RemotePrep
+from esync.runtime.session import Session
 
 log = logging.getLogger(__name__)
 # torchdata 0.11 calls torch.set_vital, which torch 2.13 deprecates: a warning per
@@ -180,7 +180,7 @@ class ShardLoader:
         self._ids: Dict[str, List[int]] = {}  # per epoch: samples handed out (--log-samples)
         self._read = (0, 0.0, 0, 0, 0)  # so far: block reads' bytes, seconds, skipped
         #                                 samples, cache hits and their bytes
-        self.remote = None  # esync.remoteprep.RemotePrep, with --remote-prep
+        self.remote = None  # esync.runtime.remoteprep.RemotePrep, with --remote-prep
         if settings.remote_prep is not None:
             self.remote = RemotePrep(loader.dataset, loader.collate_fn, settings.remote_prep)
         self._remote_batches = 0  # of the round, made by Ray tasks

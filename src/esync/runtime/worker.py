@@ -1,5 +1,5 @@
 """A training process of main.py, standalone or a worker of a job: checked at start-up
-(esync.startup), joined (esync.join), and trained by the built-in loop (esync.train)."""
+(esync.runtime.startup), joined (esync.runtime.join), and trained by the built-in loop (esync.runtime.train)."""
 from __future__ import annotations
 
 import logging
@@ -7,10 +7,10 @@ from typing import Dict, Optional, Union
 
 from esync.data.partition import partition_size
 from esync.errors import UserError
-from esync.join import WorkerPlan, join
-from esync.session import TrainResult
-from esync.task import task_of
-from esync.train import train
+from esync.runtime.join import WorkerPlan, join
+from esync.runtime.session import TrainResult
+from esync.runtime.task import task_of
+from esync.runtime.train import train
 from esync.transport.cluster import ClusterEnv, DDPEnv
 
 __all__ = ["run_standalone", "run_cluster_worker", "run_ddp_worker"]
@@ -56,7 +56,7 @@ def run_cluster_worker(plan: WorkerPlan, env: ClusterEnv,
                        settings: Optional[Dict[str, str]] = None) -> int:
     """Join the parameter-server (or all-reduce) job, train this worker's partition,
     tell the scheduler it is done. `settings`: what must agree with the job's other
-    nodes (esync.startup.agreed_settings)."""
+    nodes (esync.runtime.startup.agreed_settings)."""
     return _exit_status(_train(plan, env, settings))
 
 

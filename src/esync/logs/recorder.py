@@ -38,7 +38,7 @@ host name, `<device>` is `--device-name` or else `cpu` / `gpu<N>`.
 | `batch_sizes` | balanced DDP only: every worker's batch in this round, by rank (their sum is the ranks' loaders' batches together; `-b` times the workers in main.py's loop) |
 | `data` | shards only: the prepared loader's state as of the round's last batch (torchdata's `StatefulDataLoader` state: the lease in progress, its position, the epoch), `split` (`static` or `leased`) and the worker's `rank`; a worker continuing the job goes on from it (from `data-<n>.json`, the same state written before the round's push, where it exists). With `--remote-prep`, `sampler` (the block sampler's state as of that batch) in place of `loader` |
 | `remote_batches` | with `--remote-prep`: batches of the round made by Ray tasks |
-| `breakdown` | where the round's time went, in seconds, from the end of the previous round: `fetch` (blocked on block reads of shards), `prep` (blocked on decoding, the transform and collation, wherever they ran), `compute` (forward, backward, local update, and a `--slowdown`'s wait), `communication` (push and pull, or the all-reduce), `wait` (waiting for the other workers: a push's wait at the servers, as they measured it, or the all-reduce's first, small vector; DDP waits inside its all-reduce, so its `wait` is 0 and communication holds it), `state_server` (ESync: waiting for the budget), `other` (the rest: the user's code between steps, hooks, an evaluation in the process). They add up to the round's wall time (`esync/breakdown.py`) |
+| `breakdown` | where the round's time went, in seconds, from the end of the previous round: `fetch` (blocked on block reads of shards), `prep` (blocked on decoding, the transform and collation, wherever they ran), `compute` (forward, backward, local update, and a `--slowdown`'s wait), `communication` (push and pull, or the all-reduce), `wait` (waiting for the other workers: a push's wait at the servers, as they measured it, or the all-reduce's first, small vector; DDP waits inside its all-reduce, so its `wait` is 0 and communication holds it), `state_server` (ESync: waiting for the budget), `other` (the rest: the user's code between steps, hooks, an evaluation in the process). They add up to the round's wall time (`esync/logs/breakdown.py`) |
 | `prep_seconds` | the decoding work of the round's batches, timed where it ran (DataLoader workers, Ray tasks or the training process) and carried back with each batch: work, not stall |
 | `read_bytes`, `read_seconds` | shards only: bytes of the blocks read from disk in this round and the seconds the reads took (an emulated `--disk-bandwidth` included) |
 | `cache_hits`, `cache_bytes` | with `--cache-fraction`: samples the cache served in this round, and their bytes in the shards (not read) |
@@ -63,8 +63,8 @@ disk, a read-only folder) stops the process with one line,
 status 2; a worker of a job tells the scheduler, which ends the job).
 
 With `tensorboard` (--tensorboard DIR) each round also goes to TensorBoard
-(esync.scalars), into DIR/<host>/<device>/; with `live` (ESYNC_LIVE_URL), to the live
-job page (esync.live). A continuing job (`keep`: a worker rejoining, or a job resumed
+(esync.logs.scalars), into DIR/<host>/<device>/; with `live` (ESYNC_LIVE_URL), to the live
+job page (esync.logs.live). A continuing job (`keep`: a worker rejoining, or a job resumed
 from a checkpoint) keeps its logs and goes on from where they were.
 
 Beside the records, a worker keeps data-<n>.json: where its prepared loader was when
@@ -86,13 +86,13 @@ import time
 from typing import Mapping, Optional
 
 from esync.errors import UserError
-from esync.live import LiveReporter
-from esync.scalars import Scalars
+from esync.logs.live import LiveReporter
+from esync.logs.scalars import Scalars
 
 Phases = Mapping[str, float]
 #: data-<n>.json files kept (the loader's state before each round's push; see write_data)
 KEEP_DATA = 64
-#: the job's final model, in rank 0's log folder (esync.session writes it)
+#: the job's final model, in rank 0's log folder (esync.runtime.session writes it)
 MODEL_FILE = "model.safetensors"
 
 
@@ -112,7 +112,7 @@ def _remove(path: str) -> None:
 
 class Recorder:
     """`tensorboard`: a folder where each round also goes as TensorBoard scalars
-    (esync.scalars), into <tensorboard>/<host>/<device>/; `live`: where each round's
+    (esync.logs.scalars), into <tensorboard>/<host>/<device>/; `live`: where each round's
     figures also go to the live job page (closed with the recorder)."""
 
     def __init__(self, log_dir: str, host: str, device: str, keep: bool = False,

@@ -3,7 +3,7 @@ researchers already use: each process writes its rounds into DIR/<host>/<device>
 the same folders as LOG_DIR's, so that `tensorboard --logdir DIR` shows every device
 of a job side by side (and the evaluator's accuracy) while the job runs.
 
-Each round record (esync.recorder) becomes these scalars at step = its round:
+Each round record (esync.logs.recorder) becomes these scalars at step = its round:
 
     train/loss, train/samples, train/seconds (total_time), esync/budget (ESync only),
     traffic/bytes_sent, traffic/bytes_received, eval/accuracy or eval/val_loss (where

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from esync.session import Session
+from esync.runtime.session import Session
 
 
 class JobScheduler:

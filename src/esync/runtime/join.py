@@ -2,8 +2,8 @@
 joining itself (a ps-lite cluster's registration, torch.distributed's process group, or
 nothing for a process training alone), which gives the process its Session.
 
-Both the command line (esync.cli, esync.worker) and the public API (esync.api.init) come
-through here, after the one start-up sequence (esync.startup, which calls `check`), so a
+Both the command line (esync.cli, esync.runtime.worker) and the public API (esync.runtime.api.init) come
+through here, after the one start-up sequence (esync.runtime.startup, which calls `check`), so a
 script of the user's joins a job exactly as main.py's workers do.
 """
 from __future__ import annotations
@@ -20,14 +20,14 @@ import torch
 
 from esync import registry
 from esync.algorithms.base import Job
-from esync.statefile import WorkerState
+from esync.comm.statefile import WorkerState
 from esync.data.order import DataSettings
 from esync.errors import UserError
-from esync.live import LiveReporter
+from esync.logs.live import LiveReporter
 from esync.options import Options
-from esync.recorder import MODEL_FILE, Recorder
-from esync.session import Session
-from esync.stop import StopCriteria
+from esync.logs.recorder import MODEL_FILE, Recorder
+from esync.runtime.session import Session
+from esync.infra.stop import StopCriteria
 from esync.transport.cluster import REQUIRED, ClusterEnv, DDPEnv, advertised_address
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def check(opts: Options, env: Optional[ClusterEnv]) -> WorkerPlan:
     device = select_device(opts)
     patience = 0.0
     if algorithm.state_server:
-        from esync.stateclient import patience_from_environ
+        from esync.infra.stateclient import patience_from_environ
 
         patience = patience_from_environ()
     return WorkerPlan(opts, algorithm, device, patience)
@@ -98,7 +98,7 @@ def join(plan: WorkerPlan, env: Union[ClusterEnv, DDPEnv, None],
          settings: Optional[Dict[str, str]] = None) -> Session:
     """Join the job `env` describes (None: train alone) and return this process's
     Session; closing the session leaves the job. `settings`: what must agree with the
-    job's other nodes (esync.startup.agreed_settings)."""
+    job's other nodes (esync.runtime.startup.agreed_settings)."""
     opts = plan.opts
     if opts.num_threads:
         torch.set_num_threads(opts.num_threads)
@@ -164,7 +164,7 @@ def _join_process_group(plan: WorkerPlan, env: DDPEnv):
     its own rendezvous."""
     import torch.distributed as dist
 
-    from esync import ready
+    from esync.infra import ready
 
     backend = "nccl" if plan.device.type == "cuda" else "gloo"
     if env.master_port == 0:  # rank 0 hosts the store on a free port and reports it

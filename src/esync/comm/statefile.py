@@ -36,7 +36,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from esync.checkpoint import fsync as _fsync
+from esync.comm.checkpoint import fsync as _fsync
 from esync.errors import UserError
 
 FORMAT, VERSION, PAIR = "esync-state", 1, "pair"

@@ -1,6 +1,6 @@
 """The worker's side of `--backend allreduce`: SSGD and ESync without servers.
 
-Beside esync.kvstore, at the same level: where the kvstore pushes a round's gradient
+Beside esync.comm.kvstore, at the same level: where the kvstore pushes a round's gradient
 (or delta) to the servers and pulls the new weights, here the workers sum it among
 themselves with torch.distributed's all_reduce and each applies the update itself,
 with the servers' own rule (esync.algorithms.rules) on its copy of the whole model, so that both
@@ -23,12 +23,12 @@ backends do the same arithmetic and every worker holds the same weights.
   stop raises its flag and leaves the reason in the store: all stop after that round,
   as with the servers.
 - *Sparse codecs* (`topk:R`, `threshold:T`): each worker picks its values of the whole
-  weights vector (with its error feedback, as esync.compress does per chunk for the
+  weights vector (with its error feedback, as esync.comm.compress does per chunk for the
   servers), says how many in the control vector, and the workers all_gather their int32
   indices and float32 values, padded to the most any sent (index 0, value 0), as
   torch's top-k and PowerSGD communication hooks gather rather than reduce; each adds
   them all up into the dense sum the rule takes.
-- *The evaluator* pulls worker 0's model (esync.publish), whose address is part of the
+- *The evaluator* pulls worker 0's model (esync.comm.publish), whose address is part of the
   rendezvous.
 - *Failures*: an all-reduce cannot lose a member, so a dead worker ends the job: its
   peers' all_reduce fails at once when its connections drop (or after
@@ -51,9 +51,9 @@ import torch
 import torch.distributed as dist
 
 from esync import config
-from esync.compress import Compression
-from esync.flat import FlatModel
-from esync.link import Link
+from esync.comm.compress import Compression
+from esync.comm.flat import FlatModel
+from esync.comm.link import Link
 from esync.algorithms.rules import BUFFERS, WEIGHTS, RuleConfig, make_rule
 from esync.transport.node import JobAborted
 
@@ -109,7 +109,7 @@ class AllReduce:
         """Meet the other workers, join the process group and take worker 0's weights
         and buffers (rank 0 also opens the evaluator's publisher)."""
         if self.rank == 0:
-            from esync.publish import ModelPublisher
+            from esync.comm.publish import ModelPublisher
 
             self.publisher = ModelPublisher(model, self.host, self.config.name)
         with _failures(self.node, "joining the all-reduce"):  # a peer may die meanwhile

@@ -1,6 +1,6 @@
 """A worker's part in a job, round by round: the machinery behind the public API's
-optimizer wrapper (esync.api), and so behind every training loop, the built-in one
-(esync.train) included.
+optimizer wrapper (esync.runtime.api), and so behind every training loop, the built-in one
+(esync.runtime.train) included.
 
 A round: the algorithm names its budget of local iterations (`begin_round`); each
 local iteration is the user's forward and backward, then `step`, which runs the
@@ -22,13 +22,13 @@ import torch
 from torch import nn
 
 from esync.algorithms.base import Algorithm, Phases
-from esync.breakdown import breakdown
-from esync.statefile import WorkerState
-from esync.clock import Clock, Slowdown
+from esync.logs.breakdown import breakdown
+from esync.comm.statefile import WorkerState
+from esync.infra.clock import Clock, Slowdown
 from esync.data import METRIC_LINE, METRIC_RECORD
 from esync.data.order import DataSettings
-from esync.recorder import Recorder
-from esync.stop import StopCriteria
+from esync.logs.recorder import Recorder
+from esync.infra.stop import StopCriteria
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def _sync(device: torch.device) -> None:
 
 class Session:
     """One process's training: its algorithm, recorder, clock, stop criteria and the
-    round in progress. The API creates it (esync.api.init); its verbs call it.
+    round in progress. The API creates it (esync.runtime.api.init); its verbs call it.
 
     `evaluate_with` gives it a measure of the model in this process (the built-in loop's
     test accuracy), taken after the rounds the algorithm names, or with `eval_interval`
@@ -92,7 +92,7 @@ class Session:
         self._round_fields: List[Callable[[], Dict[str, Any]]] = []
         #: the ps-lite cluster's node (None alone or under DDP): block leases ask it
         self.node = node
-        #: where the last round's time went (esync.breakdown), once a round has ended
+        #: where the last round's time went (esync.logs.breakdown), once a round has ended
         self.last_breakdown: Dict[str, float] = {}
         #: samples this process trained so far (its local iterations' batches)
         self.samples = 0
@@ -209,7 +209,7 @@ class Session:
     @contextmanager
     def data_pass(self) -> Iterator[None]:
         """A pass of the training loader under way; counted in passes_done at its end
-        (a scheduler stepped once an epoch follows them: esync.api.prepare_scheduler)."""
+        (a scheduler stepped once an epoch follows them: esync.runtime.api.prepare_scheduler)."""
         self.in_pass = True
         try:
             yield
@@ -289,7 +289,7 @@ class Session:
                scalars: Optional[Dict[str, float]] = None) -> None:
         """The user's loss of this local iteration (and its samples, where the loader is
         not esync's); a metric it measured and other scalars, for the next round's
-        record (esync.api.report)."""
+        record (esync.runtime.api.report)."""
         if loss is not None or samples is not None:
             self._begin_round()  # they are the local iteration's, of its round
         if loss is not None:

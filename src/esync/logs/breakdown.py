@@ -26,7 +26,7 @@ from typing import Dict, Iterable, Mapping
 
 CATEGORIES = ("fetch", "prep", "compute", "communication", "wait", "state_server", "other")
 
-#: each phase of a round's `time` records (esync.session, esync.algorithms) -> category;
+#: each phase of a round's `time` records (esync.runtime.session, esync.algorithms) -> category;
 #: `get_batch` is split into fetch and prep by the loader's own measurements
 PHASE_CATEGORY = {
     "forward and backward": "compute",

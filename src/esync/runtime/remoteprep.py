@@ -7,7 +7,7 @@ tasks of one CPU each: decoding, the user's transform and collation,
 `esync.data.timed.prepare_batch` on a batch's raw items. Ray's scheduler places each task
 on a node with a free CPU (Dpex's idea, without its fixed rotation over nodes). Block reads
 stay in the worker (its `fetch`), and so does the order: batches reach the training loop in
-the sampler's order, whatever order the tasks finish in (esync.shardloader).
+the sampler's order, whatever order the tasks finish in (esync.runtime.shardloader).
 
 How many batches are out is load-aware: enough to cover the tasks' latency at the pace the
 loop takes batches (Little's law: latency / interval + 1, both smoothed), with no more tasks
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Deque, Hashable, List, Mapping, Optional, Protocol, Set, \
     Tuple
 
-from esync import plugin
+from esync.infra import plugin
 from esync.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """Lets the evaluator read a model that no parameter server holds (the DDP baseline's):
-rank 0 answers the evaluator's `pull` as a one-shard server would (esync.server), from a
+rank 0 answers the evaluator's `pull` as a one-shard server would (esync.comm.server), from a
 snapshot it takes between two training steps.
 
 The socket belongs to a background thread; the training thread only looks, once per
@@ -20,9 +20,9 @@ import torch
 import zmq
 from torch import nn
 
-from esync.flat import floating_buffers, trainable
+from esync.comm.flat import floating_buffers, trainable
 from esync.registry import EVALUATOR
-from esync.server import weights_header
+from esync.comm.server import weights_header
 from esync.transport.auth import Guard
 from esync.transport.dispatch import Handlers
 from esync.transport.message import (FRAME_SLACK, MAX_HEADER_BYTES, Message, MessageError,

@@ -5,7 +5,7 @@ server, balanced by bytes. A push streams each shard to its server as one messag
 chunk (esync.transport.message.chunk_spans), to every server before awaiting any
 answer, so shards move in parallel; each answer chunk is received straight into the worker's vector
 (`recv_into`), with no copy in between. Pushed weight chunks are compressed as
-`--compress` says (esync.compress); buffers and answers travel as float32.
+`--compress` says (esync.comm.compress); buffers and answers travel as float32.
 
 Each socket carries the node's id as its ZeroMQ identity, `<node id>/kv-<random>` (servers serve
 only the scheduler's members) and, with a job key, proves the key (CurveZMQ). When the scheduler
@@ -20,8 +20,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import zmq
 
-from esync.compress import Compression, Compressor
-from esync.link import Link
+from esync.comm.compress import Compression, Compressor
+from esync.comm.link import Link
 from esync.transport.message import (DTYPE, MessageError, check_payload, chunk_spans,
                                      decode_header, encode, frame_bytes)
 from esync.transport.node import POLL_MS, JobAborted, Node
@@ -39,7 +39,7 @@ def shard_bounds(length: int, num_shards: int) -> List[Tuple[int, int]]:
 
 class KVStore:
     """`rank` is the worker's rank, or EVALUATOR for the read-only evaluator; `link`
-    paces every byte sent and received (esync.link) when the worker's link is emulated."""
+    paces every byte sent and received (esync.comm.link) when the worker's link is emulated."""
 
     def __init__(self, node: Node, servers: Sequence[str], rank: Union[int, str],
                  num_params: int, num_buffers: int, link: Optional[Link] = None,

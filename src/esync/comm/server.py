@@ -13,7 +13,7 @@ Workers talk to it over one ROUTER socket:
   (SSGD: when all workers pushed it; ASGD: at once), so computing and answering one
   chunk overlaps with receiving the next. A push may carry `stop` (worker 0's decision
   to end the job), which every later answer repeats. A weight chunk may come compressed
-  (`codec`: fp16, sparse indices and values, or a slice, esync.compress; decoded, every
+  (`codec`: fp16, sparse indices and values, or a slice, esync.comm.compress; decoded, every
   index checked, before the rule sees it; a section with no values has no frame), and
   an ESync push may carry its `steps` (the worker's local steps, for --average steps
   and normalized).
@@ -33,7 +33,7 @@ time it sees one; anything else is answered with `error` and changes nothing.
 Failures: the scheduler tells the server when a worker died (`left`); the rule then
 aggregates the living workers. A worker that comes back asks to `join` at a later round
 and pulls with `at_round`, answered once that round may start. With --checkpoint-dir,
-the shard is checkpointed (esync.checkpoint) between rounds every --checkpoint-every
+the shard is checkpointed (esync.comm.checkpoint) between rounds every --checkpoint-every
 rounds or seconds; a server started in place of a dead one, or for `--resume`, restores
 its shard from the newest whole checkpoint.
 """
@@ -46,10 +46,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import zmq
 
-from esync.checkpoint import Checkpoints, survey
+from esync.comm.checkpoint import Checkpoints, survey
 from esync.errors import UserError
 from esync.registry import EVALUATOR
-from esync.compress import CompressionError, decode_chunk
+from esync.comm.compress import CompressionError, decode_chunk
 from esync.algorithms.rules import WEIGHTS, Key, Rule, RuleConfig, make_rule
 from esync.transport.cluster import ClusterEnv, advertised_address
 from esync.transport.dispatch import Handlers
@@ -332,7 +332,7 @@ class ShardServer:
 
     def _chunk(self, msg: Message) -> Tuple[Key, np.ndarray]:
         """(section, offset) of a pushed chunk, checked against the shard's chunk layout,
-        and its values as dense float32 (a compressed chunk decoded: esync.compress)."""
+        and its values as dense float32 (a compressed chunk decoded: esync.comm.compress)."""
         section, offset = msg.header.get("section"), msg.header.get("offset")
         lengths, frames = msg.header.get("lengths"), msg.header.get("frames")
         if type(section) is not int or section not in (0, 1) or type(offset) is not int \
@@ -490,7 +490,7 @@ REQUESTS = HANDLERS.types
 def run_server(env: ClusterEnv, opts: Any = None,
                settings: Optional[Dict[str, str]] = None) -> int:
     """Join the job, then serve one shard until the scheduler says shut down.
-    `settings`: what must agree with the job's other nodes (esync.startup.agreed_settings)."""
+    `settings`: what must agree with the job's other nodes (esync.runtime.startup.agreed_settings)."""
     from esync.options import parse_options
 
     opts = opts or parse_options([])

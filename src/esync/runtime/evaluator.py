@@ -2,10 +2,10 @@
 
 A process apart from training (as the "evaluator" of TensorFlow's parameter-server
 jobs): every `--eval-interval` seconds of wall-clock time it pulls the global model,
-read-only, evaluates it on the test set (esync.task's `Task.evaluate`: `--metric`'s
+read-only, evaluates it on the test set (esync.runtime.task's `Task.evaluate`: `--metric`'s
 measure, or the user's `--evaluate module:function`) and logs (seconds since training
 started, the model's round, the metric) to LOG_DIR/<host>/evaluator/iter-<n>.json, in
-the workers' format (esync.recorder; `num_samples` 0, `round` the model's round). No
+the workers' format (esync.logs.recorder; `num_samples` 0, `round` the model's round). No
 worker waits for an evaluation, and every mode is evaluated at the same pace.
 
 - Parameter-server modes: it joins the job at the scheduler (at any time; it is not
@@ -13,8 +13,8 @@ worker waits for an evaluation, and every mode is evaluated at the same pace.
   pulls from them (servers accept only pulls from it); a server not ready yet holds the
   pull until worker 0 initialised it. It ends when the scheduler shuts the job down.
   With `--backend allreduce` (no servers) it pulls from worker 0's publisher
-  (esync.publish), whose address the scheduler's rendezvous gives.
-- DDP (`-m ddp`): rank 0 answers its pulls (esync.publish) at the address it left in
+  (esync.comm.publish), whose address the scheduler's rendezvous gives.
+- DDP (`-m ddp`): rank 0 answers its pulls (esync.comm.publish) at the address it left in
   torch.distributed's rendezvous store (MASTER_ADDR:MASTER_PORT); it ends when rank 0
   says the job is done or the store is gone.
 
@@ -41,7 +41,7 @@ from esync import registry
 from esync.data import METRIC_LINE, METRIC_RECORD
 from esync.errors import UserError
 from esync.options import Options
-from esync.publish import STORE_ADDRESS, STORE_FINISHED
+from esync.comm.publish import STORE_ADDRESS, STORE_FINISHED
 from esync.transport.cluster import ClusterEnv, DDPEnv
 
 log = logging.getLogger(__name__)
@@ -73,12 +73,12 @@ class _Source:
 def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
                   ended: Callable[[], bool]) -> int:
     """Pull, evaluate and log every opts.eval_interval seconds until the job ends."""
-    from esync.flat import FlatModel
-    from esync.kvstore import KVStore
-    from esync.live import LiveReporter
-    from esync.recorder import Recorder
-    from esync.stop import StopCriteria
-    from esync.task import task_of
+    from esync.comm.flat import FlatModel
+    from esync.comm.kvstore import KVStore
+    from esync.logs.live import LiveReporter
+    from esync.logs.recorder import Recorder
+    from esync.infra.stop import StopCriteria
+    from esync.runtime.task import task_of
 
     if opts.num_threads:
         torch.set_num_threads(opts.num_threads)
@@ -141,7 +141,7 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
 def run_ps_evaluator(opts: Options, device: torch.device, env: ClusterEnv,
                      settings: Optional[Dict[str, str]] = None) -> int:
     """Join a parameter-server job as its evaluator. `settings`: what must agree with the
-    job's other nodes (esync.startup.agreed_settings)."""
+    job's other nodes (esync.runtime.startup.agreed_settings)."""
     from esync.transport.node import Node
 
     node = Node(env, registry.EVALUATOR)

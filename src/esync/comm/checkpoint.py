@@ -1,5 +1,5 @@
 """Checkpoints of a server's shard: CHECKPOINT_DIR/shard<k>/round-<n>/ (a worker's own
-state at the same rounds is esync.statefile's `WorkerState`).
+state at the same rounds is esync.comm.statefile's `WorkerState`).
 
 Each checkpoint is a folder with two files:
 - `tensors.safetensors`: the shard's weights, buffers and the rule's tensors (SGD

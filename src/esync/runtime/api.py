@@ -43,14 +43,14 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from esync import join
+from esync.runtime import join
 from esync.algorithms.policy import Policy
 from esync.errors import UserError
-from esync.loader import job_loader
-from esync.lrschedule import JobScheduler
+from esync.runtime.loader import job_loader
+from esync.runtime.lrschedule import JobScheduler
 from esync.options import ARGS_VARIABLE
-from esync.session import Session
-from esync.startup import start
+from esync.runtime.session import Session
+from esync.runtime.startup import start
 
 log = logging.getLogger(__name__)
 
@@ -103,12 +103,12 @@ def _flags(argv: Optional[Sequence[str]]) -> list:
 
 
 def _join(flags: list, prog: str) -> Session:
-    """The start-up every esync process goes through (esync.startup), as a worker; then
+    """The start-up every esync process goes through (esync.runtime.startup), as a worker; then
     join the job."""
     begun = start(flags, prog, script=True)
     if not begun.plan.algorithm.distributed and "network" in begun.given:
         global _alone_task
-        from esync.task import task_of
+        from esync.runtime.task import task_of
 
         _alone_task = lambda: task_of(begun.opts)
     return join.join(begun.plan, begun.env, begun.settings)

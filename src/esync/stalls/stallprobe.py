@@ -9,7 +9,7 @@ Three runs, as DS-Analyzer's differential analysis makes them:
 - *cached*: the job's loader, its shards read once first so that the page cache holds
   them, and no emulated storage (--disk-bandwidth off): what decoding costs; made with
   0 and with 1 DataLoader workers too (where the job's --loader-workers is another
-  number), from which the model takes its costs (`costs`: esync.stallmodel's c0, p0,
+  number), from which the model takes its costs (`costs`: esync.stalls.stallmodel's c0, p0,
   c1, w);
 - *cold*: the same with the shards evicted from the page cache before the run
   (posix_fadvise(POSIX_FADV_DONTNEED) per file, no root needed, checked with mincore;
@@ -23,7 +23,7 @@ are ended (`end_loader_workers`).
 
 A run's first WARMUP share of its rounds' time (the DataLoader's workers starting,
 the first batches) is left out of its figures. A sample cache (--cache-fraction) is
-off in all three: the prediction puts it back (esync.stallmodel).
+off in all three: the prediction puts it back (esync.stalls.stallmodel).
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ import torch
 from esync.data import IN_MEMORY, SHARDS_PREFIX
 from esync.data.pagecache import Residency, fadvise_dontneed
 from esync.options import Options
-from esync.stallmodel import Costs
+from esync.stalls.stallmodel import Costs
 
 #: share of a run's time (from its start) left out as warm-up
 WARMUP = 0.25
@@ -130,9 +130,9 @@ def _repeated(session, inputs: torch.Tensor, targets: torch.Tensor) -> Iterator:
 def train_alone(opts: Options, synthetic: bool = False) -> Run:
     """`opts` (alone, with a --time-limit and a log folder) trained by the built-in loop
     in this process; its steady part. `synthetic`: on one batch repeated."""
-    from esync import join
-    from esync.task import task_of
-    from esync.train import train
+    from esync.runtime import join
+    from esync.runtime.task import task_of
+    from esync.runtime.train import train
 
     plan = join.check(opts, None)
     task = task_of(opts)
@@ -158,8 +158,8 @@ def end_loader_workers() -> None:
 
 def model_bytes(opts: Options) -> int:
     """Bytes of the vector a round moves: the parameters that learn and the
-    floating-point buffers, in float32 (esync.flat)."""
-    from esync.task import task_of
+    floating-point buffers, in float32 (esync.comm.flat)."""
+    from esync.runtime.task import task_of
 
     model = task_of(opts).build_model(opts.network)
     count = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -292,7 +292,7 @@ def _sample_bytes(opts: Options) -> float:
 
 
 def costs(m: Measured, batch: int, slowdown: float, cores: int) -> Costs:
-    """The model's costs per batch (esync.stallmodel) from a device's runs."""
+    """The model's costs per batch (esync.stalls.stallmodel) from a device's runs."""
     own = m.cached_by_workers[0]
     shared = m.cached_by_workers.get(1, own)  # none: a data set held in memory
 

@@ -1,5 +1,5 @@
 """`esync-stalls`' arithmetic: a device's measured costs -> its stalls and what-ifs.
-Pure arithmetic, no torch (esync.stallprobe measures; esync/launch/stalls.py prints).
+Pure arithmetic, no torch (esync.stalls.stallprobe measures; esync/launch/stalls.py prints).
 
 Per batch of B samples, in seconds, measured on the device:
 
@@ -34,7 +34,7 @@ the training process (busy 1/F of its time: the slowdown's wait leaves its core 
 are more than the cores: they share them.
 
 Communication, once a round of b local iterations, from the vector of N bytes the
-round moves and the device's link (Mbit/s M, one-way latency L s; esync.link's model):
+round moves and the device's link (Mbit/s M, one-way latency L s; esync.comm.link's model):
 parameter servers push u N bytes (u: 1, fp16 1/2, topk:R 2R) and pull N:
 8 (u + 1) N / 1e6 M + 2 L; a ring all-reduce among W workers moves 2 (W-1)/W u N
 each way in 2 (W-1) steps: 8 x 2 (W-1)/W u N / 1e6 M + 2 (W-1) L. An unpaced link

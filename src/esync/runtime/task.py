@@ -6,7 +6,7 @@ The built-in data sets are in-memory arrays (esync.data.datasets) streamed in ba
 of any size the algorithm asks for; every other data set (a plug-in's
 `module:function`, an image folder, CIFAR-10's binary batches) is a pair of torch
 Datasets, fed to the loop by the public API's prepare_data_loader as a user's script
-would be. Either way the same loop trains it (esync.train) and the same `evaluate`
+would be. Either way the same loop trains it (esync.runtime.train) and the same `evaluate`
 measures it, in a worker or in the evaluator.
 
 A sample of a torch Dataset is, by default, a pair (input, target) or a tuple (inputs...,
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
-from esync import plugin
+from esync.infra import plugin
 from esync.data import ON_DISK, SHARDS_PREFIX
 from esync.data.order import labels_of
 from esync.data.datasets import Dataset as Arrays, load_dataset

@@ -1,4 +1,4 @@
-"""A user's DataLoader over this worker's partition (esync.api.prepare_data_loader):
+"""A user's DataLoader over this worker's partition (esync.runtime.api.prepare_data_loader):
 the same data set, batch size, workers and collate function, sampled in the worker's
 order (its partition, in --shuffle's order, resumable at its exact next sample), in
 batches of the size the algorithm asks for, moved to the device, and timed for the
@@ -22,7 +22,7 @@ from esync.data.decode import ShardDataset
 from esync.data.order import DataSettings, WorkerOrder, labels_of
 from esync.data.timed import TimedCollate, TimedDataset, samples_in, to_device
 from esync.errors import UserError
-from esync.session import Session
+from esync.runtime.session import Session
 
 
 class _Batches(torch.utils.data.Sampler):
@@ -84,7 +84,7 @@ def job_loader(loader: DataLoader, session: Session, settings: DataSettings):
     """A data loader over this worker's partition (prepare_data_loader)."""
     if isinstance(loader.dataset, ShardDataset):
         # torchdata's StatefulDataLoader: imported only where shards are read
-        from esync.shardloader import ShardLoader
+        from esync.runtime.shardloader import ShardLoader
 
         return ShardLoader(loader, session, settings)
     return SampleLoader(loader, session, settings)

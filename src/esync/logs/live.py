@@ -3,14 +3,14 @@
 With ESYNC_LIVE_URL set (`http://HOST:PORT/jobs/<job>/`; the launchers set it for every
 process they start), a process of a job reports a few figures to it every INTERVAL_S
 seconds, from a daemon thread: a worker and the evaluator what their round records say
-(esync.recorder hands each record to `add`: round, budget, samples and their rate, the
+(esync.logs.recorder hands each record to `add`: round, budget, samples and their rate, the
 round's time breakdown, bytes, loss, the metric), the launcher the job's state and its
 processes' (`update`). The last report, as the process ends (`close`), says it is no
 longer alive.
 
 The page is an observer: a report that cannot be sent (the state server gone or
 refusing) is logged once and tried again at the next interval; training never waits
-for it. Writes carry ESYNC_STATE_TOKEN as the budget requests do (esync.stateclient).
+for it. Writes carry ESYNC_STATE_TOKEN as the budget requests do (esync.infra.stateclient).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from typing import Any, Dict, Mapping, Optional
 from urllib.parse import urlsplit
 
 from esync.errors import UserError
-from esync.stateclient import token_from_environ
+from esync.infra.stateclient import token_from_environ
 
 URL_ENV = "ESYNC_LIVE_URL"
 #: the job's id, given by a launcher to every process (the scheduler takes it as the
@@ -93,7 +93,7 @@ class LiveReporter:
 
     # --- what the process says ------------------------------------------------------
     def add(self, record: Mapping[str, Any]) -> None:
-        """A round record (esync.recorder's): its figures go into the next report."""
+        """A round record (esync.logs.recorder's): its figures go into the next report."""
         with self._lock:
             f = self.figures
             f["round"] = record.get("round", record.get("num_iters"))

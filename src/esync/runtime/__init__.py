@@ -1,0 +1,1 @@
+"""The worker runtime: the public API's verbs, the session of rounds, joining a job, prepared loaders (shards, leases, remote preparation), the built-in task and loop, and the worker and evaluator roles."""
