@@ -138,3 +138,14 @@ def test_an_upward_import_is_found_where_there_is_one():
     assert floor_of("esync.algorithms.esync.worker") > floor_of("esync.algorithms.esync")
     graph = _graph(_modules())
     assert "esync.comm.kvstore" in graph["esync.algorithms.backend"]
+
+
+def test_every_registry_row_names_modules_that_exist():
+    """The registry names its classes as `module:Class` strings, which no import
+    checks until a job runs the algorithm."""
+    modules = _modules()
+    for row in ALGORITHMS.values():
+        for path in filter(None, (row.policy, row.worker, row.rule)):
+            module, _, name = path.partition(":")
+            assert module in modules, f"{row.key}: {path}"
+            assert f"class {name}(" in modules[module].read_text(encoding="utf-8"), path

@@ -101,7 +101,7 @@ class Algorithm:
 
 ALGORITHMS: Dict[str, Algorithm] = {a.key: a for a in (
     Algorithm(key="esync", mode="esync", policy=_A + "esync:ESync",
-              worker=_A + "esync.runtime.worker:ESyncWorker", rule=_A + "esync.rule:ESyncRule",
+              worker=_A + "esync.worker:ESyncWorker", rule=_A + "esync.rule:ESyncRule",
               folder="esync", summary="ESync", display="ESync", synchronous=True,
               state_server=True, all_reduce=True),
     Algorithm(key="sync", mode="sync", policy=_A + "sync:SSGD",
