@@ -15,6 +15,7 @@ from esync import registry
 from esync.stalls import stallmodel
 from esync.algorithms.esync import budget
 from esync.errors import UserError
+from esync.algorithms.policy import check_aggregation
 from esync.options import parse_options
 from tests.helpers import REPO
 
@@ -110,6 +111,6 @@ def test_an_object_s_own_checks_are_its_flags_checks():
         esync.ESync(outer_momentum=0.9).check(parse_options(["-m", "esync", "--compress",
                                                              "partial:4"]))
     with pytest.raises(UserError, match="--min-batch 64 is more than -b 32"):
-        registry.check_aggregation(parse_options(["-m", "ddp", "--balance-batches", "1",
+        check_aggregation(parse_options(["-m", "ddp", "--balance-batches", "1",
                                                   "-b", "32", "--min-batch", "64"]))
     esync.BalancedDDP(min_batch=32).check(parse_options(["-m", "ddp", "-b", "32"]))

@@ -172,7 +172,7 @@ def test_no_restart_once_the_job_has_ended(tmp_path):
 
 READY_TWICE = """\
 import os, sys
-from esync import ready
+from esync.infra import ready
 memory = sys.argv[1]
 runs = int(open(memory).read()) if os.path.exists(memory) else 0
 open(memory, "w").write(str(runs + 1))

@@ -35,7 +35,7 @@ def read_pids(path, count, timeout=10.0):
 
 LISTENER = textwrap.dedent("""\
     import socket, time
-    from esync import ready
+    from esync.infra import ready
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     s.listen()
@@ -137,7 +137,7 @@ def test_stop_reaches_grandchildren_in_the_group(tmp_path):
 
 
 def test_a_child_that_ignores_sigterm_is_killed_after_the_grace():
-    stubborn = ("import signal, time\nfrom esync import ready\n"
+    stubborn = ("import signal, time\nfrom esync.infra import ready\n"
                 "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nready.announce(0)\n"
                 "time.sleep(60)\n")
     with Supervisor(grace=0.5) as sup:
@@ -152,7 +152,7 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_grace():
 
 def test_a_second_ctrl_c_during_the_grace_kills_at_once():
     notes = []
-    stubborn = ("import signal, time\nfrom esync import ready\n"
+    stubborn = ("import signal, time\nfrom esync.infra import ready\n"
                 "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nready.announce(0)\n"
                 "time.sleep(60)\n")
     previous = signal.signal(signal.SIGALRM, signal.default_int_handler)  # as Ctrl-C

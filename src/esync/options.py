@@ -1,6 +1,6 @@
 """The run's settings: one dataclass, parsed from the command line by argparse-dataclass.
 This module only parses: what the settings mean together is checked where they are used
-(the algorithms' own checks: esync.registry.check_aggregation; plug-ins and the settings
+(the algorithms' own checks: esync.algorithms.policy.check_aggregation; plug-ins and the settings
 a job's nodes agree on: esync.runtime.startup).
 
 main.py's own flags are the fields of `_MainFlags`, in --help's order (the flag pages are

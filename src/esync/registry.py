@@ -9,12 +9,10 @@ plus its unit under esync/algorithms/: policy, worker hooks and server rule, if 
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, Optional, Tuple
 
-from esync.errors import UserError
 
 #: log-folder suffix of a run on split-by-class (non-IID) partitions: esync-niid
 NIID_FOLDER_SUFFIX = "-niid"
@@ -166,53 +164,6 @@ def resolve(mode: str, dcasgd: bool = False, balance_batches: bool = False) -> A
 def of_options(opts: Any) -> Algorithm:
     """The algorithm of parsed main.py options (esync.options.Options)."""
     return resolve(opts.mode, opts.use_dcasgd, opts.balance_batches)
-
-
-def check_aggregation(opts: Any, num_servers: Optional[int] = None) -> None:
-    """The flags against the algorithm they select, before anything starts: its own
-    policy's checks (esync.algorithms: each algorithm's `check`), the flags of other
-    algorithms refused, --backend and --compress against what it runs on and (if known)
-    the job's DMLC_NUM_SERVER; UserError names the flag. Torch-free: the launchers call
-    it on the flags they pass."""
-    algorithm = opts.algorithm
-    own = _spellings(opts, algorithm)  # flags several algorithms share (-gl) pass
-    for other in ALGORITHMS.values():
-        given = [] if other is algorithm else [
-            g for g in other.policy_class().flags_given(opts) if g.split()[0] not in own]
-        if given:
-            flag = given[0].split()[0]
-            takers = [a.mode for a in ALGORITHMS.values() if flag in _spellings(opts, a)]
-            raise UserError(f"{given[0]} applies to -m {' or '.join(takers or [other.mode])} "
-                            f"only, not -m {opts.mode}")
-    algorithm.policy_class().from_options(opts).check(opts)
-    if opts.compress != "none" and not algorithm.parameter_server:
-        raise UserError(f"--compress applies to the parameter-server modes, not -m {opts.mode}")
-    if opts.compress.startswith("partial") and not algorithm.synchronous:
-        raise UserError(f"--compress {opts.compress} synchronises slices in rounds all "
-                        f"workers share: -m sync or esync, not -m {opts.mode}")
-    able = [a.mode for a in ALGORITHMS.values() if a.all_reduce]
-    if opts.backend == "ps":
-        if num_servers == 0:
-            raise UserError(f"DMLC_NUM_SERVER=0: a job without servers aggregates by "
-                            f"all-reduce: pass --backend allreduce (-m {' or '.join(able)})")
-        return
-    if not algorithm.all_reduce:
-        raise UserError(f"--backend allreduce: -m {opts.mode} runs on the parameter "
-                        f"servers only (all-reduce: -m {' or '.join(able)})")
-    if opts.checkpoint_dir or opts.resume:
-        raise UserError("--checkpoint-dir and --resume need the servers' shards: use "
-                        "--backend ps")
-    if num_servers:
-        raise UserError(f"--backend allreduce: DMLC_NUM_SERVER={num_servers}, but the "
-                        f"all-reduce needs no servers: set DMLC_NUM_SERVER=0")
-
-
-def _spellings(opts: Any, algorithm: Algorithm) -> set:
-    """The command-line spellings of the flags `algorithm`'s policy takes its settings
-    from (the parser's fields' own)."""
-    names = set(algorithm.policy_class().FLAGS.values())
-    return {spelling for f in dataclasses.fields(opts) if f.name in names
-            for spelling in f.metadata.get("args", ())}
 
 
 def with_rules() -> Iterator[Algorithm]:

@@ -139,6 +139,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from esync import config
 from esync import registry
 from esync.errors import OneLineParser, UserError, command_main
+from esync.algorithms.policy import check_aggregation
 from esync.options import parse_options
 from esync.transport.auth import KEY_ENV, KEY_FILE_ENV, job_key, new_key
 from esync.logs.live import JOB_ID, JOB_ID_ENV, JOB_ID_FORM, page_url
@@ -421,7 +422,7 @@ def commands(hosts: Sequence[Host], args,
         raise UserError(f"{path}: --backend allreduce runs without servers: no host "
                         f"takes the server role")
     try:
-        registry.check_aggregation(opts, num_servers if algorithm.parameter_server else None)
+        check_aggregation(opts, num_servers if algorithm.parameter_server else None)
     except UserError as e:
         raise UserError(f"{e} (a main.py flag after --)") from None
     printed = _Commands(hosts, args, job, scheduler, state, flags)

@@ -73,6 +73,7 @@ from typing import IO, List, Mapping, Optional, Sequence
 from esync import config
 from esync import registry
 from esync.errors import UserError, command_main
+from esync.algorithms.policy import check_aggregation
 from esync.options import Options, flags_given, parse_options
 from esync.runtime.startup import check_plugins
 from esync.options import build_parser as options_parser
@@ -236,7 +237,7 @@ def plan(argv: Sequence[str], prog: str = PROG,
         raise UserError("--workers and --servers must be at least 1")
     algorithm = opts.algorithm
     # refused here, before any process starts
-    registry.check_aggregation(opts, args.servers if algorithm.parameter_server else None)
+    check_aggregation(opts, args.servers if algorithm.parameter_server else None)
     check_plugins(opts)
     workers = args.workers if algorithm.distributed else 1
     slowdowns = _per_worker("--slowdown", args.slowdown, workers, low=1.0, noun="factor")

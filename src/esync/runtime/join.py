@@ -24,6 +24,7 @@ from esync.comm.statefile import WorkerState
 from esync.data.order import DataSettings
 from esync.errors import UserError
 from esync.logs.live import LiveReporter
+from esync.algorithms.policy import check_aggregation
 from esync.options import Options
 from esync.logs.recorder import MODEL_FILE, Recorder
 from esync.runtime.session import Session
@@ -70,7 +71,7 @@ def check(opts: Options, env: Optional[ClusterEnv]) -> WorkerPlan:
                                          if a.parameter_server))
         raise UserError(f"-m/--mode {opts.mode} does not run with DMLC_ROLE={env.role}: "
                         f"unset DMLC_ROLE, or pick a parameter-server mode ({others})")
-    registry.check_aggregation(opts, env.num_servers if env is not None else None)
+    check_aggregation(opts, env.num_servers if env is not None else None)
     device = select_device(opts)
     patience = 0.0
     if algorithm.state_server:
