@@ -87,19 +87,23 @@ class Servers:
         if job.rank == 0:
             kv.init(self.rule.to_header(), params, buffers)
         else:
-            kv.pull(params, buffers)
-            flat.load_host_state()
+            self._pull()
         job.node.barrier("workers")  # start the clocks together
         if job.rank == 0:  # and the servers' (the evaluator reads it)
-            kv.pull(params, buffers, start=True)
-            flat.load_host_state()
+            self._pull(start=True)
         if not job.resume:
             return None
-        kv.pull(params, buffers)  # go on from the checkpoint's round and clock
-        flat.load_host_state()
+        self._pull()  # go on from the checkpoint's round and clock
         self.resumed_from = kv.model_round
         kv.checkpoints()  # the one resumed from is known
         return (kv.model_round + 1 if self.synchronous else None), kv.model_age or 0.0
+
+    def _pull(self, **where) -> None:
+        """The servers' model into the flat model (`where`: KVStore.pull's start or
+        at_round)."""
+        params, buffers = self.flat.host_state()
+        self.kv.pull(params, buffers, **where)
+        self.flat.load_host_state()
 
     def _come_back(self, params: np.ndarray,
                    buffers: np.ndarray) -> Tuple[Optional[int], float]:
@@ -139,9 +143,7 @@ class Servers:
         if self.synchronous:
             return
         self.job.node.wait_for_others()
-        params, buffers = self.flat.host_state()
-        self.kv.pull(params, buffers)
-        self.flat.load_host_state()
+        self._pull()
 
     def close(self) -> None:
         self.kv.close()
