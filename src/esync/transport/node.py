@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import zmq
 
@@ -256,16 +256,29 @@ class Node:
             pass
 
     # --- heartbeats and notices -------------------------------------------------------
-    def _connect(self, channel: str) -> zmq.Socket:
+    def _socket(self, channel: str) -> zmq.Socket:
         sock = self.guard.connect(self.context.socket(zmq.DEALER))
         sock.setsockopt(zmq.IDENTITY, f"{self.uid}/{channel}".encode())
         sock.setsockopt(zmq.LINGER, 1000)
+        return sock
+
+    def _connect(self, channel: str) -> zmq.Socket:
+        sock = self._socket(channel)
         sock.connect(self.env.scheduler_address)
         return sock
 
-    def _heartbeat_loop(self) -> None:
-        sock = self._connect("hb")
+    def _connect_watched(self, channel: str) -> Tuple[zmq.Socket, Handshakes]:
+        """`_connect` with the handshakes' monitor attached before the connection starts:
+        libzmq drops the events sent before a monitor listens, and a failed handshake is
+        not retried (the session ends), so a monitor attached after `connect` could miss
+        the one event that says why this node cannot join."""
+        sock = self._socket(channel)
         handshakes = Handshakes(sock, self.guard.secure, listening=False)
+        sock.connect(self.env.scheduler_address)
+        return sock, handshakes
+
+    def _heartbeat_loop(self) -> None:
+        sock, handshakes = self._connect_watched("hb")
         interval, timeout = self.env.heartbeat_interval, self.env.heartbeat_timeout
         # Until the scheduler first answers, wait for it however long it takes to start
         # (nodes may be started in any order); after that, silence means it is gone.
@@ -279,8 +292,7 @@ class Node:
                     # may never complete (seen rarely when nodes start before the scheduler)
                     handshakes.close()
                     sock.close(linger=0)
-                    sock, connected_at = self._connect("hb"), now
-                    handshakes = Handshakes(sock, self.guard.secure, listening=False)
+                    (sock, handshakes), connected_at = self._connect_watched("hb"), now
                 if now >= next_beat:
                     sock.send_multipart(encode({"type": "heartbeat", "sender": self.uid}))
                     next_beat = now + interval
