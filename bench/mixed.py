@@ -3,7 +3,8 @@
     python bench/mixed.py --out runs/mixed                 (the whole matrix: days here)
     python bench/mixed.py --out runs/mixed --cells 2x3 --workloads charlm --seeds 1
                                                             (a quick look: about 25 min)
-    python bench/mixed.py --out runs/gpu --devices gpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu
+    python bench/mixed.py --out runs/gpu \
+        --devices gpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu
                                                             (the GPU form: minutes)
 
 The emulated matrix (issue 44). Each cell `RxN` is one fast device at `--slowdown 2`
@@ -89,6 +90,8 @@ ALONE = registry.ALGORITHMS[registry.STANDALONE].log_folder()
 QUICK = "quick"
 #: the GPU form's defaults: workload, seeds, time limit, seconds between evaluations
 GPU_FORM = {"workloads": "charlm", "seeds": 1, "time_limit": 45.0, "eval_interval": 2.0}
+#: esync-experiment's flags this bench sets for each job itself (a cell, the methods)
+SET_HERE = ("--modes", "--workers", "--slowdown", "--configs")
 
 
 @dataclass(frozen=True)
@@ -123,8 +126,8 @@ class Cell:
     """One set of devices: the methods' jobs on all of them, the first one alone."""
     folder: str                     # OUT/<workload>/<folder>/: the methods' jobs
     title: str
-    devices: List[str]              # the experiment's flags of the methods' jobs
-    alone: List[str]                # ... and of the fast device alone
+    job_flags: List[str]            # the experiment's flags of the methods' jobs
+    alone_flags: List[str]          # ... and of the fast device alone's
     alone_folder: str               # OUT/<workload>/<alone_folder>/lr<m>/: its jobs
     nominal_ideal: Optional[float]  # 1 + N/R in the emulated matrix
 
@@ -260,6 +263,10 @@ def plan(argv: Sequence[str], prog: str = PROG) -> Plan:
         GPU_FORM["time_limit"] if gpu else None
     if seeds < 1 or (time_limit is not None and not time_limit > 0):
         raise UserError("--seeds must be >= 1 and --time-limit > 0")
+    taken = [a for a in extra if a.split("=")[0] in SET_HERE]
+    if taken:
+        raise UserError(f"{taken[0].split('=')[0]} is set by the bench (see --cells, "
+                        f"--devices, --methods)")
     return Plan(args.out, {n: known[n] for n in names}, cells, methods, seeds,
                 parse_multipliers(args.lr_grid), time_limit,
                 GPU_FORM["eval_interval"] if gpu else None, args.skip_done, extra)
@@ -309,11 +316,11 @@ def run_cell(run: Plan, name: str, cell: Cell, alone_done: set) -> List[int]:
         for m in run.grid:
             out = alone_out(run, name, cell, m)
             codes.append(run_experiment(
-                experiment_argv(run, name, cell.alone, [ALONE], out, m), out))
+                experiment_argv(run, name, cell.alone_flags, [ALONE], out, m), out))
             if codes[-1] == 130:
                 return codes
     out = cell_out(run, name, cell)
-    codes.append(run_experiment(experiment_argv(run, name, cell.devices, run.methods, out),
+    codes.append(run_experiment(experiment_argv(run, name, cell.job_flags, run.methods, out),
                                 out))
     return codes
 
@@ -393,21 +400,50 @@ def table(result: dict, targets: Sequence[float]) -> str:
     labels = [compare.target_label(t) for t in targets]
     head = ["Run", *(f"{part} {label}" for label in labels
                      for part in ("Time to", "Speed-up at", "Of ideal at")),
-            "Ideal (measured)", "Samples/s", "Throughput of ideal"]
-    alone = result["alone"]
-    rows = [["Fast device alone", *(cell for label in labels for cell in (
-        time_cell(alone["targets"][label]["time"])
-        + (f" (lr x{alone['targets'][label]['lr']:g})"
-           if alone["targets"][label]["lr"] is not None else ""), "1.00x", "")),
-        "1", number_cell(alone["samples_per_s"], ".0f", ""), ""]]
-    for folder, m in result["methods"].items():
-        rows.append([display(folder), *(cell for label in labels for cell in (
-            time_cell(m["targets"][label]["time"]), number_cell(m["targets"][label]["speedup"]),
-            number_cell(m["targets"][label]["fraction"], ".2f", ""))),
-            number_cell(m["ideal"]["median"], ".2f", ""), number_cell(m["samples_per_s"]["median"], ".0f", ""),
-            number_cell(m["throughput_fraction"], ".2f", "")])
+            "Ideal (measured)", "Computing over alone", "Samples/s", "Throughput of ideal"]
+    rows = [alone_row(result["alone"], labels),
+            *(method_row(display(folder), m, labels) for folder, m in result["methods"].items())]
     return "\n".join([markdown_row(head), "|---|" + "---:|" * (len(head) - 1),
                       *map(markdown_row, rows)])
+
+
+def alone_row(alone: dict, labels: Sequence[str]) -> List[str]:
+    """The fast device alone: per target its time at its best learning rate."""
+    cells = []
+    for label in labels:
+        best = alone["targets"][label]
+        lr = f" (lr x{best['lr']:g})" if best["lr"] is not None else ""
+        cells += [time_cell(best["time"]) + lr, "1.00x" if best["time"] else "—", ""]
+    return ["Fast device alone", *cells, "1", "1",
+            number_cell(alone["samples_per_s"], ".0f", ""), ""]
+
+
+def method_row(name: str, m: dict, labels: Sequence[str]) -> List[str]:
+    """One method: per target its time, speed-up and fraction of the ideal; then its
+    ideal, throughput and the fraction of the ideal in throughput."""
+    cells = []
+    for label in labels:
+        at = m["targets"][label]
+        cells += [time_cell(at["time"]), number_cell(at["speedup"]),
+                  number_cell(at["fraction"], ".2f", "")]
+    return [name, *cells, number_cell(m["ideal"]["median"], ".2f", ""),
+            number_cell(m["computing_over_alone"]["median"], ".2f", ""),
+            number_cell(m["samples_per_s"]["median"], ".0f", ""),
+            number_cell(m["throughput_fraction"], ".2f", "")]
+
+
+def device_lines(result: dict) -> List[str]:
+    """Per run, each device's samples per second of computing (median over its jobs)."""
+    runs = [("Fast device alone", result["alone"]["device_rates"]),
+            *((display(folder), m["device_rates"]) for folder, m in result["methods"].items())]
+    return [f"- {name}: {device_rates(rates)}" for name, rates in runs]
+
+
+def device_rates(jobs: Sequence[Dict[str, float]]) -> str:
+    """'w0-x2 2427, w1-x4 1416, ...': each device's median over jobs, in worker order."""
+    devices = sorted({d for rates in jobs for d in rates}, key=lambda d: (len(d), d))
+    return ", ".join(f"{d} {speedup.median([r.get(d) for r in jobs]):.0f}"
+                     for d in devices) or "no run"
 
 
 def markdown_row(cells: Sequence[str]) -> str:
@@ -421,8 +457,11 @@ LEGEND = ("Times: median [min-max] seconds over the seeds; —: fewer than half 
           "(lowest median) is shown and is the baseline. Speed-up: the fast device "
           "alone's median time / the method's. Ideal: sum(v_i)/v_max of each device's "
           "samples per second of computing, measured in the method's own jobs (median "
-          "over seeds). Of ideal: speed-up / ideal. Throughput of ideal: the job's "
-          "samples/s / the fast device alone's, divided by the ideal.")
+          "over seeds). Of ideal: speed-up / ideal. Computing over alone: the devices' "
+          "summed samples per second of computing in the job over the fast device's "
+          "alone (below the ideal where they slow each other, e.g. sharing cores). "
+          "Throughput of ideal: the job's samples/s / the fast device alone's, divided "
+          "by the ideal.")
 
 
 def section(name: str, result: dict, read: Reading, run: Plan) -> str:
@@ -432,7 +471,9 @@ def section(name: str, result: dict, read: Reading, run: Plan) -> str:
             f" ({read.metric}); learning-rate grid of the fast device alone: "
             f"{', '.join(f'x{m:g}' for m in run.grid)}"
             + (f"; nominal ideal 1 + N/R = {nominal:.4g}" if nominal else "") + ".\n\n"
-            + table(result, read.targets) + "\n\n" + LEGEND + "\n")
+            + table(result, read.targets) + "\n\n" + LEGEND + "\n\n"
+            + "Each device's samples per second of computing (median over seeds):\n\n"
+            + "\n".join(device_lines(result)) + "\n")
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:

@@ -18,12 +18,12 @@ MIXED = os.path.join(REPO, "bench", "mixed.py")
 
 def test_a_cell_is_one_fast_device_and_n_devices_r_times_slower():
     small, wide = mixed.parse_cells("2x3,16x7")
-    assert small.devices == ["--workers", "4", "--slowdown", "2,4,4,4"]
+    assert small.job_flags == ["--workers", "4", "--slowdown", "2,4,4,4"]
     assert small.nominal_ideal == 2.5
-    assert wide.devices == ["--workers", "8", "--slowdown", "2,32,32,32,32,32,32,32"]
+    assert wide.job_flags == ["--workers", "8", "--slowdown", "2,32,32,32,32,32,32,32"]
     assert wide.nominal_ideal == pytest.approx(1.4375)
     # the baseline is the fast device alone, the same for both cells
-    assert small.alone == wide.alone == ["--workers", "1", "--slowdown", "2"]
+    assert small.alone_flags == wide.alone_flags == ["--workers", "1", "--slowdown", "2"]
     assert small.alone_folder == wide.alone_folder
     assert [c.nominal_ideal for c in mixed.parse_cells(mixed.DEFAULT_CELLS)] == \
         pytest.approx([2.5, 2.75, 2.875, 1.4375])
@@ -32,8 +32,8 @@ def test_a_cell_is_one_fast_device_and_n_devices_r_times_slower():
 def test_the_gpu_form_runs_the_methods_on_every_device_and_the_first_alone():
     run = mixed.plan(["--devices", "gpu,cpu,cpu"])
     (cell,) = run.cells
-    assert cell.devices == ["--workers", "3", "--slowdown", "1", "--devices", "gpu,cpu,cpu"]
-    assert cell.alone == ["--workers", "1", "--slowdown", "1", "--devices", "gpu"]
+    assert cell.job_flags == ["--workers", "3", "--slowdown", "1", "--devices", "gpu,cpu,cpu"]
+    assert cell.alone_flags == ["--workers", "1", "--slowdown", "1", "--devices", "gpu"]
     assert cell.nominal_ideal is None
     assert list(run.workloads) == ["charlm"] and run.seeds == 1 and run.time_limit == 45
     matrix = mixed.plan([])
@@ -47,7 +47,8 @@ def test_the_gpu_form_runs_the_methods_on_every_device_and_the_first_alone():
     (["--cells", "2x3", "--devices", "gpu,cpu"], "give one"),
     (["--devices", "gpu"], "--devices"), (["--lr-grid", "1,-2"], "--lr-grid"),
     (["--methods", "esync,nope"], "nope"), (["--methods", "local"], "local"),
-    (["--workloads", "mnist"], "mnist"), (["--seeds", "0"], "--seeds")])
+    (["--workloads", "mnist"], "mnist"), (["--seeds", "0"], "--seeds"),
+    (["--slowdown", "1,4"], "set by the bench"), (["--modes=sync"], "--modes")])
 def test_bad_input_is_refused_before_any_job(argv, message):
     with pytest.raises(UserError, match=message):
         mixed.plan(argv)
@@ -56,13 +57,13 @@ def test_bad_input_is_refused_before_any_job(argv, message):
 def test_the_learning_rate_goes_to_the_script_or_to_main_py_and_only_the_baseline_scales_it():
     run = mixed.plan(["--cells", "2x3", "--workloads", "charlm,quick", "-b", "16"])
     (cell,) = run.cells
-    lm = mixed.experiment_argv(run, "charlm", cell.alone, ["local"], "o", 4.0)
+    lm = mixed.experiment_argv(run, "charlm", cell.alone_flags, ["local"], "o", 4.0)
     script = lm.index("examples/charlm_esync.py")
     assert lm[-2:] == ["--lr", f"{3e-3 * 4:g}"] and script < len(lm) - 2
     assert lm.index("-b") < script  # a passed-through flag goes to the job, not the script
-    quick = mixed.experiment_argv(run, "quick", cell.alone, ["local"], "o", 2.0)
+    quick = mixed.experiment_argv(run, "quick", cell.alone_flags, ["local"], "o", 2.0)
     assert quick[quick.index("-l") + 1] == "0.1" and "examples" not in " ".join(quick)
-    methods = mixed.experiment_argv(run, "quick", cell.devices, run.methods, "o")
+    methods = mixed.experiment_argv(run, "quick", cell.job_flags, run.methods, "o")
     assert "-l" not in methods and methods[methods.index("--num-threads") + 1] == "1"
     assert methods[methods.index("--slowdown") + 1] == "2,4,4,4"
 

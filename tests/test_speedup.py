@@ -24,11 +24,11 @@ def job(curve, *devices):
                      **{f"w{k}": device(*d) for k, d in enumerate(devices)}}}
 
 
-def test_each_devices_rate_is_its_samples_per_second_of_computing_and_the_ideal_their_sum_over_the_fastest():
+def test_a_devices_rate_is_its_samples_per_second_of_computing_and_the_ideal_sum_over_max():
     # w0: 4 rounds of 100 samples, 0.1 s each: 1000/s; w1: 2 rounds of 100, 0.4 s: 250/s
     summary = job([(1.0, 0.5)], (100, 0.1, [1, 2, 3, 4]), (100, 0.4, [2, 4]))
     assert speedup.device_rates(summary) == pytest.approx({"w0": 1000.0, "w1": 250.0})
-    assert speedup.job_ideal(summary) == pytest.approx(1.25)
+    assert speedup.ideal(speedup.device_rates(summary).values()) == pytest.approx(1.25)
     assert speedup.ideal([500.0, 250.0, 250.0, None, 0.0]) == pytest.approx(2.0)
     assert speedup.ideal([]) is None
 
@@ -36,7 +36,7 @@ def test_each_devices_rate_is_its_samples_per_second_of_computing_and_the_ideal_
 def test_a_device_that_never_computed_has_no_rate_and_counts_nowhere():
     summary = job([(1.0, 0.5)], (100, 0.1, [1]), (0, 0.0, [1]))
     assert speedup.device_rates(summary) == pytest.approx({"w0": 1000.0})
-    assert speedup.job_ideal(summary) == pytest.approx(1.0)
+    assert speedup.ideal(speedup.device_rates(summary).values()) == pytest.approx(1.0)
 
 
 def test_the_best_learning_rate_has_the_lowest_median_and_ties_go_to_the_smaller():
@@ -71,8 +71,9 @@ def test_the_fast_device_alone_takes_per_target_its_best_learning_rate():
     # 0.5: x1 at 6, 8, 10 s (with 0.9); x2 at 4, 1 (seed1 never passed 0.5), 5 s
     assert alone["targets"]["0.50"]["lr"] == 2.0
     assert alone["targets"]["0.50"]["time"]["median"] == 4.0
-    # 500 samples over 5 s in every run: 100 samples/s
+    # 500 samples over 5 s in every run: 100 samples/s; 1000 per second of computing
     assert alone["samples_per_s"] == pytest.approx(100.0)
+    assert alone["computing_samples_per_s"] == pytest.approx(1000.0)
 
 
 def test_a_method_is_measured_against_the_alone_baseline_and_its_own_ideal():
@@ -85,6 +86,8 @@ def test_a_method_is_measured_against_the_alone_baseline_and_its_own_ideal():
     assert result["samples_per_s"]["median"] == pytest.approx(140.0)
     # (140 / 100) / 1.25
     assert result["throughput_fraction"] == pytest.approx(1.12)
+    # the devices compute 1000 + 250 per second, the fast one alone 1000
+    assert result["computing_over_alone"]["median"] == pytest.approx(1.25)
     at = result["targets"]["0.90"]
     assert at["time"]["median"] == 3.0
     assert at["speedup"] == pytest.approx(5.0 / 3.0)

@@ -14,7 +14,10 @@ fastest device would alone. This module measures that from summaries (summary.py
   method wins by a step size its baseline was denied;
 * the speed-up `t_alone / t_job` of median times (`speedup`), and the fraction of the
   ideal reached, in time to target (speed-up / ideal) and in throughput (the job's
-  samples per second over the fast device alone's, divided by the ideal; `fraction`).
+  samples per second over the fast device alone's, divided by the ideal; `fraction`);
+* the devices' computing against the fast device alone's (`sum(v_i)` in the job over
+  `v` alone): near the ideal where the devices compute as fast together as apart,
+  lower where they slow each other down (shared cores: an emulation to distrust).
 
 Medians over seeds are compare.py's: a seed that did not reach a target counts as slower
 than every seed that did (never as the time limit), and the median is None ("not
@@ -24,7 +27,7 @@ None is None.
 from __future__ import annotations
 
 import statistics
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 from esync.logs_tools import compare, drawer
 
@@ -44,16 +47,11 @@ def device_rates(summary: dict) -> Dict[str, float]:
     return {device: rate for device, rate in rates.items() if rate is not None}
 
 
-def ideal(rates: Sequence[float]) -> Optional[float]:
+def ideal(rates: Iterable[Optional[float]]) -> Optional[float]:
     """The ideal speed-up over the fastest device alone, sum(v_i) / v_max (None without
     a positive rate)."""
     rates = [v for v in rates if v is not None and v > 0]
     return sum(rates) / max(rates) if rates else None
-
-
-def job_ideal(summary: dict) -> Optional[float]:
-    """The ideal speed-up of one job, from its devices' measured throughputs."""
-    return ideal(list(device_rates(summary).values()))
 
 
 def median(values: Sequence[Optional[float]]) -> Optional[float]:
@@ -94,7 +92,9 @@ def best_learning_rate(times: Mapping[float, dict]) -> Optional[Tuple[float, dic
 def alone(runs: Mapping[float, Mapping[str, dict]], targets: Sequence[float],
           metric: Optional[str] = None) -> dict:
     """The fastest device alone, from its runs {learning-rate multiplier: {seed:
-    summary}}: {"samples_per_s": median over every run, "targets": {label: {"lr": the
+    summary}}: {"samples_per_s": median over every run, "device_rates": every run's
+    (multipliers in order, then seeds), "computing_samples_per_s": the median of its
+    device's rate, "targets": {label: {"lr": the
     best multiplier (None: no multiplier reached it), "time": its time_stats,
     "by_lr": {multiplier: time_stats}}}}."""
     by_target = {}
@@ -106,18 +106,24 @@ def alone(runs: Mapping[float, Mapping[str, dict]], targets: Sequence[float],
             "lr": best[0] if best else None,
             "time": best[1] if best else None,
             "by_lr": {f"{lr:g}": stats for lr, stats in by_lr.items()}}
-    rates = [drawer.throughput(s) for seeds in runs.values() for s in seeds.values()]
-    return {"samples_per_s": median(rates), "targets": by_target}
+    every = [s for seeds in runs.values() for s in seeds.values()]
+    rates = [device_rates(s) for s in every]
+    return {"samples_per_s": median([drawer.throughput(s) for s in every]),
+            "device_rates": rates,
+            "computing_samples_per_s": median([max(r.values(), default=None) for r in rates]),
+            "targets": by_target}
 
 
 def job(summaries: Mapping[str, dict], baseline: dict, targets: Sequence[float],
         metric: Optional[str] = None) -> dict:
     """One method's measure over its seeds {seed: summary}, against `alone`'s result:
-    {"ideal": spread of each seed's ideal, "device_rates": each seed's, "samples_per_s":
-    spread, "throughput_fraction": (median samples/s / the alone's) / median ideal,
-    "targets": {label: {"time": time_stats, "speedup", "fraction"}}}."""
-    ideals = compare.spread([job_ideal(s) for s in summaries.values()])
-    rates = compare.spread([drawer.throughput(s) for s in summaries.values()])
+    {"ideal": spread of each seed's ideal, "device_rates": each seed's,
+    "computing_over_alone": spread of each seed's sum(v_i) / the alone's v,
+    "samples_per_s": spread, "throughput_fraction": (median samples/s / the alone's) /
+    median ideal, "targets": {label: {"time": time_stats, "speedup", "fraction"}}}."""
+    rates = [device_rates(s) for s in summaries.values()]
+    ideals = compare.spread([ideal(list(r.values())) for r in rates])
+    throughput = compare.spread([drawer.throughput(s) for s in summaries.values()])
     by_target = {}
     for target in targets:
         label = compare.target_label(target)
@@ -126,9 +132,11 @@ def job(summaries: Mapping[str, dict], baseline: dict, targets: Sequence[float],
         gain = speedup(best["median"] if best else None, stats["median"])
         by_target[label] = {"time": stats, "speedup": gain,
                             "fraction": fraction(gain, ideals["median"])}
-    return {"ideal": ideals,
-            "device_rates": [device_rates(s) for s in summaries.values()],
-            "samples_per_s": rates,
-            "throughput_fraction": fraction(ratio(rates["median"], baseline["samples_per_s"]),
-                                            ideals["median"]),
+    return {"ideal": ideals, "device_rates": rates,
+            "computing_over_alone": compare.spread(
+                [ratio(sum(r.values()) if r else None, baseline["computing_samples_per_s"])
+                 for r in rates]),
+            "samples_per_s": throughput,
+            "throughput_fraction": fraction(ratio(throughput["median"],
+                                                  baseline["samples_per_s"]), ideals["median"]),
             "targets": by_target}
