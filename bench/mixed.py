@@ -1,16 +1,18 @@
 """One fast device and N slow ones: is the job ever faster than its fast device alone?
 
-    python bench/mixed.py --out runs/mixed                 (the whole matrix: days here)
+    python bench/mixed.py --out runs/mixed             (the whole matrix: about 7.5 h here)
     python bench/mixed.py --out runs/mixed --cells 2x3 --workloads charlm --seeds 1
-                                                            (a quick look: about 25 min)
+                                                        (a first look: about 30 min here)
+    python bench/mixed.py --out runs/mixed --cells 2x3 --workloads quick --seeds 1
+                                                        (the built-in LeNet: 1 min here)
     python bench/mixed.py --out runs/gpu \
         --devices gpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu
-                                                            (the GPU form: minutes)
+                                                        (the GPU form: about 6 min)
 
 The emulated matrix (issue 44). Each cell `RxN` is one fast device at `--slowdown 2`
 and N slow ones at `--slowdown 2R`, so that every device is slower than a real core and
-all the computing fits in about one core; its nominal ideal speed-up is 1 + N/R. The
-default cells are 2x3, 4x7, 8x15 and 16x7 (ideals 2.5, 2.75, 2.875, 1.4375). Every
+all the computing would fit in about one core; its nominal ideal speed-up is 1 + N/R.
+The default cells are 2x3, 4x7, 8x15 and 16x7 (ideals 2.5, 2.75, 2.875, 1.4375). Every
 method (`--methods`: esync-experiment's log folders, default DEFAULT_METHODS) runs once
 per cell and seed, on plain loopback. The baseline is the fast device alone (`-m local
 --slowdown 2`), run at every learning rate of `--lr-grid` (multiples of the workload's
@@ -21,21 +23,22 @@ cell, so one set of its runs serves every cell of a workload.
 
 The GPU form (`--devices gpu,cpu,...`, esync-launch's --devices): one job per method
 with those devices and no slowdown, the first device alone as the baseline. Its defaults
-are the LM (charlm), 1 seed, a 45 s time limit and an evaluation every 2 s. On this
+are the LM (charlm), 1 seed, a 45 s time limit and an evaluation every 2 s. On a
 CPU-only machine `--devices cpu,cpu,cpu` runs the same path.
 
 Workloads (`--workloads`): bench/evidence.py's `charlm` and `resnet` (their scripts,
 targets, evaluation intervals and 300 s time limits), and `quick`, main.py's LeNet on
-the embedded digits (esync-experiment's defaults; targets 0.90, 0.95; 25 s), for tests
+the embedded digits (esync-experiment's defaults; targets 0.97, 0.98; 25 s), for tests
 and a first look. Their learning rate is set by LEARNING_RATES: the scripts' `--lr`, and
 main.py's `-l` (the standalone mode's step) for `quick`.
 
-Every job is one esync-experiment job (esync/launch/experiment.py, called in process,
-its output in OUT/<workload>/<cell>/experiment.log): OUT/<workload>/alone-<fast>/lr<m>/
-holds the baseline's jobs, OUT/<workload>/<cell>/ the methods'. Every job gets
-`--num-threads 1`; any flag not listed here goes to every job, after the workload's own
-(e.g. `--eval-interval 1`, `--targets`, `-b 64`). `--skip-done` reuses the jobs that
-already have a summary, so an interrupted run goes on where it stopped.
+Every job is an esync-experiment job (esync/launch/experiment.py, called in process,
+its standard output in OUT/<workload>/<folder>/experiment.log, its progress on stderr):
+OUT/<workload>/alone-<fast>/lr<m>/ holds the baseline's jobs, OUT/<workload>/<cell>/
+the methods'. Every job gets `--num-threads 1`; any flag not listed here goes to every
+job, after the workload's own (e.g. `--eval-interval 1`, `--targets`, `-b 64`), except
+those the bench sets (SET_HERE). `--skip-done` reuses the jobs that already have a
+summary, so an interrupted run goes on where it stopped.
 
 The measure, per cell (printed, and written to OUT/mixed.md and OUT/mixed.json; see
 esync/logs_tools/speedup.py): per method and target the median [min-max] time over the
@@ -45,16 +48,21 @@ device alone at its best learning rate (ratio of medians); the ideal `sum(v_i)/v
 from each device's throughput measured in the same job (samples per second of
 computing), beside the nominal 1 + N/R; the fraction of the ideal reached in time to
 target (speed-up / ideal) and in throughput (the job's samples/s over the fast device
-alone's, divided by the ideal).
+alone's, divided by the ideal); the devices' summed computing rate over the fast device
+alone's (where it is well below the ideal, the devices slowed each other down: on 2
+cores the quick workload's 2x3 cell computes only about 1.1x the fast device alone, its
+ideal 2.7); and each device's computing rate.
 
-How long it takes here (2 cores): a job costs its time limit or less (it ends once the
-harder target has held for a second), plus about 5-10 s of start and summary. The LM's
-and the ResNet's jobs mostly run to the 300 s limit in the slow cells, so the whole
-matrix is about 4 cells x 2 workloads x 3 seeds x 3 methods = 72 jobs plus 2 x 3 x 3 =
-18 baseline jobs, at most 90 x 310 s = about 8 hours (one method more: 24 jobs, 2 hours
-more). The quick workload's cell 2x3 with one seed, the three methods and the grid
-(6 jobs) took 1.3 min; the GPU form's test (`--devices cpu,cpu`, one method, one
-learning rate, 8 s limit) takes about 25 s.
+How long it takes here (2 cores, measured): a job runs until the harder target has held
+for a second or to its time limit, plus about 5-10 s of start and summary. The LM's fast
+device alone at x2 reached 1.65 after 247 s (the job: 270 s), so the LM's and the
+ResNet's jobs take about their 300 s limit: the whole matrix is 2 workloads x (3
+learning rates x 3 seeds alone + 4 cells x 3 methods x 3 seeds) = 90 jobs, about 7.5
+hours (each method more: 24 jobs, 2 hours). The quick workload's cell 2x3, one seed,
+three methods and the grid (6 jobs) took 48 s; the GPU form's test (`--devices
+cpu,cpu`, one method, one learning rate) about 15 s. On the GPU machine the GPU form is
+3 jobs alone (ending at the target, about 20 s) and 3 of at most 45 s: about 6 minutes,
+an estimate (not measured: this session had no GPU).
 """
 from __future__ import annotations
 
@@ -483,31 +491,49 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
 def _main(argv: List[str], prog: str) -> int:
     run = plan(argv, prog)
     reads = {name: reading(run, name) for name in run.workloads}
-    if "resnet" in run.workloads and not os.path.isdir(
-            os.path.join(run.out, "digits32", "test")):
-        from examples.resnet_bn import write_digits_folder
-
-        write_digits_folder(os.path.join(run.out, "digits32"))
-    sections, doc, failed = [], {}, 0
+    if "resnet" in run.workloads:
+        write_digits(run.out)
+    sections: List[str] = []
+    doc, failed = {}, 0
     start = time.monotonic()
     for name in run.workloads:
-        alone_done: set = set()
+        rate = LEARNING_RATES[name]
         doc[name] = {"metric": reads[name].metric, "targets": reads[name].targets,
+                     "learning_rate": {"flag": rate.flag, "default": rate.default},
                      "cells": {}}
-        for cell in run.cells:
-            codes = run_cell(run, name, cell, alone_done)
-            if 130 in codes:
-                return 130
-            failed += sum(c != 0 for c in codes)
-            result = measure(run, name, cell, reads[name])
-            doc[name]["cells"][cell.folder] = result
-            sections.append(section(name, result, reads[name], run))
-            print(sections[-1], flush=True)
+        codes = run_workload(run, name, reads[name], doc[name]["cells"], sections)
+        if 130 in codes:
+            return 130
+        failed += sum(c != 0 for c in codes)
     summary.write_json(os.path.join(run.out, "mixed.json"),
                        {"lr_grid": run.grid, "seeds": run.seeds, "workloads": doc})
     sections.append(f"Took {(time.monotonic() - start) / 60:.1f} min in this run.\n")
     return evidence.gathered(run.out, "mixed", "One fast device and N slow ones", sections,
                              failed)
+
+
+def run_workload(run: Plan, name: str, read: Reading, cells: dict,
+                 sections: List[str]) -> List[int]:
+    """Every cell of one workload: its jobs, then its measure into cells and its table
+    printed and added to sections; the jobs' exit statuses (130: interrupted, stop)."""
+    alone_done: set = set()
+    codes: List[int] = []
+    for cell in run.cells:
+        codes += run_cell(run, name, cell, alone_done)
+        if 130 in codes:
+            break
+        cells[cell.folder] = measure(run, name, cell, read)
+        sections.append(section(name, cells[cell.folder], read, run))
+        print(sections[-1], flush=True)
+    return codes
+
+
+def write_digits(out: str) -> None:
+    """The ResNet workload's image folder (bench/evidence.py's), written once."""
+    if not os.path.isdir(os.path.join(out, "digits32", "test")):
+        from examples.resnet_bn import write_digits_folder
+
+        write_digits_folder(os.path.join(out, "digits32"))
 
 
 if __name__ == "__main__":
