@@ -1,8 +1,8 @@
 """One fast device and N slow ones: is the job ever faster than its fast device alone?
 
-    python bench/mixed.py --out runs/mixed             (the whole matrix: about 7.5 h here)
+    python bench/mixed.py --out runs/mixed             (the whole matrix: 4-7.5 h here)
     python bench/mixed.py --out runs/mixed --cells 2x3 --workloads charlm --seeds 1
-                                                        (a first look: about 30 min here)
+                                                        (a first look: 20-30 min here)
     python bench/mixed.py --out runs/mixed --cells 2x3 --workloads quick --seeds 1
                                                         (the built-in LeNet: 1 min here)
     python bench/mixed.py --out runs/gpu \
@@ -54,15 +54,17 @@ cores the quick workload's 2x3 cell computes only about 1.1x the fast device alo
 ideal 2.7); and each device's computing rate.
 
 How long it takes here (2 cores, measured): a job runs until the harder target has held
-for a second or to its time limit, plus about 5-10 s of start and summary. The LM's fast
-device alone at x2 reached 1.65 after 247 s (the job: 270 s), so the LM's and the
-ResNet's jobs take about their 300 s limit: the whole matrix is 2 workloads x (3
-learning rates x 3 seeds alone + 4 cells x 3 methods x 3 seeds) = 90 jobs, about 7.5
-hours (each method more: 24 jobs, 2 hours). The quick workload's cell 2x3, one seed,
-three methods and the grid (6 jobs) took 48 s; the GPU form's test (`--devices
-cpu,cpu`, one method, one learning rate) about 15 s. On the GPU machine the GPU form is
-3 jobs alone (ending at the target, about 20 s) and 3 of at most 45 s: about 6 minutes,
-an estimate (not measured: this session had no GPU).
+for a second or to its time limit, plus about 5-10 s of start and summary. In the LM's
+cell 2x3 (one seed), the fast device alone at x2 reached 1.65 after 247 s (its job: 270
+s) and ESync after 148 s (its job: 162 s); the two jobs took 7.3 min. The LM's and the
+ResNet's jobs thus take 2.5-5 min each, and the whole matrix, 2 workloads x (3 learning
+rates x 3 seeds alone + 4 cells x 3 methods x 3 seeds) = 90 jobs, 4-7.5 hours (each
+method more: 24 jobs, up to 2 hours). A first look at one LM cell with one seed is 6
+jobs, 20-30 min. The quick workload's cell 2x3, one seed, three methods and the grid
+(6 jobs) took 48 s; the GPU form's test (`--devices cpu,cpu`, one method, one learning
+rate) about 15 s. On the GPU machine the GPU form is 3 jobs alone (ending at the target,
+about 20 s each) and 3 of at most 45 s: about 6 minutes with starts, an estimate (not
+measured: the session that wrote this had no GPU).
 """
 from __future__ import annotations
 
