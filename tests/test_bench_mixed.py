@@ -11,7 +11,9 @@ import pytest
 
 from bench import mixed
 from esync.errors import UserError
+from esync.logs_tools import speedup
 from tests.helpers import REPO
+from tests.test_speedup import alone_runs, job
 
 MIXED = os.path.join(REPO, "bench", "mixed.py")
 
@@ -90,6 +92,22 @@ def test_targets_are_read_as_the_jobs_will_read_them():
     assert mixed.reading(run, "quick").targets == [0.97, 0.98]
     given = mixed.plan(["--workloads", "quick", "--cells", "2x3", "--targets", "0.8,0.5"])
     assert mixed.reading(given, "quick").targets == [0.5, 0.8]
+
+
+def test_the_table_names_the_baselines_learning_rate_and_shows_not_reached_as_a_dash():
+    alone = speedup.alone(alone_runs(), [0.9, 0.95])
+    sync = {f"seed{k}": job([(t, 0.9)], (100, 0.1, [1, 2, 3, 4, 5]), (100, 0.4, [2, 5]))
+            for k, t in enumerate([4.0, 2.0, 3.0])}
+    result = {"alone": alone, "methods": {"sync": speedup.job(sync, alone, [0.9, 0.95])}}
+    rows = {line.split(" | ")[0]: line.split(" | ")[1:]
+            for line in mixed.table(result, [0.9, 0.95]).splitlines()}
+    # time, speed-up, of ideal per target; ideal, computing over alone, samples/s, of ideal
+    assert rows["| Fast device alone"][:4] == ["5.00 [4.00-n/r] (2/3) (lr x2)", "1.00x", "",
+                                               "—"]
+    assert rows["| SSGD"] == ["3.00 [2.00-4.00]", "1.67x", "1.33", "— (0/3)", "—", "—", "1.25",
+                              "1.25", "140", "1.12 |"]
+    lines = mixed.device_lines(result)
+    assert lines == ["- Fast device alone: w0 1000", "- SSGD: w0 1000, w1 250"]
 
 
 @pytest.mark.slow
