@@ -442,6 +442,15 @@ def method_row(name: str, m: dict, labels: Sequence[str]) -> List[str]:
             number_cell(m["throughput_fraction"], ".2f", "")]
 
 
+def learning_rate_line(alone: dict) -> str:
+    """The fast device alone's median time to each target at each learning rate (a best
+    at the grid's edge says the grid is too narrow)."""
+    return "; ".join(
+        f"{label}: " + ", ".join(f"x{lr} {number_cell(stats['median'], '.2f', ' s')}"
+                                 for lr, stats in best["by_lr"].items())
+        for label, best in alone["targets"].items())
+
+
 def device_lines(result: dict) -> List[str]:
     """Per run, each device's samples per second of computing (median over its jobs)."""
     runs = [("Fast device alone", result["alone"]["device_rates"]),
@@ -482,6 +491,8 @@ def section(name: str, result: dict, read: Reading, run: Plan) -> str:
             f"{', '.join(f'x{m:g}' for m in run.grid)}"
             + (f"; nominal ideal 1 + N/R = {nominal:.4g}" if nominal else "") + ".\n\n"
             + table(result, read.targets) + "\n\n" + LEGEND + "\n\n"
+            + "The fast device alone's median time by learning rate: "
+            + learning_rate_line(result["alone"]) + ".\n\n"
             + "Each device's samples per second of computing (median over seeds):\n\n"
             + "\n".join(device_lines(result)) + "\n")
 

@@ -106,6 +106,8 @@ def test_the_table_names_the_baselines_learning_rate_and_shows_not_reached_as_a_
                                                "—"]
     assert rows["| SSGD"] == ["3.00 [2.00-4.00]", "1.67x", "1.33", "— (0/3)", "—", "—", "1.25",
                               "1.25", "140", "1.12 |"]
+    assert mixed.learning_rate_line(alone) == \
+        "0.90: x1 8.00 s, x2 5.00 s; 0.95: x1 —, x2 —"
     lines = mixed.device_lines(result)
     assert lines == ["- Fast device alone: w0 1000", "- SSGD: w0 1000, w1 250"]
 
