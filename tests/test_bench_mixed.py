@@ -137,6 +137,13 @@ def test_the_gpu_form_on_cpus_measures_the_speed_up_over_the_first_device_alone(
     assert cell["alone"]["samples_per_s"] > 0
     alone = tmp_path / "quick" / "alone-cpu" / "lr1" / "plain" / "seed0" / "lenet" / "local"
     assert (alone / "Local.json").is_file()
+    # each worker's command (its log's first line): its device and one torch thread
+    sync_folder = tmp_path / "quick" / "devices-cpu-cpu" / "plain" / "seed0" / "lenet" / "sync"
+    logs = [*alone.glob("*/w0/worker.log"), *sync_folder.glob("*/w1/worker.log")]
+    assert len(logs) == 2, logs
+    for log in logs:
+        command = log.read_text().splitlines()[0]
+        assert " -c 1 " in command and " --num-threads 1 " in command, command
 
     again = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0, again.stderr[-3000:]
