@@ -26,7 +26,6 @@ None is None.
 """
 from __future__ import annotations
 
-import statistics
 from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 from esync.logs_tools import compare, drawer
@@ -56,8 +55,7 @@ def ideal(rates: Iterable[Optional[float]]) -> Optional[float]:
 
 def median(values: Sequence[Optional[float]]) -> Optional[float]:
     """The median of the values that are not None (None if none is)."""
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
+    return compare.spread(values)["median"]
 
 
 def ratio(numerator: Optional[float], denominator: Optional[float]) -> Optional[float]:
