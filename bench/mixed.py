@@ -3,8 +3,8 @@
     python bench/mixed.py --out runs/mixed             (the whole matrix: 4-7.5 h here)
     python bench/mixed.py --out runs/mixed --cells 2x3 --workloads charlm --seeds 1
                                                         (a first look: 20-30 min here)
-    python bench/mixed.py --out runs/mixed --cells 2x3 --workloads quick --seeds 1
-                                                        (the built-in LeNet: 1 min here)
+    python bench/mixed.py --out runs/mixed --workloads quick --seeds 1
+                                                        (the built-in LeNet: 6 min here)
     python bench/mixed.py --out runs/gpu \
         --devices gpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu
                                                         (the GPU form: about 6 min)
@@ -61,7 +61,7 @@ ResNet's jobs thus take 2.5-5 min each, and the whole matrix, 2 workloads x (3 l
 rates x 3 seeds alone + 4 cells x 3 methods x 3 seeds) = 90 jobs, 4-7.5 hours (each
 method more: 24 jobs, up to 2 hours). A first look at one LM cell with one seed is 6
 jobs, 20-30 min. The quick workload's cell 2x3, one seed, three methods and the grid
-(6 jobs) took 48 s; the GPU form's test (`--devices cpu,cpu`, one method, one learning
+(6 jobs) took 48 s, its four cells (15 jobs) about 6 min; the GPU form's test (`--devices cpu,cpu`, one method, one learning
 rate) about 15 s. On the GPU machine the GPU form is 3 jobs alone (ending at the target,
 about 20 s each) and 3 of at most 45 s: about 6 minutes with starts, an estimate (not
 measured: the session that wrote this had no GPU).
