@@ -162,8 +162,9 @@ def _target_flag(args) -> List[str]:
     return ["--target-accuracy", f"{max(args.targets):g}"]
 
 
-def _parse_targets(args) -> None:
-    """args.targets as numbers of args.metric; ValueError (one line) on bad input."""
+def parse_targets(args) -> None:
+    """args.targets (the parser's text) as numbers of args.metric, the easiest first
+    (bench/mixed.py reads them as the jobs will); ValueError (one line) on bad input."""
     metric = METRIC_RECORD[args.metric]
     if args.targets is None:
         if metric != "accuracy":
@@ -180,7 +181,7 @@ def plan(args, extra: Sequence[str]) -> List[Tuple[str, str, int, List[str]]]:
     """(config, log folder, seed, launcher argv) of every job, in the order they run;
     ValueError (one line) on bad input."""
     if not isinstance(args.targets, list):
-        _parse_targets(args)
+        parse_targets(args)
     known = jobs()
     chosen = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in chosen if m not in known]
