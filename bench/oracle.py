@@ -1,0 +1,200 @@
+"""The large-batch oracle: the most any data-parallel method can gain over the fastest
+device alone, on one workload.
+
+    python bench/oracle.py                                  (charlm; about 1 h here)
+    python bench/oracle.py --ideals 2.75 --seeds 1 --lr-grid 1,2.67   (about 6 min)
+
+Devices whose summed throughput is `ideal` times the fastest's can at best train, in
+each of the fastest device's steps, on `ideal` times its batch: every sample they
+compute counts, nobody waits, nothing is stale. A synchronous method (SSGD, DDP, ESync's
+averaging) is at best that; the time-optimal asynchronous method for devices of
+different speeds (Rennala SGD, Tyurin and Richtarik 2023) is no better. So the oracle's
+speed-up, the steps the fastest device alone needs to reach a target over the steps the
+oracle needs, bounds what extra devices can buy. Where it is below 1.3 at an ideal of 2
+or more, issue 44's "1.3x sooner" cannot be met by any method on that workload and
+target (the batch is above the workload's critical batch size there).
+
+It trains in one process, counting steps (no clock): the workload's model with its
+optimizer, at batch `b` (the fast device alone) and at `round(b * ideal)` for each
+ideal, each at every learning rate of the grid (multiples of the workload's), with
+--seeds seeds; a validation pass every --eval-every steps. A run ends at the harder
+target or at --max-steps. Printed (and written to --out as oracle.md and oracle.json):
+per batch, the best learning rate's median steps [min-max] to each target, and the
+speed-up bound (the fast device alone's best median over the oracle's best median).
+The learning-rate grid is the same for both, so that no batch wins by a step size the
+other was denied.
+
+Workload: charlm (examples/charlm.py: 0.12 M parameters, AdamW 3e-3 with weight decay
+0.01, batch 32; validation loss, targets 1.8 and 1.65), the evidence workload whose step
+time is longest here. Measured (2026-11-27, 2 cores, one torch thread): 1,700 steps take
+about 50 s with the validation passes; batch 88 about 2.5 times as long.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from typing import Dict, List, Optional, Sequence
+
+import torch
+from torch.utils.data import DataLoader
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from esync.errors import UserError, command_main  # noqa: E402
+from esync.logs_tools import compare  # noqa: E402
+
+PROG = "bench/oracle.py"
+BATCH, LEARNING_RATE, WEIGHT_DECAY = 32, 3e-3, 0.01  # examples/charlm_esync.py's defaults
+
+
+def steps_to_targets(batch: int, lr: float, seed: int, targets: Sequence[float],
+                     max_steps: int, eval_every: int) -> Dict[str, Optional[int]]:
+    """Train charlm alone at `batch` and `lr`; the first step at which a validation pass
+    saw each target (a loss at or below it), None where none did by `max_steps`."""
+    from examples import charlm
+
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    train, val = charlm.build_data()
+    model = charlm.build_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=WEIGHT_DECAY)
+    order = torch.Generator().manual_seed(seed)
+    loader = DataLoader(train, batch_size=batch, shuffle=True, generator=order,
+                        drop_last=True)
+    val_loader = DataLoader(val, batch_size=256)
+    reached: Dict[str, Optional[int]] = {f"{t:g}": None for t in targets}
+    step = 0
+    while step < max_steps and reached[f"{min(targets):g}"] is None:
+        for inputs, outputs in loader:
+            optimizer.zero_grad()
+            charlm.loss_fn(model(inputs), outputs).backward()
+            optimizer.step()
+            step += 1
+            if step % eval_every == 0:
+                loss = validation_loss(model, val_loader, charlm.loss_fn)
+                for t in targets:
+                    if loss <= t and reached[f"{t:g}"] is None:
+                        reached[f"{t:g}"] = step
+            if step >= max_steps or reached[f"{min(targets):g}"] is not None:
+                break
+    return reached
+
+
+def validation_loss(model: torch.nn.Module, loader: DataLoader, loss_fn) -> float:
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for inputs, outputs in loader:
+            total += loss_fn(model(inputs), outputs).item() * len(inputs)
+            count += len(inputs)
+    model.train()
+    return total / count
+
+
+def best(by_lr: Dict[str, List[Optional[int]]]) -> Optional[str]:
+    """The learning rate whose median steps are fewest (None if none reached it); a
+    run that never reached the target counts as slower than every run that did
+    (compare.censored_median, as esync-compare's tables)."""
+    medians = {lr: compare.censored_median(runs) for lr, runs in by_lr.items()}
+    reached = {lr: m for lr, m in medians.items() if m is not None}
+    return min(reached, key=reached.get) if reached else None
+
+
+def table(results: dict, targets: Sequence[float]) -> str:
+    """The markdown table: per batch, each target's best median steps and the bound."""
+    head = ["Batch", "Ideal"] + [c for t in targets for c in (
+        f"Steps to {t:g} (best lr)", f"Speed-up bound at {t:g}")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    alone = results["batches"][0]
+    for row in results["batches"]:
+        cells = [str(row["batch"]), f"{row['ideal']:g}"]
+        for t in targets:
+            mine, base = row["targets"][f"{t:g}"], alone["targets"][f"{t:g}"]
+            if mine["median"] is None:
+                cells += ["—", "—"]
+                continue
+            runs = [r for r in mine["runs"] if r is not None]
+            cells.append(f"{mine['median']:g} [{min(runs)}-{max(runs)}] (lr x{mine['lr']})")
+            cells.append(f"{base['median'] / mine['median']:.2f}x"
+                         if base["median"] is not None else "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ideals", default="2.5,2.75",
+                        help="the ideals (sum of the devices' throughputs over the "
+                             "fastest's) to bound, comma-separated (default 2.5,2.75)")
+    parser.add_argument("--lr-grid", default="1,2,4",
+                        help="learning rates, multiples of 3e-3 (default 1,2,4)")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
+    parser.add_argument("--targets", default="1.8,1.65",
+                        help="validation losses (default 1.8,1.65)")
+    parser.add_argument("--max-steps", type=int, default=2500,
+                        help="most steps of a run (default 2500)")
+    parser.add_argument("--eval-every", type=int, default=50,
+                        help="steps between validation passes (default 50)")
+    parser.add_argument("--processes", type=int, default=2,
+                        help="runs at once (default 2)")
+    parser.add_argument("--out", default=None, help="folder for oracle.md and oracle.json")
+    return parser
+
+
+def numbers(flag: str, text: str, kind=float) -> list:
+    try:
+        values = [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(v > 0 for v in values):
+        raise UserError(f"{flag} {text!r}: expected positive numbers, comma-separated")
+    return values
+
+
+def _main(argv: List[str], prog: str) -> int:
+    args = build_parser().parse_args(argv)
+    ideals = numbers("--ideals", args.ideals)
+    grid = numbers("--lr-grid", args.lr_grid)
+    targets = sorted(numbers("--targets", args.targets), reverse=True)
+    if args.seeds < 1 or args.max_steps < 1 or args.eval_every < 1 or args.processes < 1:
+        raise UserError("--seeds, --max-steps, --eval-every and --processes must be >= 1")
+    batches = [(BATCH, 1.0)] + [(round(BATCH * i), i) for i in ideals]
+    runs = [(b, m, s) for b, _ in batches for m in grid for s in range(args.seeds)]
+    with ProcessPoolExecutor(args.processes) as pool:
+        futures = {run: pool.submit(steps_to_targets, run[0], LEARNING_RATE * run[1],
+                                    run[2], targets, args.max_steps, args.eval_every)
+                   for run in runs}
+        done = {run: future.result() for run, future in futures.items()}
+    results = {"lr": LEARNING_RATE, "grid": grid, "seeds": args.seeds, "batches": []}
+    for batch, ideal in batches:
+        row = {"batch": batch, "ideal": ideal, "targets": {}}
+        for t in targets:
+            key = f"{t:g}"
+            by_lr = {f"{m:g}": [done[(batch, m, s)][key] for s in range(args.seeds)]
+                     for m in grid}
+            lr = best(by_lr)
+            row["targets"][key] = {"lr": lr, "by_lr": by_lr,
+                                   "runs": by_lr[lr] if lr else [],
+                                   "median": compare.censored_median(by_lr[lr]) if lr else None}
+        results["batches"].append(row)
+    text = table(results, targets)
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "oracle.md"), "w") as f:
+            f.write(text + "\n")
+        with open(os.path.join(args.out, "oracle.json"), "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return command_main(_main, argv, PROG, PROG)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
