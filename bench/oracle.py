@@ -1,8 +1,8 @@
 """The large-batch oracle: the most any data-parallel method can gain over the fastest
 device alone, on one workload.
 
-    python bench/oracle.py                                  (charlm; about 1 h here)
-    python bench/oracle.py --ideals 2.75 --seeds 1 --lr-grid 1,2.67   (about 6 min)
+    python bench/oracle.py                         (charlm, ideals 2.5 and 2.75; 40 min)
+    python bench/oracle.py --ideals 2.75 --max-steps 2000   (20 min here, measured)
 
 Devices whose summed throughput is `ideal` times the fastest's can at best train, in
 each of the fastest device's steps, on `ideal` times its batch: every sample they
@@ -26,8 +26,11 @@ other was denied.
 
 Workload: charlm (examples/charlm.py: 0.12 M parameters, AdamW 3e-3 with weight decay
 0.01, batch 32; validation loss, targets 1.8 and 1.65), the evidence workload whose step
-time is longest here. Measured (2026-11-27, 2 cores, one torch thread): 1,700 steps take
-about 50 s with the validation passes; batch 88 about 2.5 times as long.
+time is longest here. Measured (2026-11-27, 2 cores, one torch thread per run, two runs
+at once): the second command above found the bound at ideal 2.75 to be 1.64x at 1.8 and
+2.00x at 1.65 (batch 88 at 3e-3: 550 [500-1150] and 850 [800-1650] steps; batch 32:
+900 [900-1450] and 1700 [1650-1700]). One seed's steps differ from another's by up to
+2x: use 3 seeds or more.
 """
 from __future__ import annotations
 
