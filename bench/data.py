@@ -73,7 +73,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from esync.data.pagecache import Residency, fadvise_dontneed
+from esync.data.pagecache import Residency, drop_caches, fadvise_dontneed
 from esync.data.shards import INDEX, ShardSet, ShardWriter, write_index
 from esync.errors import UserError
 
@@ -242,18 +242,7 @@ def write_data(folder: str, samples: int, sample_bytes: int, seed: int) -> float
     return time.perf_counter() - started
 
 
-# --- the page cache (Residency, fadvise_dontneed: esync.data.pagecache) ----------------
-def drop_caches() -> str:
-    """sync, then 1 into /proc/sys/vm/drop_caches; '' or why not."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1\n")
-    except OSError as e:
-        return f"{type(e).__name__}: {e.strerror or e}"
-    return ""
-
-
+# --- the page cache (Residency, fadvise_dontneed, drop_caches: esync.data.pagecache) --
 def _pct(share: Optional[float]) -> str:
     return "?" if share is None else f"{100 * share:.1f}%"
 

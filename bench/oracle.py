@@ -70,8 +70,8 @@ def steps_to_targets(batch: int, lr: float, seed: int, targets: Sequence[float],
                         drop_last=True)
     val_loader = DataLoader(val, batch_size=256)
     reached: Dict[str, Optional[int]] = {f"{t:g}": None for t in targets}
-    step = 0
-    while step < max_steps and reached[f"{min(targets):g}"] is None:
+    hardest, step = f"{min(targets):g}", 0
+    while step < max_steps and reached[hardest] is None:
         for inputs, outputs in loader:
             optimizer.zero_grad()
             charlm.loss_fn(model(inputs), outputs).backward()
@@ -82,7 +82,7 @@ def steps_to_targets(batch: int, lr: float, seed: int, targets: Sequence[float],
                 for t in targets:
                     if loss <= t and reached[f"{t:g}"] is None:
                         reached[f"{t:g}"] = step
-            if step >= max_steps or reached[f"{min(targets):g}"] is not None:
+            if step >= max_steps or reached[hardest] is not None:
                 break
     return reached
 

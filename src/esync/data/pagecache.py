@@ -76,3 +76,15 @@ def fadvise_dontneed(paths: Sequence[str]) -> str:
     except OSError as e:
         return f"{type(e).__name__}: {e.strerror or e}"
     return ""
+
+
+def drop_caches() -> str:
+    """sync, then 1 into /proc/sys/vm/drop_caches (the whole machine's clean pages);
+    '' or why not."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+    except OSError as e:
+        return f"{type(e).__name__}: {e.strerror or e}"
+    return ""

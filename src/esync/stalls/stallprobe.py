@@ -41,7 +41,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 import torch
 
 from esync.data import IN_MEMORY, SHARDS_PREFIX
-from esync.data.pagecache import Residency, fadvise_dontneed
+from esync.data.pagecache import Residency, drop_caches, fadvise_dontneed
 from esync.options import Options
 from esync.stalls.stallmodel import Costs
 
@@ -183,18 +183,6 @@ def read_through(paths: Sequence[str]) -> None:
         with open(path, "rb", buffering=0) as f:
             while f.read(8 << 20):
                 pass
-
-
-def drop_caches() -> str:
-    """sync, then 1 into /proc/sys/vm/drop_caches (the whole machine's clean pages);
-    '' or why not."""
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1\n")
-    except OSError as e:
-        return f"{type(e).__name__}: {e.strerror or e}"
-    return ""
 
 
 def evict(paths: Sequence[str]) -> str:
