@@ -181,16 +181,14 @@ def seconds_per_sample(records):
 @pytest.mark.slow
 @pytest.mark.alone
 def test_a_4x_faster_worker_settles_at_about_4x_the_batch(tmp_path):
-    """--slowdown 1,4 by hand, -b 512 (a global batch of 1,024), three estimates of the
-    workers' speeds (after rounds 10, 20 and 30). Each estimate's batches are in the
-    ratio of the two workers' speeds as their own logs measured them (the median of
-    their last 20 rounds' computing seconds per sample), within 5%; and the fast worker
-    gets several times the slow one's batch. How many times is the emulation's, not the
-    balancer's: 4 on a machine of real cores, more where the two processes share a
-    core's hyperthreads (the slow worker computes only while the fast one does too,
-    the fast one partly alone): 4.3-5.9 beside another test's load, 5.5 alone on a
-    slower CI machine, where a bound of 5 on it failed."""
-    job = DDPJob(tmp_path, [["--slowdown", "1"], ["--slowdown", "4"]],
+    """--slowdown 2,8 by hand (both devices slowed, so that the emulation's CPU time
+    measures each: a worker at 1 would take the other's load on the machine's cores in
+    full), -b 512 (a global batch of 1,024), three estimates of the workers' speeds
+    (after rounds 10, 20 and 30). Each estimate's batches are in the ratio of the two
+    workers' speeds as their own logs measured them (the median of their last 20
+    rounds' computing seconds per sample), within 5%; and the fast worker gets several
+    times the slow one's batch (4 by the factors; the emulation's own spread aside)."""
+    job = DDPJob(tmp_path, [["--slowdown", "2"], ["--slowdown", "8"]],
                  ["--balance-batches", "1", "-b", "512", "--max-rounds", "31", "-e", "0",
                   "--num-threads", "1"])
     job.check_ok()

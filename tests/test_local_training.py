@@ -87,17 +87,23 @@ def test_stop_criteria(tmp_path, standalone):
 
 
 def test_slowdown_waits_in_proportion_to_compute(tmp_path, standalone):
+    """--slowdown 3 on a CPU with one thread: each local iteration lasts 3 times the
+    median CPU time of the recent iterations' computing (its record's compute_cpu; not
+    the batch's loading) in all: it waits that less its own computing."""
     result = standalone(["--slowdown", "3", "--max-rounds", "5", "-ld", str(tmp_path)])
     assert result.returncode == 0, result.stderr
     rounds = _rounds(str(tmp_path))
-    waited, computed = 0.0, []
+    waited, cpu = 0.0, []
     for record in rounds:
         phases = record["time"]["0"]
-        computed.append(sum(phases[p] for p in PHASES - {"get_batch"}))
-        # (F-1) times the median of the recent iterations' compute times (the batch's
-        # loading is not scaled)
-        assert abs(phases["slowdown"] - 2 * statistics.median(computed[-15:])) < 1e-4
+        computed = sum(phases[p] for p in PHASES - {"get_batch"})
+        assert len(record["compute_cpu"]) == 1  # one per local iteration
+        cpu.extend(record["compute_cpu"])
+        assert 0 < cpu[-1] <= computed + 1e-3  # the thread's CPU time within the wall's
+        expected = max(0.0, 3 * statistics.median(cpu[-15:]) - computed)
+        assert abs(phases["slowdown"] - expected) < 1e-4, (phases, cpu)
         waited += phases["slowdown"]
+    assert waited > 0
     assert rounds[-1]["total_time"] >= waited  # the waits really happened
 
 

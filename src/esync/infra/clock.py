@@ -9,14 +9,22 @@ from typing import Deque, Optional
 
 
 class Slowdown:
-    """Makes this process act as a device `factor` times slower: after a local iteration
-    of t seconds it waits (factor - 1) * m, where m is the median of its last WINDOW
-    iterations' t (this one included). Using m rather than t keeps the device's speed
-    steady: on a machine shared by several simulated devices, t swings with the others'
-    load, and waiting (factor - 1) * t would multiply each swing by `factor`, a noise no
-    real slower device has; the median also ignores the slow first iteration. The
-    window holds iterations of one batch size: a new size (speed-balanced DDP) starts it
-    afresh, as a real device's time follows its batch at once."""
+    """Makes this process act as a device `factor` times slower: a local iteration whose
+    computing took `seconds` is made to last factor * m in all, m the median of its last
+    WINDOW iterations' computing (this one included): it waits factor * m - seconds (none
+    where the iteration alone took longer).
+
+    m is measured in the process's CPU seconds where it computes on a CPU with one torch
+    thread (`cpu_seconds`, the thread's time.thread_time()), else in wall seconds. On a
+    machine shared by several simulated devices the wall time of an iteration swings
+    with the others' load (sixteen devices that start a round at once each wait their
+    turn for a core: 4x the iteration's CPU time), and a device that waited (F - 1)
+    times that would be slower than F by the load, most of all a slow device, whose
+    every iteration is a round's first. Its CPU time is what the iteration cost, as a
+    device of its own would run it. The median keeps the device's speed steady and
+    ignores the slow first iteration. The window holds iterations of one batch size: a
+    new size (speed-balanced DDP) starts it afresh, as a real device's time follows its
+    batch at once."""
 
     WINDOW = 15
 
@@ -25,16 +33,18 @@ class Slowdown:
         self.recent: Deque[float] = deque(maxlen=self.WINDOW)
         self.samples: Optional[int] = None  # the batch size of those in `recent`
 
-    def wait(self, seconds: float, samples: Optional[int] = None) -> Optional[float]:
-        """Wait after an iteration of `seconds` on `samples` samples; returns the wait
+    def wait(self, seconds: float, samples: Optional[int] = None,
+             cpu_seconds: Optional[float] = None) -> Optional[float]:
+        """Wait after an iteration that computed for `seconds` (wall; its CPU time
+        `cpu_seconds` where that is the measure) on `samples` samples; returns the wait
         (None with factor 1)."""
         if self.factor <= 1.0:
             return None
         if samples != self.samples:
             self.recent.clear()
             self.samples = samples
-        self.recent.append(seconds)
-        waited = (self.factor - 1.0) * statistics.median(self.recent)
+        self.recent.append(seconds if cpu_seconds is None else cpu_seconds)
+        waited = max(0.0, self.factor * statistics.median(self.recent) - seconds)
         time.sleep(waited)
         return waited
 

@@ -282,7 +282,7 @@ class Session:
         self._stalls[0] += fetched
         self._stalls[1] += seconds - fetched
         self._prep_work += seconds - fetched if prep is None else prep
-        self._batch_ready = time.perf_counter()
+        self._batch_ready, self._batch_ready_cpu = time.perf_counter(), time.thread_time()
 
     def report(self, loss: Optional[float] = None, samples: Optional[int] = None,
                metric: Optional[float] = None,
@@ -323,9 +323,12 @@ class Session:
         # a slower device's accelerator is slower, not its storage or CPUs: the wait
         # scales the computing only, not the batch's fetch and prep
         computing = t3 - self._batch_ready - communicated
-        waited = self._slower.wait(computing, self._samples)
+        cpu = time.thread_time() - self._batch_ready_cpu if self._cpu_measured() else None
+        waited = self._slower.wait(computing, self._samples, cpu)
         if waited is not None:
             phases["slowdown"] = waited
+            if cpu is not None:
+                self._cpu_times.append(round(cpu, 6))
         self.algorithm.iteration_timed(computing + self._fetch + (waited or 0.0),
                                        self._samples or 0)
         i = len(self._times)
@@ -339,9 +342,15 @@ class Session:
             self._end_round()
         return result
 
+    def _cpu_measured(self) -> bool:
+        """Whether --slowdown's wait is based on the computing's CPU time (a CPU device
+        computing on this thread alone) rather than its wall time (Slowdown)."""
+        return self._slower.factor > 1.0 and self.device.type == "cpu" and \
+            torch.get_num_threads() == 1
+
     def _next_iteration(self) -> None:
         self._fetch, self._samples = 0.0, None
-        self._batch_ready = time.perf_counter()
+        self._batch_ready, self._batch_ready_cpu = time.perf_counter(), time.thread_time()
 
     # --- rounds --------------------------------------------------------------------------
     def _begin_round(self) -> None:
@@ -358,6 +367,7 @@ class Session:
                              f"local iterations")
         self._budget = budget
         self._times: Dict[int, Phases] = {}
+        self._cpu_times: List[float] = []  # the slowdown's basis, where it is CPU time
         self._loss_sum, self._losses, self._round_samples = 0.0, 0, 0
         self._stalls = [0.0, 0.0]  # seconds blocked on data: fetch, prep
         self._prep_work = 0.0
@@ -391,6 +401,8 @@ class Session:
             self._times.values(), *self._stalls, self.algorithm.waited_seconds(),
             ended - self._round_end - self._paused)
         evaluated["prep_seconds"] = round(self._prep_work, 6)
+        if self._cpu_times:
+            evaluated["compute_cpu"] = self._cpu_times
         self.last_breakdown = evaluated["breakdown"]
         self._round_end = ended
         for fields in self._round_fields:
