@@ -12,8 +12,9 @@ interleaved (plain, ddp, plain, ddp, ...), each for --seconds of training:
     `DistributedDataParallel(build_network("lenet"))` with DDP's defaults,
     `torch.optim.SGD(lr=0.05, momentum=0.9)`, batches of 64 per rank from the same
     digits partitions and order as esync's (esync's BatchStream), cross-entropy. A rank
-    with factor F sleeps after each step (F-1) times the median of its last 15 steps'
-    computing: the step's wall time less the time in collectives (DDP's buffer
+    with factor F sleeps after each step until its computing has lasted F times the
+    median of its last 15 steps' computing (CPU time with one torch thread, as -m
+    ddp), computing being the step's wall time less the time in collectives (DDP's buffer
     broadcast, timed between a forward pre-hook on the DDP module and one on the
     wrapped module; the gradient all-reduce, timed by a comm hook around torch's
     `allreduce_hook`). It stops by a key rank 0 sets in the TCPStore once --seconds

@@ -26,8 +26,8 @@ do to each mode's jobs.
   links, ...). From the summaries (esync/logs_tools/summary.py; the evaluator's folder left
   out): each worker's median round time (the differences of `total_time` from round 1
   on), averaged over the fast and over the slow workers; the slow workers' median
-  computing time per round (slowdown included: F-1 times their recent computing, so a
-  change of CPU contention shows F times) and communication time per round (`global
+  computing time per round (slowdown included: F times their recent computing's CPU
+  time in all) and communication time per round (`global
   aggregate` / `global update`, where the link's waits are counted), from round 2 on;
   bytes per sample (the workers' bytes_list over their num_samples_list); the seconds of
   training. It prints plain, links and links/plain (median [min-max] over repeats,

@@ -10,9 +10,10 @@ per rank from esync's data classes, so the same samples in the same order as `-m
 `EpochOrder(seed=[0, rank])`, `BatchStream`): a plain DataLoader would add its own
 per-batch costs, which are not what is being compared.
 
-Slowdown F (esync.runtime.train.Slowdown, as in -m ddp): after each step the rank sleeps (F-1)
-times the median of its last 15 steps' computing, where computing is the step's wall time (batch,
-forward, backward, optimizer step) less the time spent in collectives:
+Slowdown F (esync.infra.clock.Slowdown, as in -m ddp): after each step the rank sleeps until
+the step's computing has lasted F times the median of its last 15 steps' computing (their CPU
+time, the thread's, with one torch thread; else wall time), where computing is the step's
+wall time (batch, forward, backward, optimizer step) less the time spent in collectives:
 - DDP's buffer broadcast at the start of its forward: the gap between a forward
   pre-hook on the DDP module and one on the wrapped module;
 - the gradient all-reduce: a comm hook wrapping torch's own `allreduce_hook` (DDP's
@@ -99,17 +100,17 @@ def run(rank: int, world: int, port: int, slowdown: float, seconds: float,
     try:
         while last is None or step < last:
             step += 1
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.thread_time()
             images, labels = batches.next()
             optimizer.zero_grad(set_to_none=True)
             F.cross_entropy(ddp(images), labels).backward()
             optimizer.step()
-            t1 = time.perf_counter()
+            t1, cpu = time.perf_counter(), time.thread_time() - cpu0
             allreduce = comm["end"] - comm["start"] if comm["start"] is not None else 0.0
             comm["start"] = None
             collectives.append(comm["broadcast"] + allreduce)
             computing.append(t1 - t0 - collectives[-1])
-            slower.wait(computing[-1], BATCH)
+            slower.wait(computing[-1], BATCH, cpu if torch.get_num_threads() == 1 else None)
             ends.append(time.perf_counter() - start)
             t2 = time.perf_counter()
             if last is None:

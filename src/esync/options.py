@@ -248,8 +248,10 @@ class _MainFlags:
     device_name: str = _opt(["--device-name"], "",
                             "label of the log folder; empty: cpu or gpu<N>")
     slowdown: float = _opt(["--slowdown"], config.SLOWDOWN,
-                           "act as a device F times slower: after each local iteration "
-                           "wait F-1 times the recent iterations' median computing time",
+                           "act as a device F times slower: wait until each local "
+                           "iteration's computing has lasted F times the recent "
+                           "iterations' median (their CPU time on a CPU with one torch "
+                           "thread, else wall time)",
                            type=_slowdown)
     bandwidth: Optional[float] = _opt(["--bandwidth"], config.BANDWIDTH,
                                       "Mbit/s of this worker's emulated link, each way: its "
