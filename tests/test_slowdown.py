@@ -1,0 +1,45 @@
+"""--slowdown's wait (esync.infra.clock.Slowdown), in process: each local iteration's
+computing is made to last F times the median of the recent iterations' (CPU time where
+given, else wall time)."""
+import pytest
+
+from esync.infra.clock import Slowdown
+
+
+def test_the_wait_tops_the_iteration_up_to_f_times_the_recent_median():
+    slower = Slowdown(3)
+    # wall 2 ms of which the CPU computed 1 ms: the device's own cost is 1 ms
+    assert slower.wait(0.002, 64, cpu_seconds=0.001) == pytest.approx(0.001)
+    # the median of 1, 2 and 3 ms of CPU is 2 ms: the iteration lasts 6 ms in all
+    slower.wait(0.004, 64, cpu_seconds=0.003)
+    assert slower.wait(0.0025, 64, cpu_seconds=0.002) == pytest.approx(0.006 - 0.0025)
+    # an iteration that alone took longer than its share waits nothing, and is not cut
+    assert slower.wait(0.050, 64, cpu_seconds=0.002) == 0.0
+
+
+def test_wall_time_is_the_measure_without_cpu_seconds():
+    slower = Slowdown(2)
+    assert slower.wait(0.001, 8) == pytest.approx(0.001)
+    assert slower.wait(0.003, 8) == pytest.approx(2 * 0.002 - 0.003)
+
+
+def test_a_new_batch_size_starts_the_window_afresh():
+    slower = Slowdown(2)
+    for _ in range(5):
+        slower.wait(0.001, 64, cpu_seconds=0.001)
+    # a batch 4 times as large: its time counts at once, not after the window turns
+    assert slower.wait(0.004, 256, cpu_seconds=0.004) == pytest.approx(0.004)
+    assert list(slower.recent) == [0.004]
+
+
+def test_the_window_forgets_old_iterations():
+    slower = Slowdown(2)
+    for _ in range(Slowdown.WINDOW):
+        slower.wait(0.0, 1, cpu_seconds=0.010)
+    for _ in range(Slowdown.WINDOW // 2 + 1):
+        waited = slower.wait(0.0, 1, cpu_seconds=0.001)
+    assert waited == pytest.approx(0.002)  # most of the window is of 1 ms now
+
+
+def test_factor_one_never_waits():
+    assert Slowdown(1.0).wait(0.5, 64, cpu_seconds=0.1) is None
