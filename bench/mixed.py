@@ -12,7 +12,10 @@
 The emulated matrix (issue 44). Each cell `RxN` is one fast device at `--slowdown 2`
 and N slow ones at `--slowdown 2R`, so that every device is slower than a real core and
 all the computing would fit in about one core; its nominal ideal speed-up is 1 + N/R.
-The default cells are 2x3, 4x7, 8x15 and 16x7 (ideals 2.5, 2.75, 2.875, 1.4375). Every
+The default cells are 2x3, 4x7, 8x15 and 16x7 (ideals 2.5, 2.75, 2.875, 1.4375); they ask
+for 1.25, 1.375, 1.44 and 0.72 cores of computing. `--fast-slowdown F` puts the fast
+device at F (the slow ones at FR; the baseline alone at F, in folders named x<F>): at F =
+1 + N/R a cell's computing is one core's. Every
 method (`--methods`: esync-experiment's log folders, default DEFAULT_METHODS) runs once
 per cell and seed, on plain loopback. The baseline is the fast device alone (`-m local
 --slowdown 2`), run at every learning rate of `--lr-grid` (multiples of the workload's
@@ -85,6 +88,7 @@ from bench.evidence import Workload  # noqa: E402
 from esync import config, registry  # noqa: E402
 from esync.data import METRIC_RECORD  # noqa: E402
 from esync.errors import UserError, command_main  # noqa: E402
+from esync.flagtypes import slowdown as slowdown_factor  # noqa: E402
 from esync.launch import experiment  # noqa: E402
 from esync.logs_tools import compare, speedup, summary  # noqa: E402
 
@@ -142,16 +146,17 @@ class Cell:
     nominal_ideal: Optional[float]  # 1 + N/R in the emulated matrix
 
 
-def emulated_cell(ratio: float, slow: int) -> Cell:
-    """One fast device at FAST_SLOWDOWN and `slow` devices `ratio` times slower."""
-    slowdowns = [FAST_SLOWDOWN] + [FAST_SLOWDOWN * ratio] * slow
+def emulated_cell(ratio: float, slow: int, fast: float = FAST_SLOWDOWN) -> Cell:
+    """One fast device at slowdown `fast` and `slow` devices `ratio` times slower (the
+    folder names `fast` where it is not FAST_SLOWDOWN)."""
+    slowdowns = [fast] + [fast * ratio] * slow
     nominal = 1 + slow / ratio
-    return Cell(f"R{ratio:g}-N{slow}",
-                f"R={ratio:g}: 1 fast device (slowdown {FAST_SLOWDOWN:g}) + {slow} slow "
-                f"(slowdown {FAST_SLOWDOWN * ratio:g}), nominal ideal {nominal:.4g}",
+    return Cell(f"R{ratio:g}-N{slow}" + ("" if fast == FAST_SLOWDOWN else f"-x{fast:g}"),
+                f"R={ratio:g}: 1 fast device (slowdown {fast:g}) + {slow} slow "
+                f"(slowdown {fast * ratio:g}), nominal ideal {nominal:.4g}",
                 ["--workers", str(1 + slow), "--slowdown", ",".join(f"{s:g}" for s in slowdowns)],
-                ["--workers", "1", "--slowdown", f"{FAST_SLOWDOWN:g}"],
-                f"alone-x{FAST_SLOWDOWN:g}", nominal)
+                ["--workers", "1", "--slowdown", f"{fast:g}"],
+                f"alone-x{fast:g}", nominal)
 
 
 def devices_cell(devices: Sequence[str]) -> Cell:
@@ -164,8 +169,9 @@ def devices_cell(devices: Sequence[str]) -> Cell:
                 "alone-" + devices[0].replace(":", ""), None)
 
 
-def parse_cells(text: str) -> List[Cell]:
-    """The cells of `--cells 2x3,4x7` (R x N, R >= 1, N >= 1); UserError otherwise."""
+def parse_cells(text: str, fast: float = FAST_SLOWDOWN) -> List[Cell]:
+    """The cells of `--cells 2x3,4x7` (R x N, R >= 1, N >= 1) with the fast device at
+    slowdown `fast`; UserError otherwise."""
     cells = []
     for item in (part.strip() for part in text.split(",")):
         ratio, _, slow = item.partition("x")
@@ -176,7 +182,7 @@ def parse_cells(text: str) -> List[Cell]:
         if not (1 <= r < float("inf") and n >= 1):
             raise UserError(f"--cells {text!r}: expected RxN items such as 2x3 (R >= 1 "
                             f"times slower, N >= 1 slow devices), got {item!r}")
-        cells.append(emulated_cell(r, n))
+        cells.append(emulated_cell(r, n, fast))
     return cells
 
 
@@ -220,6 +226,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument("--cells", default=None,
                         help=f"the emulated matrix's cells, RxN comma-separated (default "
                              f"{DEFAULT_CELLS}); not with --devices")
+    parser.add_argument("--fast-slowdown", type=slowdown_factor, default=FAST_SLOWDOWN,
+                        help=f"the emulated fast device's --slowdown, the slow ones' R "
+                             f"times it (default {FAST_SLOWDOWN:g}; at 1 + N/R, a cell's "
+                             f"computing is one core's)")
     parser.add_argument("--devices", default=None,
                         help="the GPU form: each worker's device (esync-launch's --devices, "
                              "e.g. gpu,cpu,cpu); the first alone is the baseline")
@@ -260,9 +270,11 @@ def plan(argv: Sequence[str], prog: str = PROG) -> Plan:
     """The run's plan from its command line; UserError (one line) on bad input."""
     args, extra = build_parser(prog).parse_known_args(argv)
     gpu = args.devices is not None
-    if gpu and args.cells is not None:
-        raise UserError("--cells is the emulated matrix, --devices the GPU form: give one")
-    cells = [parse_devices(args.devices)] if gpu else parse_cells(args.cells or DEFAULT_CELLS)
+    if gpu and (args.cells is not None or args.fast_slowdown != FAST_SLOWDOWN):
+        raise UserError("--cells and --fast-slowdown are the emulated matrix, --devices "
+                        "the GPU form: give one")
+    cells = [parse_devices(args.devices)] if gpu else parse_cells(args.cells or DEFAULT_CELLS,
+                                                                  args.fast_slowdown)
     known = workloads(args.out)
     names = parse_names("--workloads", args.workloads or
                         (GPU_FORM["workloads"] if gpu else "charlm,resnet"), list(known))

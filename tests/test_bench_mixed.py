@@ -31,6 +31,17 @@ def test_a_cell_is_one_fast_device_and_n_devices_r_times_slower():
         pytest.approx([2.5, 2.75, 2.875, 1.4375])
 
 
+def test_the_fast_device_can_be_slowed_further_so_that_a_cell_fits_one_core():
+    """--fast-slowdown 2.75 at 4x7: the fast device at 2.75, the slow ones at 11 (their
+    computing together one core's), the baseline alone at 2.75, in folders of their own."""
+    (cell,) = mixed.plan(["--cells", "4x7", "--fast-slowdown", "2.75"]).cells
+    assert cell.job_flags == ["--workers", "8", "--slowdown", ",".join(["2.75"] + ["11"] * 7)]
+    assert cell.alone_flags == ["--workers", "1", "--slowdown", "2.75"]
+    assert cell.nominal_ideal == 2.75
+    assert (cell.folder, cell.alone_folder) == ("R4-N7-x2.75", "alone-x2.75")
+    assert mixed.plan(["--cells", "4x7"]).cells[0].folder == "R4-N7"
+
+
 def test_the_gpu_form_runs_the_methods_on_every_device_and_the_first_alone():
     run = mixed.plan(["--devices", "gpu,cpu,cpu"])
     (cell,) = run.cells
@@ -47,6 +58,7 @@ def test_the_gpu_form_runs_the_methods_on_every_device_and_the_first_alone():
 @pytest.mark.parametrize("argv, message", [
     (["--cells", "2x0"], "--cells"), (["--cells", "0.5x3"], "--cells"),
     (["--cells", "2x3", "--devices", "gpu,cpu"], "give one"),
+    (["--fast-slowdown", "3", "--devices", "gpu,cpu"], "give one"),
     (["--devices", "gpu"], "--devices"), (["--lr-grid", "1,-2"], "--lr-grid"),
     (["--methods", "esync,nope"], "nope"), (["--methods", "local"], "local"),
     (["--workloads", "mnist"], "mnist"), (["--seeds", "0"], "--seeds"),
