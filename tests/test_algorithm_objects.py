@@ -87,6 +87,21 @@ def test_bad_settings_of_an_object_are_one_line_errors():
         esync.ESync(outer_momentum=1.0)
 
 
+def test_a_round_lasts_long_enough_that_its_coordination_keeps_its_share():
+    # the slowest device's iteration, where the coordination's share is kept
+    assert budget.round_seconds([0.01, 0.04], 0.004, 0.1) == 0.04
+    # else long enough: 30 ms of coordination is a tenth of 300 ms in all
+    assert budget.round_seconds([0.01, 0.04], 0.03, 0.1) == pytest.approx(0.27)
+    # share 0 (the paper's rule) or nothing measured yet: the slowest device's iteration
+    assert budget.round_seconds([0.01, 0.04], 0.03, 0.0) == 0.04
+    assert budget.round_seconds([0.01, 0.04], None, 0.1) == 0.04
+    assert budget.budget(0.01, [0.01, 0.04], 64, coordination=0.03, share=0.1) == 27
+    assert budget.budget(0.04, [0.01, 0.04], 64, coordination=0.03, share=0.1) == 7
+    assert budget.budget(0.01, [0.01, 0.04], 16, coordination=0.03, share=0.1) == 16
+    # an explicit round time wins
+    assert budget.budget(0.01, [0.01, 0.04], 64, 0.1, coordination=0.03, share=0.1) == 10
+
+
 def test_the_budget_rule_is_one_torch_free_module_that_its_users_share():
     code = ("import sys; import esync.algorithms.esync.budget; "
             "print('torch' in sys.modules, 'django' in sys.modules)")

@@ -9,13 +9,14 @@ import time
 
 import pytest
 
+from esync import config
 from tests.cluster import Cluster
 from tests.helpers import assert_breakdown
 from tests.stateserver import StateServer
 
 pytestmark = pytest.mark.slow  # whole clusters of real processes
 
-SLOWDOWNS = [1, 1, 4, 4]
+SLOWDOWNS = [2, 2, 8, 8]  # every device slowed: none takes the machine's load in full
 
 
 def start_workers(job, state, args, slowdowns):
@@ -63,8 +64,10 @@ NON_IID_SETTLED = 0.7
 
 @pytest.mark.parametrize("partition", sorted(STOP))
 def test_heterogeneous_workers_get_budgets_by_speed_and_reach_90_percent(tmp_path, partition):
+    """The paper's rule (--coordination-share 0): the slowest devices run 1 local
+    iteration a round, the others as many as fit in its time."""
     with StateServer(tmp_path) as state, Cluster(tmp_path, 1, len(SLOWDOWNS)) as job:
-        start_workers(job, state, STOP[partition], SLOWDOWNS)
+        start_workers(job, state, [*STOP[partition], "--coordination-share", "0"], SLOWDOWNS)
         codes = job.wait(240)
         assert_all_exit_0(job, codes)
         rank_of = ranks(job, len(SLOWDOWNS))
@@ -81,10 +84,10 @@ def test_heterogeneous_workers_get_budgets_by_speed_and_reach_90_percent(tmp_pat
         count = len(rounds[evaluator])
         assert count >= 10
 
-        # budgets from the logs: the x4-slow workers run 1, the fast ones clearly more
+        # budgets from the logs: the 4x slower workers run 1, the fast ones clearly more
         budgets = {w: [r["budget"] for r in rounds[w][5:]] for w in rounds}
-        fast = [statistics.median(budgets[w]) for w, s in enumerate(SLOWDOWNS) if s == 1]
-        slow = [statistics.median(budgets[w]) for w, s in enumerate(SLOWDOWNS) if s == 4]
+        fast = [statistics.median(budgets[w]) for w, s in enumerate(SLOWDOWNS) if s == 2]
+        slow = [statistics.median(budgets[w]) for w, s in enumerate(SLOWDOWNS) if s == 8]
         assert slow == [1, 1] and min(fast) >= 2.5, budgets
         # worker 0 announces its stop with the next round's push: all leave together
         for w in rounds:
@@ -106,13 +109,39 @@ def test_heterogeneous_workers_get_budgets_by_speed_and_reach_90_percent(tmp_pat
         for w, slowdown in enumerate(SLOWDOWNS):
             device = status["devices"][rank_of[w]]
             assert device["reports"] >= count and device["reported_at"]
-            if slowdown == 1:
+            if slowdown == 2:
                 assert device["budget"] >= 2, status
             else:
                 assert device["budget"] == 1, status
+            # what its synchronisation cost is reported all the same
+            assert device["coordination"] > 0 and device["smoothed_coordination"] > 0
+        assert status["coordination_share"] == 0
         fast_time = status["devices"][rank_of[0]]["smoothed_time_per_iteration"]
         slow_time = status["devices"][rank_of[2]]["smoothed_time_per_iteration"]
         assert slow_time > 2.5 * fast_time
+
+
+def test_by_default_rounds_grow_until_their_synchronisation_is_a_tenth(tmp_path):
+    """On links of 20 ms each way, a push and pull costs at least 40 ms, far beyond
+    LeNet's iteration (a few ms; 4x that on the slow device): with the default
+    --coordination-share 0.1 the rounds grow to 9 times that, and every device, the
+    slow one too, runs several local iterations a round."""
+    with StateServer(tmp_path) as state, Cluster(tmp_path, 1, 2) as job:
+        start_workers(job, state, ["--max-rounds", "30", "-e", "0", "--latency", "20"],
+                      [1, 4])
+        assert_all_exit_0(job, job.wait(180))
+        rounds = {w: job.rounds(w) for w in range(2)}
+        status = state.get(f"/jobs/{job_id(job)}/")
+    assert status["coordination_share"] == config.COORDINATION_SHARE == 0.1
+    fast, slow = (statistics.median(r["budget"] for r in rounds[w][10:]) for w in (0, 1))
+    assert slow >= 2 and fast > slow, (fast, slow)
+    devices = sorted(status["devices"], key=lambda d: d["rank"])
+    times = [d["smoothed_time_per_iteration"] for d in devices]
+    costs = [d["smoothed_coordination"] for d in devices]
+    # the round the rule sets is the coordination's, longer than the slow iteration
+    assert min(costs) >= 0.04 and max(costs) * 9 > max(times)
+    for w in (0, 1):
+        assert len(rounds[w][-1]["time"]) == rounds[w][-1]["budget"]
 
 
 def test_the_state_server_restarts_mid_job_with_its_state(tmp_path):

@@ -87,6 +87,33 @@ def test_a_round_time_sets_every_budget_the_slowest_included(client):
     assert post(client, "/jobs/untimed/", {"workers": 1}).json()["round_time"] is None
 
 
+def test_the_devices_coordination_lengthens_the_round_to_its_share(client):
+    """With coordination_share 0.1, a round's computing lasts at least 9 times the most
+    any living device reported its synchronisation to cost: here 20 ms, so 180 ms,
+    longer than the slowest device's 40 ms iteration. Without the share (the paper's
+    rule) the same reports give the slowest device's iteration."""
+    for name, share in (("shared", 0.1), ("paper", None)):
+        body = {"workers": 3, "max_local_steps": 32}
+        if share is not None:
+            body["coordination_share"] = share
+        created = post(client, f"/jobs/{name}/", body)
+        assert created.status_code == 201 and \
+            created.json()["coordination_share"] == (share or 0.0)
+        costs = {0: 0.02, 1: 0.005, 2: None}  # rank 2 has not measured one yet
+        for rank, seconds in enumerate([0.01, 0.04, 0.04]):
+            answer = post(client, f"/jobs/{name}/budget/",
+                          {"rank": rank, "round": 2, "time_per_iteration": seconds,
+                           **({} if costs[rank] is None else {"coordination": costs[rank]})})
+            assert answer.status_code == 200, answer.content
+        got = [post(client, f"/jobs/{name}/budget/",
+                    {"rank": rank, "round": 3, "time_per_iteration": seconds,
+                     "coordination": 0.02}).json()["budget"]
+               for rank, seconds in enumerate([0.01, 0.04, 0.04])]
+        assert got == ([18, 5, 5] if share else [4, 1, 1]), (name, got)
+        devices = state(client, name)["devices"]
+        assert [d["coordination"] for d in devices] == [0.02, 0.02, 0.02]
+
+
 def test_until_all_have_measured_the_budget_is_one(client, job):
     report(client, 0, 2, 0.01)
     assert report(client, 1, 2, 0.05).json()["budget"] == 1  # ranks 2, 3 not measured
@@ -149,6 +176,10 @@ BAD_REPORTS = [
     ({"rank": 0, "round": 2, "time_per_iteration": -0.1}, "'time_per_iteration' must be"),
     ({"rank": 0, "round": 2, "time_per_iteration": 0}, "'time_per_iteration' must be"),
     ('{"rank": 0, "round": 2, "time_per_iteration": NaN}', "'time_per_iteration' must be"),
+    ({"rank": 0, "round": 2, "time_per_iteration": 0.1, "coordination": 0},
+     "'coordination' must be a positive number"),
+    ({"rank": 0, "round": 2, "time_per_iteration": 0.1, "coordination": "slow"},
+     "'coordination' must be a positive number"),
     ({"rank": 4, "round": 2, "time_per_iteration": 0.1}, "'rank' 4 is outside job"),
     ({"rank": 0, "round": 1, "time_per_iteration": 0.1}, "'round' 1 is in the past"),
     # a round far ahead of the job's latest (2) would make that rank's requests "past"
@@ -194,6 +225,12 @@ BAD_INITS = [
     ({"workers": 4, "round_time": "1"}, "'round_time' must be a number of seconds"),
     ({"workers": 4, "round_time": True}, "'round_time' must be a number of seconds"),
     ({"workers": 4, "round_time": 1e9}, "'round_time' must be a number of seconds"),
+    ({"workers": 4, "max_local_steps": 8, "coordination_share": 0.1},
+     "coordination_share 0"),
+    ({"workers": 4, "coordination_share": 1}, "'coordination_share' must be a number in [0, 1)"),
+    ({"workers": 4, "coordination_share": -0.1}, "'coordination_share' must be a number"),
+    ({"workers": 4, "coordination_share": "0.1"}, "'coordination_share' must be a number"),
+    ({"workers": 4, "coordination_share": True}, "'coordination_share' must be a number"),
     ("{", "not valid JSON"),
 ]
 

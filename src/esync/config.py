@@ -99,6 +99,9 @@ STATE_SERVER_IP = "127.0.0.1"  # -ip
 STATE_SERVER_PORT = 10010      # -port; also where esync/launch/hosts.py starts the state server
 ROUND_TIME = None              # --round-time: esync's seconds per round (None: the
                                #   slowest living device's time per iteration)
+COORDINATION_SHARE = 0.1       # --coordination-share: esync makes a round long enough
+                               #   that its synchronisation takes at most this share
+                               #   (0: the paper's rule, the slowest device's iteration)
 MAX_LOCAL_STEPS = 64           # --max-local-steps: the most local iterations of a round
                                #   (also the state server's, for a job created without it;
                                #   16 left fast devices waiting at 1,1,1,16: docs/evidence.md)

@@ -15,6 +15,9 @@ class Job(models.Model):
     # seconds a round should take (--round-time); null: the slowest living device's
     # time per local iteration sets the round (the paper's rule)
     round_time = models.FloatField(null=True)
+    # the most of a round its synchronisation may take (--coordination-share): rounds
+    # are made long enough (esync.algorithms.esync.budget); 0: the paper's rule
+    coordination_share = models.FloatField(default=0.0)
     round = models.PositiveIntegerField(default=0)  # the latest round any worker asked for
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -34,6 +37,10 @@ class Device(models.Model):
     round = models.PositiveIntegerField(default=0)  # the last round it asked a budget for
     last_time = models.FloatField(null=True)  # seconds per local iteration, as reported
     smoothed_time = models.FloatField(null=True)  # the moving average the budget uses
+    # seconds its last synchronisation cost (push and pull less waiting, budget wait),
+    # as reported, and their moving average
+    last_coordination = models.FloatField(null=True)
+    smoothed_coordination = models.FloatField(null=True)
     budget = models.PositiveIntegerField(default=1)
     reports = models.PositiveIntegerField(default=0)
     reported_at = models.DateTimeField(null=True)

@@ -2,13 +2,14 @@
 
     GET  /  or  /status/       the jobs' states, a page at a time (?limit=N&offset=M)
     POST /jobs/<job>/          {"workers": N, "max_local_steps": M, "round_time": S or
-                               null}: initialise a job;
+                               null, "coordination_share": s}: initialise a job;
                                with "resume_round": r, also rewind it so that rounds
                                from r on are accepted again (a job resumed from a
                                checkpoint)
     GET  /jobs/<job>/          one job's state
-    POST /jobs/<job>/budget/   {"rank": r, "round": t, "time_per_iteration": s or null}:
-                               report and get this round's budget
+    POST /jobs/<job>/budget/   {"rank": r, "round": t, "time_per_iteration": s or null,
+                               "coordination": c (optional)}: report and get this
+                               round's budget
 
 A bad request gets HTTP 400 (unknown job: 404; wrong method: 405) with
 {"error": "..."} naming the field, and changes nothing. What reaches a view has passed
@@ -174,6 +175,8 @@ def _device_state(device: Device, job_round: int, now) -> Dict[str, Any]:
         "budget": device.budget,
         "time_per_iteration": device.last_time,
         "smoothed_time_per_iteration": device.smoothed_time,
+        "coordination": device.last_coordination,
+        "smoothed_coordination": device.smoothed_coordination,
         "reports": device.reports,
         "reported_at": device.reported_at.isoformat() if device.reported_at else None,
         "seconds_since_report": round((now - device.reported_at).total_seconds(), 3)
@@ -188,6 +191,7 @@ def _job_state(job: Job) -> Dict[str, Any]:
         "workers": job.num_workers,
         "max_local_steps": job.max_local_steps,
         "round_time": job.round_time,
+        "coordination_share": job.coordination_share,
         "round": job.round,
         "created_at": job.created_at.isoformat(),
         "updated_at": job.updated_at.isoformat(),
@@ -232,20 +236,22 @@ def job(request: HttpRequest, job: str) -> JsonResponse:
         if "max_local_steps" in body else config.MAX_LOCAL_STEPS
     resume = _integer(body, "resume_round", 1) if "resume_round" in body else None
     round_time = _round_time(body)
+    share = _share(body)
     with transaction.atomic():
         existing = Job.objects.select_for_update().filter(name=name).first()
         if existing is not None:
-            if (existing.num_workers, existing.max_local_steps, existing.round_time) != \
-                    (workers, cap, round_time):
+            if (existing.num_workers, existing.max_local_steps, existing.round_time,
+                    existing.coordination_share) != (workers, cap, round_time, share):
                 raise BadRequest(f"job {name!r} already exists with {existing.num_workers} "
-                                 f"workers, max_local_steps {existing.max_local_steps} and "
-                                 f"round_time {existing.round_time}")
+                                 f"workers, max_local_steps {existing.max_local_steps}, "
+                                 f"round_time {existing.round_time} and coordination_share "
+                                 f"{existing.coordination_share:g}")
             if resume is not None:
                 _rewind(existing, resume)
             return JsonResponse(_job_state(existing))
         # a new job has nothing to rewind: every round is 0
         created = Job.objects.create(name=name, num_workers=workers, max_local_steps=cap,
-                                     round_time=round_time)
+                                     round_time=round_time, coordination_share=share)
         Device.objects.bulk_create(Device(job=created, rank=r) for r in range(workers))
     log.info("job %s: %d workers, at most %d local iterations a round", name, workers, cap)
     return JsonResponse(_job_state(created), status=201)
@@ -261,6 +267,17 @@ def _round_time(body) -> Optional[float]:
             not 0 < value <= MAX_ROUND_TIME:
         raise BadRequest(f"field 'round_time' must be a number of seconds in "
                          f"(0, {MAX_ROUND_TIME}] or null")
+    return float(value)
+
+
+def _share(body) -> float:
+    """The optional field 'coordination_share': a number in [0, 1), absent: 0 (the
+    paper's rule)."""
+    value = body.get("coordination_share", 0.0)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or \
+            not 0 <= value < 1:
+        raise BadRequest(f"field 'coordination_share' must be a number in [0, 1), got "
+                         f"{_shown(value)}")
     return float(value)
 
 
@@ -293,6 +310,7 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
     rank = _integer(body, "rank", 0)
     round_ = _integer(body, "round", 1)
     measured = _seconds(body, "time_per_iteration")
+    coordination = _seconds(body, "coordination") if "coordination" in body else None
     with transaction.atomic():
         found = _find(job, lock=True)
         if rank >= found.num_workers:
@@ -311,13 +329,20 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
                 device.last_time = measured
                 device.smoothed_time = budget_rule.smooth(device.smoothed_time, measured,
                                                           settings.BUDGET_SMOOTHING)
+            if coordination is not None:
+                device.last_coordination = coordination
+                device.smoothed_coordination = budget_rule.smooth(
+                    device.smoothed_coordination, coordination, settings.BUDGET_SMOOTHING)
             # the slowest living device sets the pace: dead ones stopped asking
             latest = max(found.round, round_)
+            counted = [d for d in devices
+                       if d.rank == rank or budget_rule.living(d.round, latest)]
+            costs = [d.smoothed_coordination for d in counted
+                     if d.smoothed_coordination is not None]
             device.budget = budget_rule.budget(
-                device.smoothed_time,
-                [d.smoothed_time for d in devices
-                 if d.rank == rank or budget_rule.living(d.round, latest)],
-                found.max_local_steps, found.round_time)
+                device.smoothed_time, [d.smoothed_time for d in counted],
+                found.max_local_steps, found.round_time,
+                max(costs) if costs else None, found.coordination_share)
             device.round = round_
             device.reports += 1
             device.reported_at = timezone.now()

@@ -178,28 +178,35 @@ class StateClient:
 
     def init_job(self, workers: int, max_local_steps: int,
                  resume_round: Optional[int] = None,
-                 round_time: Optional[float] = None) -> Dict:
+                 round_time: Optional[float] = None,
+                 coordination_share: float = 0.0) -> Dict:
         """Worker 0, once: make the job known with its number of workers (and, with
         `round_time`, the seconds a round should take; none: the slowest device's time
-        per iteration sets it). A job resumed from a checkpoint passes `resume_round`,
+        per iteration sets it, or the devices' coordination where it would take more
+        than `coordination_share` of the round). A job resumed from a checkpoint passes `resume_round`,
         the first round it will ask a budget for: the state server then accepts rounds
         from there on again."""
         body = {"workers": workers, "max_local_steps": max_local_steps}
         if round_time is not None:
             body["round_time"] = round_time
+        if coordination_share:
+            body["coordination_share"] = coordination_share
         if resume_round is not None:
             body["resume_round"] = resume_round
         return self._call("POST", f"/jobs/{self.job}/", body)
 
     def budget(self, rank: int, round_: int, time_per_iteration: Optional[float],
-               cap: Optional[int] = None) -> int:
-        """Report the measured time per local iteration; this round's local iterations,
+               cap: Optional[int] = None, coordination: Optional[float] = None) -> int:
+        """Report the measured time per local iteration (and the seconds the last round's
+        synchronisation cost, where measured); this round's local iterations,
         checked: an integer in 1..`cap` (the worker's --max-local-steps; none:
         MAX_BUDGET), for this rank and round (StateServerRefusal naming the field
         otherwise)."""
         path = f"/jobs/{self.job}/budget/"
-        answer = self._call("POST", path, {"rank": rank, "round": round_,
-                                           "time_per_iteration": time_per_iteration})
+        body = {"rank": rank, "round": round_, "time_per_iteration": time_per_iteration}
+        if coordination is not None:
+            body["coordination"] = coordination
+        answer = self._call("POST", path, body)
         for name, expected in (("rank", rank), ("round", round_)):
             if not _whole(answer.get(name)) or answer.get(name) != expected:
                 raise StateServerRefusal(
@@ -215,9 +222,10 @@ class StateClient:
         return value
 
     def budget_later(self, rank: int, round_: int, time_per_iteration: Optional[float],
-                     cap: Optional[int] = None) -> "PendingBudget":
+                     cap: Optional[int] = None,
+                     coordination: Optional[float] = None) -> "PendingBudget":
         """`budget` in a background thread, so that the request overlaps other work."""
-        return PendingBudget(self, rank, round_, time_per_iteration, cap)
+        return PendingBudget(self, rank, round_, time_per_iteration, cap, coordination)
 
     def close(self) -> None:
         if self._conn is not None:

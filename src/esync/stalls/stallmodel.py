@@ -48,7 +48,10 @@ A round, its workers prefetching while it communicates:
 b is 1 but under ESync, whose state server gives each device round(T_slowest / T)
 local iterations (1..--max-local-steps;
 esync.algorithms.esync.budget, the state server's rule), T the devices'
-time per iteration. Waiting for the other workers (SSGD) is not this device's stall
+time per iteration: the paper's rule. (The state server's default also lengthens rounds
+whose synchronisation would take more than --coordination-share of them; that is not
+modelled here, so where comm is above about a ninth of b loop, real budgets are larger
+than these.) Waiting for the other workers (SSGD) is not this device's stall
 and is left out. Stall shares, as DS-Analyzer defines them, come from the measured
 rates: with T_syn, T_cached, T_cold the seconds per batch of the three runs and
 T = T_cold + comm / b, compute T_syn / T, prep (T_cached - T_syn) / T, fetch
@@ -163,8 +166,8 @@ def communication_seconds(job: Job, link: Link) -> float:
 
 
 def budget(mine: float, everyone: Sequence[float], cap: Optional[int]) -> int:
-    """Local iterations a round: 1 without a cap (not ESync), else ESync's budget as
-    the state server gives it (esync.algorithms.esync.budget)."""
+    """Local iterations a round: 1 without a cap (not ESync), else ESync's budget by the
+    paper's rule (esync.algorithms.esync.budget, --coordination-share 0)."""
     if cap is None or mine <= 0:
         return 1
     return budget_rule.budget(mine, everyone, cap)

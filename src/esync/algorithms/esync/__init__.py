@@ -15,7 +15,7 @@ from typing import Any, List, Optional
 from esync import config, registry
 from esync.algorithms.policy import Policy, number_in
 from esync.errors import UserError
-from esync.flagtypes import flag, momentum, positive_float, positive_int
+from esync.flagtypes import flag, momentum, positive_float, positive_int, share
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,9 @@ class ESync(Policy):
     (`average`: "mean", "steps" or "normalized", --average), the scale of the averaged
     delta (`global_lr`, -gl), Nesterov momentum of that outer step (`outer_momentum`,
     --outer-momentum: DiLoCo's), and seconds a round should take (`round_time`,
-    --round-time; None: the slowest living device's one iteration)."""
+    --round-time; None: the slowest living device's one iteration, longer where the
+    synchronisation would take more than `coordination_share` of the round:
+    --coordination-share, 0 for the paper's rule; see budget.py)."""
 
     max_local_steps: int = flag(["--max-local-steps"], config.MAX_LOCAL_STEPS,
                                 "esync: the most local iterations a device runs in a round",
@@ -49,11 +51,17 @@ class ESync(Policy):
                                        "most --max-local-steps); default: the slowest "
                                        "living device's one iteration sets the round",
                                        type=positive_float)
+    coordination_share: float = flag(["--coordination-share"], config.COORDINATION_SHARE,
+                                     "esync: the most of a round its synchronisation (push, "
+                                     "pull, budget request, as the devices measure it) may "
+                                     "take: rounds are made long enough; 0: the paper's "
+                                     "rule, the slowest device's one iteration",
+                                     type=share)
 
     key = "esync"
     FLAGS = {"max_local_steps": "max_local_steps", "average": "average",
              "global_lr": "global_lr", "outer_momentum": "outer_momentum",
-             "round_time": "round_time"}
+             "round_time": "round_time", "coordination_share": "coordination_share"}
 
     def __post_init__(self) -> None:
         steps = self.max_local_steps
@@ -67,13 +75,16 @@ class ESync(Policy):
         number_in(self, "outer_momentum", low=0.0, high=1.0, high_open=True)
         if self.round_time is not None:
             number_in(self, "round_time", low=0.0, low_open=True)
+        number_in(self, "coordination_share", low=0.0, high=1.0, high_open=True)
 
     @classmethod
     def flags_given(cls, opts: Any) -> List[str]:
         return [flag for flag, given in ((f"--average {opts.average}",
                                           opts.average != config.AVERAGE),
                                          ("--outer-momentum", opts.outer_momentum),
-                                         ("--round-time", opts.round_time is not None))
+                                         ("--round-time", opts.round_time is not None),
+                                         ("--coordination-share",
+                                          opts.coordination_share != config.COORDINATION_SHARE))
                 if given]
 
     def check(self, opts: Any) -> None:

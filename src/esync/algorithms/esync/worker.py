@@ -3,7 +3,10 @@ model delta is averaged synchronously.
 
 For round t the worker reports its measured time per local iteration to the state
 server and gets its budget K: the slowest device runs 1 local iteration, a device k
-times faster about k, so that all reach the aggregation together. (Round t's request is
+times faster about k, so that all reach the aggregation together. It also reports what
+its last synchronisation cost (`coordination`: the push and pull less the wait for the
+others, plus its wait for the budget); where that would take more than
+--coordination-share of a round, the rounds are made longer (budget.py). (Round t's request is
 sent at the end of round t-1, as soon as the time is measured, and runs while the delta
 is being averaged: the HTTP round trip costs the round nothing. Round 1's is sent at
 its start, with nothing measured: every device gets 1.) It runs K
@@ -56,6 +59,10 @@ class ESyncWorker(PushPull):
         self.state = state
         self.max_local_steps = policy.max_local_steps
         self.round_time = policy.round_time  # None: the slowest device sets the round
+        self.coordination_share = policy.coordination_share
+        #: seconds the last round's synchronisation cost, reported with the next request
+        self.coordination: Optional[float] = None
+        self._state_wait = 0.0  # this round's wait for its budget
         self.time_per_iteration: Optional[float] = None  # measured in the last round
         self.budget, self.request_seconds = 1, 0.0
         self._next: Optional[PendingBudget] = None  # the next round's budget, on its way
@@ -81,7 +88,7 @@ class ESyncWorker(PushPull):
     def _init_job(self, resume_round: Optional[int] = None) -> None:
         try:
             self.state.init_job(self.rule.num_workers, self.max_local_steps, resume_round,
-                                self.round_time)
+                                self.round_time, self.coordination_share)
         except StateServerRefusal as e:
             self._fall_back(e)
 
@@ -105,7 +112,7 @@ class ESyncWorker(PushPull):
 
     def _request(self, round_: int, time_per_iteration: Optional[float]) -> PendingBudget:
         return self.state.budget_later(self.rank, round_, time_per_iteration,
-                                       self.max_local_steps)
+                                       self.max_local_steps, self.coordination)
 
     def setup(self, model: nn.Module, device: torch.device) -> None:
         if self.rank == 0 and not self.rejoin:  # before the barrier: the job is known
@@ -122,7 +129,8 @@ class ESyncWorker(PushPull):
         super().begin_round(round_)  # the weights the round's delta is taken from
         self._steps, self._computing_since = 0, time.perf_counter()
         # the time this round waited for its budget (usually none: it came meanwhile)
-        return self.budget, {"state server": self._computing_since - start}
+        self._state_wait = self._computing_since - start
+        return self.budget, {"state server": self._state_wait}
 
     def local_update(self, model: nn.Module, step: Callable[[], Any]) -> Any:
         self._steps += 1  # a step AMP skips counts too: the budget is of iterations
@@ -134,7 +142,11 @@ class ESyncWorker(PushPull):
         self.time_per_iteration = (time.perf_counter() - self._computing_since) / \
             max(1, self._steps)
         self._next = self._request(round_ + 1, self.time_per_iteration)
-        return super().end_round(round_, model)
+        phases = super().end_round(round_, model)
+        # reported with round t+2's request: round t+1's is on its way already
+        self.coordination = max(1e-6, phases[self.aggregate_phase] - self.waited_seconds()
+                                + self._state_wait)
+        return phases
 
     def round_steps(self) -> int:
         return max(1, self._steps)
