@@ -97,7 +97,13 @@ def test_a_round_lasts_long_enough_that_its_coordination_keeps_its_share():
     assert budget.round_seconds([0.01, 0.04], None, 0.1) == 0.04
     assert budget.budget(0.01, [0.01, 0.04], 64, coordination=0.03, share=0.1) == 27
     assert budget.budget(0.04, [0.01, 0.04], 64, coordination=0.03, share=0.1) == 7
+    # but no longer than the fastest device's cap of iterations: the budgets keep the
+    # devices' speeds (16 and 4), where a 270 ms round would give 16 and 7
+    assert budget.round_seconds([0.01, 0.04], 0.03, 0.1, cap=16) == pytest.approx(0.16)
     assert budget.budget(0.01, [0.01, 0.04], 16, coordination=0.03, share=0.1) == 16
+    assert budget.budget(0.04, [0.01, 0.04], 16, coordination=0.03, share=0.1) == 4
+    # never shorter than the slowest device's iteration
+    assert budget.round_seconds([0.01, 0.5], 0.03, 0.1, cap=16) == 0.5
     # an explicit round time wins
     assert budget.budget(0.01, [0.01, 0.04], 64, 0.1, coordination=0.03, share=0.1) == 10
 

@@ -17,8 +17,11 @@ on a fast accelerator can take longer than the slowest device's iteration (on on
 and 12 CPU workers, 188 ms rounds for 50 ms of computing). With a coordination share s
 (`--coordination-share`, ESync's default 0.1), the round is made long enough that the
 devices' measured coordination (the most any living device reported, smoothed) takes at
-most s of it: its computing lasts at least coordination * (1 - s) / s. Share 0 is the
-paper's rule: the slowest device's one iteration.
+most s of it: its computing lasts at least coordination * (1 - s) / s, but no longer than
+the fastest device's --max-local-steps iterations (a longer round would cap the fast
+devices' budgets while the slow ones' grow: the fast ones would idle, and the budgets
+would no longer follow the speeds). Share 0 is the paper's rule: the slowest device's
+one iteration.
 """
 from __future__ import annotations
 
@@ -44,14 +47,18 @@ def living(device_round: int, job_round: int) -> bool:
 
 
 def round_seconds(everyone: Sequence[float], coordination: Optional[float] = None,
-                  share: float = 0.0) -> float:
+                  share: float = 0.0, cap: Optional[int] = None) -> float:
     """The computing a round should last, from every living device's time per
     iteration: the slowest's one iteration, or longer where the coordination measured
-    (seconds a round, None: not yet) would take more than `share` of the round."""
+    (seconds a round, None: not yet) would take more than `share` of the round, up to
+    the fastest device's `cap` iterations."""
     slowest = max(everyone)
     if not share or coordination is None:
         return slowest
-    return max(slowest, coordination * (1.0 - share) / share)
+    wanted = coordination * (1.0 - share) / share
+    if cap is not None:
+        wanted = min(wanted, cap * min(everyone))
+    return max(slowest, wanted)
 
 
 def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
@@ -60,7 +67,8 @@ def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
     """Local iterations for a device with smoothed time per iteration `mine`, given every
     living device's (its own included; `None`: not measured yet). As many as fit in the
     slowest device's time, or in round_seconds' longer round where the job's
-    `coordination` (seconds a round) would take more than `share` of it (with
+    `coordination` (seconds a round) would take more than `share` of it (at most the
+    fastest device's `cap` iterations; with
     `round_time`, in that many seconds instead: every device, the slowest too, runs
     about round_time / its time per iteration), rounded to
     the nearest whole number (the device then waits or is waited for at most half an
@@ -71,7 +79,7 @@ def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
         return 1
     # may overflow to inf for absurd times: then the cap
     ratio = (round_time if round_time is not None else
-             round_seconds(everyone, coordination, share)) / mine
+             round_seconds(everyone, coordination, share, cap)) / mine
     if not ratio < cap:
         return cap
     return max(1, int(ratio + 0.5))
