@@ -282,7 +282,7 @@ class Session:
         self._stalls[0] += fetched
         self._stalls[1] += seconds - fetched
         self._prep_work += seconds - fetched if prep is None else prep
-        self._batch_ready, self._batch_ready_cpu = time.perf_counter(), time.thread_time()
+        self._mark_batch_ready()
 
     def report(self, loss: Optional[float] = None, samples: Optional[int] = None,
                metric: Optional[float] = None,
@@ -342,6 +342,12 @@ class Session:
             self._end_round()
         return result
 
+    def _mark_batch_ready(self) -> None:
+        """The batch is in hand: the local iteration's computing starts now (its CPU
+        time read only where --slowdown needs it)."""
+        self._batch_ready = time.perf_counter()
+        self._batch_ready_cpu = time.thread_time() if self._slower.factor > 1.0 else 0.0
+
     def _cpu_measured(self) -> bool:
         """Whether --slowdown's wait is based on the computing's CPU time (a CPU device
         computing on this thread alone) rather than its wall time (Slowdown)."""
@@ -350,7 +356,7 @@ class Session:
 
     def _next_iteration(self) -> None:
         self._fetch, self._samples = 0.0, None
-        self._batch_ready, self._batch_ready_cpu = time.perf_counter(), time.thread_time()
+        self._mark_batch_ready()
 
     # --- rounds --------------------------------------------------------------------------
     def _begin_round(self) -> None:
