@@ -207,7 +207,11 @@ class _MainFlags:
                                         "stop once the evaluated loss falls to this (a "
                                         "metric where lower is better)",
                                         type=_non_negative_float)
-    shuffle: str = _opt(["--shuffle"], config.SHUFFLE, "order of samples in each epoch",
+    shuffle: str = _opt(["--shuffle"], config.SHUFFLE, "order of samples in each epoch "
+                        "of a loader that shuffles: random (a new permutation, as "
+                        "DataLoader's shuffle=True; shards: corgipile, as they are read "
+                        "block by block), corgipile (blocks of --block-size samples, "
+                        "shuffled in a buffer of --buffer-ratio), once, none",
                         choices=SHUFFLES)
     block_size: int = _opt(["--block-size"], config.BLOCK_SIZE,
                            "contiguous samples per CorgiPile block", type=_positive_int)

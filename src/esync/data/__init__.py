@@ -23,5 +23,7 @@ SHARDS_PREFIX = "shards:"
 #: `--data-split` values: each device its own equal share of the data (the original's),
 #: or blocks leased by the scheduler to whichever device asks (leases.py; shards only)
 DATA_SPLITS = ("static", "leased")
-#: `--shuffle` values: CorgiPile's two-level shuffle, one shuffle, the stored order
-SHUFFLES = ("corgipile", "once", "none")
+#: `--shuffle` values: a new permutation each epoch (a DataLoader's shuffle=True; shards,
+#: read block by block, take CorgiPile's), CorgiPile's two-level shuffle, one shuffle,
+#: the stored order
+SHUFFLES = ("random", "corgipile", "once", "none")

@@ -116,7 +116,8 @@ def epoch_leases(blocks: np.ndarray, per_lease: int, seed: Sequence[int], epoch:
                  prefix: str = "", tail: int = 0, shuffle: str = "corgipile") -> List[Lease]:
     """One epoch's leases of `blocks` ([first, count] rows): the blocks in a seeded order,
     `per_lease` at a time; the last `tail` blocks one at a time, the very last of them
-    (up to `tail // 2`) halved. `shuffle` (--shuffle): `corgipile` draws a new order of
+    (up to `tail // 2`) halved. `shuffle` (--shuffle): `corgipile` (and `random`, which
+    shards, read block by block, cannot do sample by sample) draws a new order of
     blocks and of each buffer every epoch, `once` keeps the first epoch's, `none` keeps
     the stored order."""
     drawn = 0 if shuffle == "once" else epoch

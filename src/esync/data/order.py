@@ -9,6 +9,7 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
+from esync import config
 from esync.data.partition import partition
 from esync.data.shuffle import EpochOrder
 
@@ -29,7 +30,7 @@ class DataSettings:
     --buffer-ratio, -s, --seed, --data-split, --log-samples) and how they are read and
     decoded (--loader-workers, --cache-fraction, --disk-bandwidth, --remote-prep)."""
 
-    shuffle: str = "corgipile"
+    shuffle: str = config.SHUFFLE
     block_size: int = 32
     buffer_ratio: float = 0.1
     split_by_class: bool = False

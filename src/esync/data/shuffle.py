@@ -1,5 +1,8 @@
 """The order in which a worker visits its partition, epoch after epoch.
 
+`random` draws a new permutation of the partition each epoch, as a DataLoader with
+shuffle=True does (shards, which are read block by block, take CorgiPile's order
+instead: esync.data.leases).
 `corgipile` is CorgiPile's two-level shuffle (Xu et al., SIGMOD 2022): cut the partition
 into blocks of contiguous samples, visit the blocks in random order, fill a buffer with
 whole blocks and emit the buffer's samples in random order. It reads storage block by
@@ -33,6 +36,8 @@ class EpochOrder:
                        if kind == "once" else self.indices)
 
     def order(self, epoch: int) -> np.ndarray:
+        if self.kind == "random":
+            return np.random.default_rng([*self.seed, epoch]).permutation(self.indices)
         if self.kind != "corgipile":
             return self._fixed
         rng = np.random.default_rng([*self.seed, epoch])
