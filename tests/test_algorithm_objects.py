@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import esync
-from esync import registry
+from esync import config, registry
 from esync.stalls import stallmodel
 from esync.algorithms.esync import budget
 from esync.errors import UserError
@@ -106,6 +106,35 @@ def test_a_round_lasts_long_enough_that_its_coordination_keeps_its_share():
     assert budget.round_seconds([0.01, 0.5], 0.03, 0.1, cap=16) == 0.5
     # an explicit round time wins
     assert budget.budget(0.01, [0.01, 0.04], 64, 0.1, coordination=0.03, share=0.1) == 10
+
+
+def test_a_device_far_slower_than_the_fastest_sits_rounds_out():
+    """With a least speed of 0.15, a device 8 times slower than the fastest gets budget 0
+    and the round is the devices' that train; one 4 times slower trains; 0 is the
+    paper's rule, where every device trains."""
+    times = [0.01, 0.04, 0.08, 0.08]
+    assert budget.training(times, 0.15) == [0.01, 0.04]
+    assert [budget.budget(t, times, 64, least_speed=0.15) for t in times] == [4, 1, 0, 0]
+    assert [budget.budget(t, times, 64) for t in times] == [8, 2, 1, 1]
+    # the coordination's share is kept over the devices that train
+    assert [budget.budget(t, times, 64, coordination=0.03, share=0.1, least_speed=0.15)
+            for t in times] == [27, 7, 0, 0]
+    # the fastest alone trains: it runs as many as its round, here its cap, holds
+    assert [budget.budget(t, [0.01, 0.2], 16, coordination=0.03, share=0.1,
+                          least_speed=0.15) for t in (0.01, 0.2)] == [16, 0]
+    # at exactly the least speed a device trains; least speed 1: only the fastest
+    assert budget.budget(8.0, [1.0, 8.0], 64, least_speed=0.125) == 1
+    assert budget.budget(0.02, [0.01, 0.02], 64, least_speed=1.0) == 0
+    # until every device has measured, every budget is 1, as before
+    assert budget.budget(0.08, [0.01, None], 64, least_speed=0.15) == 1
+
+
+def test_an_esync_object_s_least_speed_applies_only_where_deltas_weigh_as_steps():
+    assert esync.ESync().least_speed == config.LEAST_SPEED == esync.ESync().sits_out
+    assert esync.ESync(average="mean").sits_out == 0.0
+    assert esync.ESync(least_speed=0.0).sits_out == 0.0
+    with pytest.raises(ValueError, match=r"ESync\(least_speed=1.5\)"):
+        esync.ESync(least_speed=1.5)
 
 
 def test_the_budget_rule_is_one_torch_free_module_that_its_users_share():

@@ -64,10 +64,11 @@ NON_IID_SETTLED = 0.7
 
 @pytest.mark.parametrize("partition", sorted(STOP))
 def test_heterogeneous_workers_get_budgets_by_speed_and_reach_90_percent(tmp_path, partition):
-    """The paper's rule (--coordination-share 0): the slowest devices run 1 local
+    """The paper's rule (--coordination-share 0 --least-speed 0): the slowest devices run 1 local
     iteration a round, the others as many as fit in its time."""
     with StateServer(tmp_path) as state, Cluster(tmp_path, 1, len(SLOWDOWNS)) as job:
-        start_workers(job, state, [*STOP[partition], "--coordination-share", "0"], SLOWDOWNS)
+        start_workers(job, state, [*STOP[partition], "--coordination-share", "0",
+                                   "--least-speed", "0"], SLOWDOWNS)
         codes = job.wait(240)
         assert_all_exit_0(job, codes)
         rank_of = ranks(job, len(SLOWDOWNS))
@@ -147,6 +148,44 @@ def test_by_default_rounds_grow_until_their_synchronisation_is_a_tenth(tmp_path)
     assert min(costs) >= 0.04 and max(costs) * 9 > max(times)
     for w in (0, 1):
         assert len(rounds[w][-1]["time"]) == rounds[w][-1]["budget"]
+
+
+def test_by_default_a_device_far_slower_than_the_fastest_sits_rounds_out(tmp_path):
+    """A device 16 times slower than the other (under load, at least 8) is below the
+    default --least-speed 0.15: once both have measured, it trains nothing (budget 0,
+    no samples), the fast device trains every round on its own, not held to the slow
+    one's iteration but as many iterations as --max-local-steps allows (nothing to
+    average), and the job ends as the fast device's; with --least-speed 0 (the paper's
+    rule) the same devices both train every round."""
+    for least, rounds_wanted in ((None, "16"), ("0", "12")):
+        args = ["--max-rounds", rounds_wanted, "-e", "4"]
+        if least is not None:
+            args += ["--least-speed", least]
+        folder = tmp_path / f"least-{least}"
+        folder.mkdir()
+        with StateServer(folder) as state, Cluster(folder, 1, 2) as job:
+            start_workers(job, state, args, [2, 32])
+            assert_all_exit_0(job, job.wait(180))
+            rank_of = ranks(job, 2)
+            rounds = {w: job.rounds(w) for w in range(2)}
+            status = state.get(f"/jobs/{job_id(job)}/")
+        fast, slow = rounds[0], rounds[1]
+        assert len(fast) == len(slow) == int(rounds_wanted)
+        assert all(r["budget"] >= 1 and r["num_samples"] == 64 * r["budget"] for r in fast)
+        if least is None:
+            assert status["least_speed"] == config.LEAST_SPEED == 0.15
+            sat_out = [r for r in slow[5:] if r["budget"] == 0]
+            assert len(sat_out) >= 0.8 * len(slow[5:]), [r["budget"] for r in slow]
+            assert all(r["num_samples"] == 0 and "compute_cpu" not in r for r in sat_out)
+            assert status["devices"][rank_of[1]]["budget"] == 0
+            assert [r["budget"] for r in fast[5:]].count(config.MAX_LOCAL_STEPS) >= \
+                len(sat_out) - 2, [r["budget"] for r in fast]
+            evaluator = next(w for w, r in rank_of.items() if r == 0)
+            accuracy = [r["accuracy"] for r in rounds[evaluator] if "accuracy" in r]
+            assert accuracy[-1] >= 0.8, accuracy
+        else:
+            assert status["least_speed"] == 0
+            assert all(r["budget"] >= 1 and r["num_samples"] > 0 for r in slow)
 
 
 def test_the_state_server_restarts_mid_job_with_its_state(tmp_path):

@@ -114,6 +114,32 @@ def test_the_devices_coordination_lengthens_the_round_to_its_share(client):
         assert [d["coordination"] for d in devices] == [0.02, 0.02, 0.02]
 
 
+def test_a_device_below_the_least_speed_gets_budget_0_until_the_fast_one_is_gone(client):
+    """least_speed 0.15: the device 8 times slower than the fastest sits out (budget 0),
+    the one 4 times slower trains and sets the round; once the fast device stops asking
+    (dead, two rounds behind), the slow one is fast enough again."""
+    created = post(client, "/jobs/least/", {"workers": 3, "max_local_steps": 32,
+                                            "least_speed": 0.15})
+    assert created.status_code == 201 and created.json()["least_speed"] == 0.15
+    times = [0.01, 0.04, 0.08]
+    for round_ in (2, 3):
+        got = [report(client, rank, round_, t, job="least").json()["budget"]
+               for rank, t in enumerate(times)]
+    assert got == [4, 1, 0]
+    assert [d["budget"] for d in state(client, "least")["devices"]] == [4, 1, 0]
+    for round_ in (4, 5):  # rank 0 asks no more
+        got = [report(client, rank, round_, times[rank], job="least").json()["budget"]
+               for rank in (1, 2)]
+    assert got == [2, 1]
+    # a job without the field: every device trains (the paper's rule)
+    post(client, "/jobs/everyone/", {"workers": 2})
+    assert state(client, "everyone")["least_speed"] == 0.0
+    for round_ in (2, 3):
+        got = [report(client, rank, round_, t, job="everyone").json()["budget"]
+               for rank, t in enumerate([0.01, 0.1])]
+    assert got == [10, 1]
+
+
 def test_until_all_have_measured_the_budget_is_one(client, job):
     report(client, 0, 2, 0.01)
     assert report(client, 1, 2, 0.05).json()["budget"] == 1  # ranks 2, 3 not measured
@@ -231,6 +257,11 @@ BAD_INITS = [
     ({"workers": 4, "coordination_share": -0.1}, "'coordination_share' must be a number"),
     ({"workers": 4, "coordination_share": "0.1"}, "'coordination_share' must be a number"),
     ({"workers": 4, "coordination_share": True}, "'coordination_share' must be a number"),
+    ({"workers": 4, "max_local_steps": 8, "least_speed": 0.15}, "least_speed 0"),
+    ({"workers": 4, "least_speed": 1.5}, "'least_speed' must be a number in [0, 1]"),
+    ({"workers": 4, "least_speed": -0.1}, "'least_speed' must be a number in [0, 1]"),
+    ({"workers": 4, "least_speed": "0.1"}, "'least_speed' must be a number"),
+    ({"workers": 4, "least_speed": None}, "'least_speed' must be a number"),
     ("{", "not valid JSON"),
 ]
 

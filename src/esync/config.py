@@ -50,7 +50,9 @@ ALLREDUCE_TIMEOUT = 300.0      # seconds a worker waits in one all-reduce before
                                #   up (a hung peer; a dead one is noticed at once)
 
 # --- shuffling (CorgiPile's two-level shuffle by default) ----------------------------
-SHUFFLE = "corgipile"          # --shuffle: corgipile | once | none
+SHUFFLE = "random"             # --shuffle: random | corgipile | once | none (random:
+                               #   the DataLoader's shuffle=True; 1/8 of the LM's data
+                               #   in CorgiPile's blocks trained it much slower)
 BLOCK_SIZE = 32                # --block-size: contiguous samples per CorgiPile block
 BUFFER_RATIO = 0.1             # --buffer-ratio: share of the partition held in the buffer
 BUFFER_MAX_MB = 256            # the most a CorgiPile buffer of shards holds, whatever the ratio
@@ -102,6 +104,9 @@ ROUND_TIME = None              # --round-time: esync's seconds per round (None: 
 COORDINATION_SHARE = 0.1       # --coordination-share: esync makes a round long enough
                                #   that its synchronisation takes at most this share
                                #   (0: the paper's rule, the slowest device's iteration)
+LEAST_SPEED = 0.15             # --least-speed: an esync device slower than this share of
+                               #   the fastest's speed sits rounds out (0: every device
+                               #   trains, the paper's rule; esync/budget.py says why)
 MAX_LOCAL_STEPS = 64           # --max-local-steps: the most local iterations of a round
                                #   (also the state server's, for a job created without it;
                                #   16 left fast devices waiting at 1,1,1,16: docs/evidence.md)

@@ -43,7 +43,7 @@ non_negative_float = number(float, "a number >= 0", low=0.0)
 fraction = number(float, "a number in (0, 1]", low=0.0, high=1.0, low_open=True)
 momentum = share = number(float, "a number in [0, 1)", low=0.0, high=0.999999)
 slowdown = number(float, "a number >= 1", low=1.0)
-cache_fraction = number(float, "a number in [0, 1]", low=0.0, high=1.0)
+cache_fraction = speed_share = number(float, "a number in [0, 1]", low=0.0, high=1.0)
 port = number(int, "a port number in 1..65535", low=1, high=65535)
 
 

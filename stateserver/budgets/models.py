@@ -18,6 +18,9 @@ class Job(models.Model):
     # the most of a round its synchronisation may take (--coordination-share): rounds
     # are made long enough (esync.algorithms.esync.budget); 0: the paper's rule
     coordination_share = models.FloatField(default=0.0)
+    # the least speed, as a share of the fastest living device's, at which a device
+    # trains (--least-speed): slower ones get budget 0; 0: every device trains
+    least_speed = models.FloatField(default=0.0)
     round = models.PositiveIntegerField(default=0)  # the latest round any worker asked for
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -2,7 +2,8 @@
 
     GET  /  or  /status/       the jobs' states, a page at a time (?limit=N&offset=M)
     POST /jobs/<job>/          {"workers": N, "max_local_steps": M, "round_time": S or
-                               null, "coordination_share": s}: initialise a job;
+                               null, "coordination_share": s, "least_speed": l}:
+                               initialise a job;
                                with "resume_round": r, also rewind it so that rounds
                                from r on are accepted again (a job resumed from a
                                checkpoint)
@@ -192,6 +193,7 @@ def _job_state(job: Job) -> Dict[str, Any]:
         "max_local_steps": job.max_local_steps,
         "round_time": job.round_time,
         "coordination_share": job.coordination_share,
+        "least_speed": job.least_speed,
         "round": job.round,
         "created_at": job.created_at.isoformat(),
         "updated_at": job.updated_at.isoformat(),
@@ -236,22 +238,26 @@ def job(request: HttpRequest, job: str) -> JsonResponse:
         if "max_local_steps" in body else config.MAX_LOCAL_STEPS
     resume = _integer(body, "resume_round", 1) if "resume_round" in body else None
     round_time = _round_time(body)
-    share = _share(body)
+    share = _share(body, "coordination_share", high_open=True)
+    least = _share(body, "least_speed", high_open=False)
     with transaction.atomic():
         existing = Job.objects.select_for_update().filter(name=name).first()
         if existing is not None:
             if (existing.num_workers, existing.max_local_steps, existing.round_time,
-                    existing.coordination_share) != (workers, cap, round_time, share):
+                    existing.coordination_share, existing.least_speed) != \
+                    (workers, cap, round_time, share, least):
                 raise BadRequest(f"job {name!r} already exists with {existing.num_workers} "
                                  f"workers, max_local_steps {existing.max_local_steps}, "
-                                 f"round_time {existing.round_time} and coordination_share "
-                                 f"{existing.coordination_share:g}")
+                                 f"round_time {existing.round_time}, coordination_share "
+                                 f"{existing.coordination_share:g} and least_speed "
+                                 f"{existing.least_speed:g}")
             if resume is not None:
                 _rewind(existing, resume)
             return JsonResponse(_job_state(existing))
         # a new job has nothing to rewind: every round is 0
         created = Job.objects.create(name=name, num_workers=workers, max_local_steps=cap,
-                                     round_time=round_time, coordination_share=share)
+                                     round_time=round_time, coordination_share=share,
+                                     least_speed=least)
         Device.objects.bulk_create(Device(job=created, rank=r) for r in range(workers))
     log.info("job %s: %d workers, at most %d local iterations a round", name, workers, cap)
     return JsonResponse(_job_state(created), status=201)
@@ -270,14 +276,14 @@ def _round_time(body) -> Optional[float]:
     return float(value)
 
 
-def _share(body) -> float:
-    """The optional field 'coordination_share': a number in [0, 1), absent: 0 (the
-    paper's rule)."""
-    value = body.get("coordination_share", 0.0)
+def _share(body, field: str, high_open: bool) -> float:
+    """The optional field `field` ('coordination_share': a number in [0, 1);
+    'least_speed': in [0, 1]), absent: 0 (the paper's rule)."""
+    value = body.get(field, 0.0)
+    bound = "[0, 1)" if high_open else "[0, 1]"
     if not isinstance(value, (int, float)) or isinstance(value, bool) or \
-            not 0 <= value < 1:
-        raise BadRequest(f"field 'coordination_share' must be a number in [0, 1), got "
-                         f"{_shown(value)}")
+            not (0 <= value < 1 if high_open else 0 <= value <= 1):
+        raise BadRequest(f"field {field!r} must be a number in {bound}, got {_shown(value)}")
     return float(value)
 
 
@@ -342,7 +348,7 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
             device.budget = budget_rule.budget(
                 device.smoothed_time, [d.smoothed_time for d in counted],
                 found.max_local_steps, found.round_time,
-                max(costs) if costs else None, found.coordination_share)
+                max(costs) if costs else None, found.coordination_share, found.least_speed)
             device.round = round_
             device.reports += 1
             device.reported_at = timezone.now()

@@ -187,7 +187,7 @@ class AllReduce:
         if sparse:
             at = len(buffers) + world + 2 * self.rank  # exact in float32 below 2**44
             control[at:at + 2] = torch.tensor(divmod(len(sparse[0]), COUNT_BASE))
-        control[-1] = float(steps or 1)
+        control[-1] = float(1 if steps is None else steps)
         control[-2] = float(samples)  # exact in float32: a round's samples are < 2**24
         with _failures(self.node):
             # the small control vector first: it completes once every worker has come

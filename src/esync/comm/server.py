@@ -290,7 +290,7 @@ class ShardServer:
         problem = self.rule.check(worker, round_, key)
         if problem:
             raise MessageError(problem)
-        steps = integer_field(header, "steps", 1, 2**31, required=False)
+        steps = integer_field(header, "steps", 0, 2**31, required=False)
         samples = integer_field(header, "samples", 0, 2**40, required=False)
         self._take_stop(worker, header)
         for stale in self.rule.move_to(round_):

@@ -13,7 +13,7 @@ one (401) or another (403); StateServerError then names the variable.
 
 Any other 4xx (this job's state is not what the worker expects: a job the server does
 not know, a round it refuses) and an answer whose values are out of range (a budget
-outside 1..the worker's --max-local-steps, another round or rank than asked) raise
+outside 0..the worker's --max-local-steps, another round or rank than asked) raise
 StateServerRefusal, with the server's message or the field: the worker may carry on
 without the budget (esync.algorithms.esync.worker falls back to 1 local iteration).
 
@@ -179,11 +179,12 @@ class StateClient:
     def init_job(self, workers: int, max_local_steps: int,
                  resume_round: Optional[int] = None,
                  round_time: Optional[float] = None,
-                 coordination_share: float = 0.0) -> Dict:
+                 coordination_share: float = 0.0, least_speed: float = 0.0) -> Dict:
         """Worker 0, once: make the job known with its number of workers (and, with
         `round_time`, the seconds a round should take; none: the slowest device's time
         per iteration sets it, or the devices' coordination where it would take more
-        than `coordination_share` of the round). A job resumed from a checkpoint passes `resume_round`,
+        than `coordination_share` of the round; with `least_speed`, devices slower
+        than that share of the fastest's speed get budget 0). A job resumed from a checkpoint passes `resume_round`,
         the first round it will ask a budget for: the state server then accepts rounds
         from there on again."""
         body = {"workers": workers, "max_local_steps": max_local_steps}
@@ -191,6 +192,8 @@ class StateClient:
             body["round_time"] = round_time
         if coordination_share:
             body["coordination_share"] = coordination_share
+        if least_speed:
+            body["least_speed"] = least_speed
         if resume_round is not None:
             body["resume_round"] = resume_round
         return self._call("POST", f"/jobs/{self.job}/", body)
@@ -199,7 +202,8 @@ class StateClient:
                cap: Optional[int] = None, coordination: Optional[float] = None) -> int:
         """Report the measured time per local iteration (and the seconds the last round's
         synchronisation cost, where measured); this round's local iterations,
-        checked: an integer in 1..`cap` (the worker's --max-local-steps; none:
+        checked: an integer in 0..`cap` (0: the device sits the round out, being much
+        slower than the fastest: --least-speed; `cap`: the worker's --max-local-steps; none:
         MAX_BUDGET), for this rank and round (StateServerRefusal naming the field
         otherwise)."""
         path = f"/jobs/{self.job}/budget/"
@@ -213,11 +217,11 @@ class StateClient:
                     f"state server {self.url} answered POST {path} with field '{name}' "
                     f"{_shown(answer.get(name))}: expected {expected}, the {name} asked for")
         value, high = answer.get("budget"), cap or MAX_BUDGET
-        if not _whole(value) or not 1 <= value <= high:
+        if not _whole(value) or not 0 <= value <= high:
             bound = "this worker's --max-local-steps" if cap else "the state server's bound"
             raise StateServerRefusal(
                 f"state server {self.url} answered POST {path} with field 'budget' "
-                f"{_shown(value)} for round {round_}: expected an integer in 1..{high} "
+                f"{_shown(value)} for round {round_}: expected an integer in 0..{high} "
                 f"({bound})")
         return value
 

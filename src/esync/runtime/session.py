@@ -309,6 +309,8 @@ class Session:
         if self.stop_reason is not None:
             return update()
         self._begin_round()
+        if self.stop_reason is not None:  # stopped while this device sat rounds out
+            return update()
         _sync(self.device)
         t2 = time.perf_counter()
         result = self.algorithm.local_update(self.model, update)
@@ -359,27 +361,35 @@ class Session:
         self._mark_batch_ready()
 
     # --- rounds --------------------------------------------------------------------------
-    def _begin_round(self) -> None:
-        if self._budget or self.stop_reason is not None:
-            return
-        if self.model is None:
-            raise RuntimeError("call esync.prepare_model(model) before training")
-        if self.kept.pending:
-            self._keep_states()
-        self.round += 1
-        budget, self._first_phases = self.algorithm.begin_round(self.round)
-        if budget < 1:
-            raise ValueError(f"{self.algorithm.name} gave round {self.round} {budget} "
-                             f"local iterations")
-        self._budget = budget
-        self._times: Dict[int, Phases] = {}
-        self._cpu_times: List[float] = []  # the slowdown's basis, where it is CPU time
-        self._loss_sum, self._losses, self._round_samples = 0.0, 0, 0
-        self._stalls = [0.0, 0.0]  # seconds blocked on data: fetch, prep
-        self._prep_work = 0.0
-        self._paused = 0.0  # in-process evaluations the clock does not count
-        self._traffic = self.algorithm.traffic()
-        self._next_iteration()
+    def _begin_round(self, sit_out: bool = True) -> None:
+        """Begin the next round, unless one is under way or the job has stopped. A
+        budget of 0 (ESync's --least-speed: this device is too slow to help this round)
+        is a round sat out: it ends at once, synchronising nothing of its own, and the
+        next begins, until the algorithm gives a budget or the job stops; `sit_out`
+        False (leaving) begins it and returns."""
+        while not self._budget and self.stop_reason is None:
+            if self.model is None:
+                raise RuntimeError("call esync.prepare_model(model) before training")
+            if self.kept.pending:
+                self._keep_states()
+            self.round += 1
+            budget, self._first_phases = self.algorithm.begin_round(self.round)
+            if budget < 0:
+                raise ValueError(f"{self.algorithm.name} gave round {self.round} {budget} "
+                                 f"local iterations")
+            self._budget = budget
+            self._times: Dict[int, Phases] = {}
+            self._cpu_times: List[float] = []  # the slowdown's basis, where it is CPU time
+            self._loss_sum, self._losses, self._round_samples = 0.0, 0, 0
+            self._stalls = [0.0, 0.0]  # seconds blocked on data: fetch, prep
+            self._prep_work = 0.0
+            self._paused = 0.0  # in-process evaluations the clock does not count
+            self._traffic = self.algorithm.traffic()
+            self._next_iteration()
+            if not budget:
+                if not sit_out:
+                    return
+                self._end_round()
 
     def _end_round(self, announce: Optional[str] = None) -> None:
         if not self._times:  # a round ended before its first local iteration
@@ -501,7 +511,7 @@ class Session:
             self._stopped(reason)  # nothing to push, and nobody waits for it
             return
         if not self._budget:
-            self._begin_round()
+            self._begin_round(sit_out=False)
         self.algorithm.agree_stop(reason)  # said with this round's push, in a synchronous job
         self._end_round(announce=reason)
         if self.stop_reason is None:  # the others learn it after this round's push

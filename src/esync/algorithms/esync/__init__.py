@@ -15,7 +15,8 @@ from typing import Any, List, Optional
 from esync import config, registry
 from esync.algorithms.policy import Policy, number_in
 from esync.errors import UserError
-from esync.flagtypes import flag, momentum, positive_float, positive_int, share
+from esync.flagtypes import (flag, momentum, positive_float, positive_int, share,
+                              speed_share)
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,10 @@ class ESync(Policy):
     --outer-momentum: DiLoCo's), and seconds a round should take (`round_time`,
     --round-time; None: the slowest living device's one iteration, longer where the
     synchronisation would take more than `coordination_share` of the round:
-    --coordination-share, 0 for the paper's rule; see budget.py)."""
+    --coordination-share, 0 for the paper's rule; see budget.py), and the least speed,
+as a share of the fastest device's, at which a device trains (`least_speed`,
+--least-speed: slower ones sit rounds out; 0: every device trains, the paper's rule;
+only with --average steps, where a device that trains nothing weighs nothing)."""
 
     max_local_steps: int = flag(["--max-local-steps"], config.MAX_LOCAL_STEPS,
                                 "esync: the most local iterations a device runs in a round",
@@ -58,10 +62,19 @@ class ESync(Policy):
                                      "rule, the slowest device's one iteration",
                                      type=share)
 
+    least_speed: float = flag(["--least-speed"], config.LEAST_SPEED,
+                              "esync: a device slower than this share of the fastest "
+                              "living device's measured speed sits rounds out (trains "
+                              "nothing, weighs nothing) instead of dragging the fast "
+                              "devices back with its stale iteration; 0: every device "
+                              "trains, the paper's rule; only with --average steps",
+                              type=speed_share)
+
     key = "esync"
     FLAGS = {"max_local_steps": "max_local_steps", "average": "average",
              "global_lr": "global_lr", "outer_momentum": "outer_momentum",
-             "round_time": "round_time", "coordination_share": "coordination_share"}
+             "round_time": "round_time", "coordination_share": "coordination_share",
+             "least_speed": "least_speed"}
 
     def __post_init__(self) -> None:
         steps = self.max_local_steps
@@ -76,6 +89,13 @@ class ESync(Policy):
         if self.round_time is not None:
             number_in(self, "round_time", low=0.0, low_open=True)
         number_in(self, "coordination_share", low=0.0, high=1.0, high_open=True)
+        number_in(self, "least_speed", low=0.0, high=1.0)
+
+    @property
+    def sits_out(self) -> float:
+        """The least speed that applies: --least-speed under --average steps (where a
+        device's delta weighs as its steps, none for a device that sat out), else 0."""
+        return self.least_speed if self.average == "steps" else 0.0
 
     @classmethod
     def flags_given(cls, opts: Any) -> List[str]:
@@ -84,7 +104,9 @@ class ESync(Policy):
                                          ("--outer-momentum", opts.outer_momentum),
                                          ("--round-time", opts.round_time is not None),
                                          ("--coordination-share",
-                                          opts.coordination_share != config.COORDINATION_SHARE))
+                                          opts.coordination_share != config.COORDINATION_SHARE),
+                                         ("--least-speed",
+                                          opts.least_speed != config.LEAST_SPEED))
                 if given]
 
     def check(self, opts: Any) -> None:

@@ -22,6 +22,24 @@ the fastest device's --max-local-steps iterations (a longer round would cap the 
 devices' budgets while the slow ones' grow: the fast ones would idle, and the budgets
 would no longer follow the speeds). Share 0 is the paper's rule: the slowest device's
 one iteration.
+
+A device much slower than the fastest cannot help it: its one local iteration a round
+is stale by the time the fast device has run its many, and averaging it in (by steps:
+its share of the round's iterations) drags the fast device's progress back more than
+its samples add. On the emulated matrix of one fast device and N slow ones
+(docs/explanation/simulation.md; one seed each), devices at 1/2 of the fastest's
+speed made the job 1.4-1.7x faster than the fast device alone, devices at 1/4 left it
+about level, and devices at 1/8 and 1/16 made it about 0.7x as fast (0.73x over 3
+seeds at 1/16, the fast device computing at 95% of its solo rate: the averaging, not
+the machine). So, with a least
+speed l (`--least-speed`, ESync's default 0.15), a device whose measured speed is below
+l times the fastest living device's sits the round out: budget 0, it trains nothing
+and its delta weighs nothing (with --average steps), and the round is set by the
+devices that train; where only one device trains, nothing is averaged, and its rounds
+are as long as --max-local-steps allows, so that the others' synchronisation costs it
+little. Least speed 0 is the paper's rule: every device trains. A device
+that sits out keeps the speed it last measured; if the fast devices die, the fastest
+of the living is the new measure and the others train again.
 """
 from __future__ import annotations
 
@@ -46,6 +64,15 @@ def living(device_round: int, job_round: int) -> bool:
     return device_round > job_round - GONE_AFTER_ROUNDS
 
 
+def training(everyone: Sequence[float], least_speed: float = 0.0) -> list:
+    """The times per iteration of the devices that train (every one of `everyone`, or,
+    with a `least_speed`, those at least that fraction of the fastest's speed)."""
+    if not least_speed:
+        return list(everyone)
+    fastest = min(everyone)
+    return [t for t in everyone if t * least_speed <= fastest]
+
+
 def round_seconds(everyone: Sequence[float], coordination: Optional[float] = None,
                   share: float = 0.0, cap: Optional[int] = None) -> float:
     """The computing a round should last, from every living device's time per
@@ -63,7 +90,7 @@ def round_seconds(everyone: Sequence[float], coordination: Optional[float] = Non
 
 def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
            round_time: Optional[float] = None, coordination: Optional[float] = None,
-           share: float = 0.0) -> int:
+           share: float = 0.0, least_speed: float = 0.0) -> int:
     """Local iterations for a device with smoothed time per iteration `mine`, given every
     living device's (its own included; `None`: not measured yet). As many as fit in the
     slowest device's time, or in round_seconds' longer round where the job's
@@ -74,12 +101,19 @@ def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
     the nearest whole number (the device then waits or is waited for at most half an
     iteration), at least 1, at most `cap`. Until every device has a measurement (round
     1, and round 2 for devices that ask before others reported), the budget is 1: the
-    same as SSGD."""
+    same as SSGD. With a `least_speed`, 0 for a device slower than that fraction of the
+    fastest's speed (it sits the round out), and the round from those that train (the
+    cap, where one device trains while others sit out)."""
     if mine is None or any(t is None for t in everyone):
         return 1
+    trained = training(everyone, least_speed)
+    if mine > max(trained):
+        return 0
+    if len(trained) == 1 and len(everyone) > 1 and round_time is None:
+        return cap  # it trains alone: nothing to average, its rounds as long as allowed
     # may overflow to inf for absurd times: then the cap
     ratio = (round_time if round_time is not None else
-             round_seconds(everyone, coordination, share, cap)) / mine
+             round_seconds(trained, coordination, share, cap)) / mine
     if not ratio < cap:
         return cap
     return max(1, int(ratio + 0.5))

@@ -25,6 +25,8 @@ class ESyncRule(SyncRule):
         with `by_steps`, of delta * steps): w += lr * mean (the steps-weighted mean), or
         the outer Nesterov step on g = -mean."""
         c = self.config
+        if c.by_steps and not self.mean_steps:
+            return  # every device sat the round out or left it before an iteration
         scale = (self.mean_steps if c.normalize else
                  1.0 / self.mean_steps if c.by_steps else 1.0) / c.num_workers
         w = self.sgd.w[offset:offset + len(total)]

@@ -16,7 +16,7 @@ workers, sets w <- w + gl * mean(delta) (`-gl`) and averages the statistics; the
 receives the new weights and starts round t+1 from them.
 
 A budget the state server refuses or answers out of range (StateServerRefusal: a job it
-does not know, a round it calls past, a budget outside 1..--max-local-steps; e.g. after
+does not know, a round it calls past, a budget outside 0..--max-local-steps; e.g. after
 a stranger's write to a state server without ESYNC_STATE_TOKEN) costs the worker
 nothing but that round's budget: it runs 1 local iteration, as in SSGD, says so in one
 line (once, until budgets come again), and asks again next round. An unreachable state
@@ -60,6 +60,7 @@ class ESyncWorker(PushPull):
         self.max_local_steps = policy.max_local_steps
         self.round_time = policy.round_time  # None: the slowest device sets the round
         self.coordination_share = policy.coordination_share
+        self.least_speed = policy.sits_out  # slower devices sit rounds out (budget 0)
         #: seconds the last round's synchronisation cost, reported with the next request
         self.coordination: Optional[float] = None
         self._state_wait = 0.0  # this round's wait for its budget
@@ -75,8 +76,11 @@ class ESyncWorker(PushPull):
                             patience=job.state_server_patience, check=job.node.check)
         if job.rank == 0:
             log.info("[esync] job %s; budgets at %s/jobs/%s/", job.id, state.url, job.id)
-        return cls(policy, job, state, opts.eval_every, link_of(opts), opts.backend,
-                   compression(opts))
+        worker = cls(policy, job, state, opts.eval_every, link_of(opts), opts.backend,
+                     compression(opts))
+        if opts.split_by_class:  # a device that sat out would take its classes with it
+            worker.least_speed = 0.0
+        return worker
 
     def discard(self) -> None:
         self.state.close()
@@ -88,7 +92,7 @@ class ESyncWorker(PushPull):
     def _init_job(self, resume_round: Optional[int] = None) -> None:
         try:
             self.state.init_job(self.rule.num_workers, self.max_local_steps, resume_round,
-                                self.round_time, self.coordination_share)
+                                self.round_time, self.coordination_share, self.least_speed)
         except StateServerRefusal as e:
             self._fall_back(e)
 
@@ -139,8 +143,9 @@ class ESyncWorker(PushPull):
     aggregate_phase = "global update"
 
     def end_round(self, round_: int, model: nn.Module) -> Phases:
-        self.time_per_iteration = (time.perf_counter() - self._computing_since) / \
-            max(1, self._steps)
+        if self._steps:  # a round sat out (budget 0) measures nothing: the last time stays
+            self.time_per_iteration = (time.perf_counter() - self._computing_since) / \
+                self._steps
         self._next = self._request(round_ + 1, self.time_per_iteration)
         phases = super().end_round(round_, model)
         # reported with round t+2's request: round t+1's is on its way already
@@ -149,7 +154,9 @@ class ESyncWorker(PushPull):
         return phases
 
     def round_steps(self) -> int:
-        return max(1, self._steps)
+        """The round's local iterations; averaged by steps, 0 for a round sat out (or
+        left before its first iteration): its delta then weighs nothing."""
+        return self._steps if self.rule.by_steps else max(1, self._steps)
 
     def push_scale(self, steps: int) -> float:
         """The round's delta as it is (with --average normalized divided by its `steps`
