@@ -30,8 +30,10 @@ its samples add. On the emulated matrix of one fast device and N slow ones
 (docs/explanation/simulation.md; one seed each), devices at 1/2 of the fastest's
 speed made the job 1.4-1.7x faster than the fast device alone, devices at 1/4 left it
 about level, and devices at 1/8 and 1/16 made it about 0.7x as fast (0.73x over 3
-seeds at 1/16, the fast device computing at 95% of its solo rate: the averaging, not
-the machine). So, with a least
+seeds at 1/16, the fast device computing at 95% of its solo rate; part of that was
+CorgiPile's order on small partitions, the default then: with each epoch a new
+permutation, one seed at 1/16 gave 0.89x/0.85x to the two targets under the paper's
+rule and 0.89x/0.89x sitting out). So, with a least
 speed l (`--least-speed`, ESync's default 0.15), a device whose measured speed is below
 l times the fastest living device's sits the round out: budget 0, it trains nothing
 and its delta weighs nothing (with --average steps), and the round is set by the
