@@ -163,7 +163,7 @@ def test_a_budget_above_the_workers_cap_is_refused(tmp_path, monkeypatch):
         assert client.budget(1, 2, 0.08, cap=4) == 1  # the slowest
         with pytest.raises(StateServerRefusal,
                            match=r"field 'budget' 8 for round 3: expected an integer in "
-                                 r"1\.\.4 \(this worker's --max-local-steps\)"):
+                                 r"0\.\.4 \(this worker's --max-local-steps\)"):
             client.budget(0, 3, 0.01, cap=4)
         assert client.budget(0, 3, 0.01, cap=8) == 8  # asking again: the same answer
         client.close()
@@ -206,8 +206,8 @@ class _Answers:
     ({"rank": 0, "round": 2147483647, "budget": 1}, "field 'round' 2147483647: expected 5"),
     ({"rank": 1, "round": 5, "budget": 1}, "field 'rank' 1: expected 0"),
     ({"rank": 0, "round": 5.0, "budget": 1}, "field 'round' 5.0: expected 5"),
-    ({"rank": 0, "round": 5, "budget": 0}, r"field 'budget' 0 for round 5: expected an "
-                                           r"integer in 1\.\.16"),
+    ({"rank": 0, "round": 5, "budget": -1}, r"field 'budget' -1 for round 5: expected an "
+                                            r"integer in 0\.\.16"),
     ({"rank": 0, "round": 5, "budget": 10**9}, "field 'budget' 1000000000"),
     ({"rank": 0, "round": 5, "budget": True}, "field 'budget' True"),
     ({"rank": 0, "round": 5, "budget": "many"}, "field 'budget' 'many'"),

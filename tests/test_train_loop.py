@@ -160,16 +160,30 @@ def test_an_epoch_limit_cuts_a_round_short_only_where_this_process_decides(tmp_p
     assert [len(r["time"]) for r in records] == [10, 10]
 
 
-def test_finish_runs_when_the_algorithm_fails_and_a_zero_budget_is_an_error(tmp_path, digits):
+def test_finish_runs_when_the_algorithm_fails_and_a_negative_budget_is_an_error(tmp_path,
+                                                                              digits):
     broken = Scripted(fail_in_round=2)
     with pytest.raises(RuntimeError, match="the algorithm broke"):
         run_loop(tmp_path / "a", digits, broken, StopCriteria(max_rounds=5))
     assert broken.calls[-1] == ("finish",)
     assert len(_records(tmp_path / "a")) == 1
-    empty = Scripted(budgets=[0])
-    with pytest.raises(ValueError, match="scripted gave round 1 0 local iterations"):
-        run_loop(tmp_path / "b", digits, empty, StopCriteria(max_rounds=5))
-    assert empty.calls[-1] == ("finish",)
+    negative = Scripted(budgets=[-1])
+    with pytest.raises(ValueError, match="scripted gave round 1 -1 local iterations"):
+        run_loop(tmp_path / "b", digits, negative, StopCriteria(max_rounds=5))
+    assert negative.calls[-1] == ("finish",)
+
+
+def test_a_zero_budget_is_a_round_sat_out(tmp_path, digits):
+    """Budget 0 (ESync's --least-speed): the round ends at once, with no iteration and no
+    sample, and counts towards the job's rounds; the loop trains again once the
+    algorithm gives a budget."""
+    algorithm = Scripted(budgets=[1, 0, 0, 2])
+    run_loop(tmp_path, digits, algorithm, StopCriteria(max_rounds=5))
+    records = _records(tmp_path)
+    assert [r["budget"] for r in records] == [1, 0, 0, 2, 2]
+    assert [r["num_samples"] for r in records] == [64, 0, 0, 128, 128]
+    assert [len(r["time"]) for r in records] == [1, 1, 1, 2, 2]
+    assert algorithm.calls[-1] == ("finish",)
 
 
 def test_the_prepared_loaders_tell_the_session_where_the_data_is(tmp_path):

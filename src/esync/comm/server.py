@@ -290,7 +290,9 @@ class ShardServer:
         problem = self.rule.check(worker, round_, key)
         if problem:
             raise MessageError(problem)
-        steps = integer_field(header, "steps", 0, 2**31, required=False)
+        # averaged by steps, 0 is a round sat out (ESync's --least-speed): it weighs nothing
+        steps = integer_field(header, "steps", 0 if self.rule.config.by_steps else 1, 2**31,
+                              required=False)
         samples = integer_field(header, "samples", 0, 2**40, required=False)
         self._take_stop(worker, header)
         for stale in self.rule.move_to(round_):
