@@ -104,9 +104,10 @@ ROUND_TIME = None              # --round-time: esync's seconds per round (None: 
 COORDINATION_SHARE = 0.1       # --coordination-share: esync makes a round long enough
                                #   that its synchronisation takes at most this share
                                #   (0: the paper's rule, the slowest device's iteration)
-LEAST_SPEED = 0.15             # --least-speed: an esync device slower than this share of
+LEAST_SPEED = 0.0              # --least-speed: an esync device slower than this share of
                                #   the fastest's speed sits rounds out (0: every device
-                               #   trains, the paper's rule; esync/budget.py says why)
+                               #   trains, the paper's rule; not the default while a device
+                               #   that sits out takes its partition with it: budget.py)
 MAX_LOCAL_STEPS = 64           # --max-local-steps: the most local iterations of a round
                                #   (also the state server's, for a job created without it;
                                #   16 left fast devices waiting at 1,1,1,16: docs/evidence.md)

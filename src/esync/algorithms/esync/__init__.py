@@ -67,7 +67,9 @@ only with --average steps, where a device that trains nothing weighs nothing).""
                               "living device's measured speed sits rounds out (trains "
                               "nothing, weighs nothing) instead of dragging the fast "
                               "devices back with its stale iteration; 0: every device "
-                              "trains, the paper's rule; only with --average steps",
+                              "trains, the paper's rule (the default: a device that "
+                              "sits out takes its partition with it); only with "
+                              "--average steps",
                               type=speed_share)
 
     key = "esync"
