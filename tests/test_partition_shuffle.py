@@ -48,7 +48,7 @@ def _is_permutation(order, indices):
     return len(order) == len(indices) and np.array_equal(np.sort(order), np.sort(indices))
 
 
-@pytest.mark.parametrize("kind", ["corgipile", "once", "none"])
+@pytest.mark.parametrize("kind", ["random", "corgipile", "once", "none"])
 @pytest.mark.parametrize("n", [1, 31, 100, 257])
 def test_every_epoch_is_a_permutation(kind, n):
     indices = np.arange(1000, 1000 + 3 * n, 3)
@@ -63,6 +63,20 @@ def test_none_keeps_stored_order_and_once_keeps_its_shuffle():
     once = EpochOrder(idx, "once", 0)
     assert not np.array_equal(once.order(0), idx)
     assert np.array_equal(once.order(0), once.order(5))
+
+
+def test_random_is_a_new_full_permutation_each_epoch_and_by_seed():
+    """As a DataLoader with shuffle=True: no blocks; where CorgiPile's first block of 50
+    keeps consecutive samples together, the permutation scatters them."""
+    idx = np.arange(500)
+    a = EpochOrder(idx, "random", seed=[0, 0], block_size=50)
+    assert not np.array_equal(a.order(0), a.order(1))
+    assert not np.array_equal(a.order(0), EpochOrder(idx, "random", [0, 1]).order(0))
+    assert np.array_equal(a.order(2), EpochOrder(idx, "random", [0, 0]).order(2))
+    first = a.order(0)[:50]
+    assert np.ptp(first) > 300  # spread over the whole set, not one block's range
+    corgi = EpochOrder(idx, "corgipile", seed=[0, 0], block_size=50, buffer_ratio=0.1)
+    assert np.ptp(corgi.order(0)[:50]) < 50  # one whole block fills the buffer
 
 
 def test_corgipile_shuffles_anew_each_epoch_and_by_seed():
