@@ -306,10 +306,8 @@ class Session:
         """The end of a local iteration: the algorithm's local update (it calls `update`,
         the user's optimizer step), the timing, and the round's end once its budget is
         used up. After the job has stopped, only `update`."""
+        self._begin_round()  # nothing once stopped; it may stop while sitting rounds out
         if self.stop_reason is not None:
-            return update()
-        self._begin_round()
-        if self.stop_reason is not None:  # stopped while this device sat rounds out
             return update()
         _sync(self.device)
         t2 = time.perf_counter()
