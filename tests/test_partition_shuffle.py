@@ -120,3 +120,23 @@ def test_batch_stream_visits_each_sample_once_per_epoch():
     # the labels drawn in the first epoch are exactly the partition's labels
     first = torch.cat(seen)[:len(part)]
     assert sorted(first.tolist()) == sorted(data.train_labels[part].tolist())
+
+
+def test_a_whole_order_draws_every_sample_in_each_rank_s_own_order():
+    """--data-split whole: each rank's epochs are permutations of every sample, in an
+    order of its own (the same for the same seed and rank); its share is a partition's
+    size, which its epochs are counted in."""
+    from esync.data.order import DataSettings, WorkerOrder
+
+    settings = DataSettings(shuffle="random", seed=3)
+    orders = [WorkerOrder(LABELS, rank, 4, settings, whole=True) for rank in range(4)]
+    static = WorkerOrder(LABELS, 1, 4, settings)
+    assert sorted(orders[1].indices) == list(range(len(LABELS)))
+    assert orders[1].share == len(LABELS) // 4 == len(static) == static.share
+    firsts = [o.order.order(0).tolist() for o in orders]
+    assert all(sorted(f) == list(range(len(LABELS))) for f in firsts)
+    assert len({tuple(f) for f in firsts}) == 4  # each rank its own order
+    assert firsts[2] == WorkerOrder(LABELS, 2, 4, settings, whole=True).order.order(0).tolist()
+    assert orders[0].order.order(1).tolist() != firsts[0]  # a new permutation each epoch
+    orders[0].samples_drawn = len(LABELS) // 4 * 3
+    assert orders[0].epochs_done == pytest.approx(3.0)

@@ -81,3 +81,16 @@ def test_a_scheduler_starts_without_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env={**env, "PYTHONPATH": ":".join(sys.path)}, check=True)
     assert result.stdout.split() == ["scheduler", "False"]
+
+
+@pytest.mark.parametrize("variables, args, message", [
+    (DDP, ["-m", "ddp", "--data-split", "whole"], "-m ddp trains its ranks in lockstep"),
+    (CLUSTER, ["-m", "esync", "-s", "1", "--data-split", "whole"],
+     "-s 1 keeps each worker's classes"),
+    (CLUSTER, ["-m", "esync", "--dataset", "shards:/nowhere", "--data-split", "whole"],
+     "--data-split whole is for map-style data sets"),
+], ids=["ddp", "by-class", "shards"])
+def test_data_split_whole_is_refused_where_it_cannot_apply(environ, variables, args, message):
+    environ({**variables, "DMLC_ROLE": "worker"} if variables is CLUSTER else variables)
+    with pytest.raises(UserError, match=message):
+        start(args, "esync")

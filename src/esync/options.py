@@ -221,7 +221,10 @@ class _MainFlags:
     data_split: Optional[str] = _opt(
         ["--data-split"], config.DATA_SPLIT, "static: each worker trains its own equal "
         "share of the data; leased: the scheduler leases blocks of shards to whichever "
-        "worker asks, so every sample is trained once an epoch whatever the speeds "
+        "worker asks, so every sample is trained once an epoch whatever the speeds; "
+        "whole (map-style data, -m sync, async, esync...): every worker draws from the "
+        "whole data set in its own order, so that one that trains more, or alone, "
+        "does not go round its own share "
         "(unset: leased for shards in a job with a scheduler and no -s 1)",
         choices=DATA_SPLITS)
     loader_workers: int = _opt(["--loader-workers"], config.LOADER_WORKERS,

@@ -21,8 +21,9 @@ METRIC_LINE = {"accuracy": "test accuracy", "loss": "val_loss"}
 #: `--dataset shards:DIR`: shards in the WebDataset layout with their index (shards.py)
 SHARDS_PREFIX = "shards:"
 #: `--data-split` values: each device its own equal share of the data (the original's),
-#: or blocks leased by the scheduler to whichever device asks (leases.py; shards only)
-DATA_SPLITS = ("static", "leased")
+#: blocks leased by the scheduler to whichever device asks (leases.py; shards only), or
+#: the whole data set for every device, each in its own order (map-style data)
+DATA_SPLITS = ("static", "leased", "whole")
 #: `--shuffle` values: a new permutation each epoch (a DataLoader's shuffle=True; shards,
 #: read block by block, take CorgiPile's), CorgiPile's two-level shuffle, one shuffle,
 #: the stored order

@@ -10,7 +10,7 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 
 from esync import config
-from esync.data.partition import partition
+from esync.data.partition import partition, partition_size
 from esync.data.shuffle import EpochOrder
 
 
@@ -50,15 +50,28 @@ class DataSettings:
                    opts.disk_bandwidth, opts.remote_prep)
 
 
+def sample_split(settings: DataSettings) -> str:
+    """How a job that counts its epochs in samples splits a map-style data set: --data-split
+    (static or whole), or its default, static."""
+    return settings.split or "static"
+
+
 class WorkerOrder:
     """Partition `rank` of `num_workers` of a data set of `labels` (one per sample; all
     alike where the data set has none), visited in `settings.shuffle`'s order (`shuffle`
-    False: the stored order). `samples_drawn` counts the samples taken so far."""
+    False: the stored order). `samples_drawn` counts the samples taken so far.
+
+    `whole` (--data-split whole): every sample, in an order of this rank's own, so that
+    a device that trains more (or alone, the others sitting out) draws from the whole
+    data set rather than going round its own share; `share` is still the size of one
+    partition, the samples each device draws in an epoch of the job's on average."""
 
     def __init__(self, labels: Sequence[int], rank: int, num_workers: int,
-                 settings: DataSettings, shuffle: bool = True):
-        self.indices = partition(np.asarray(labels), num_workers, rank,
+                 settings: DataSettings, shuffle: bool = True, whole: bool = False):
+        labels = np.asarray(labels)
+        self.indices = partition(labels, 1 if whole else num_workers, 0 if whole else rank,
                                  settings.split_by_class, settings.seed)
+        self.share = partition_size(len(labels), num_workers) if whole else len(self.indices)
         self.order = EpochOrder(self.indices, settings.shuffle if shuffle else "none",
                                 seed=[settings.seed, rank], block_size=settings.block_size,
                                 buffer_ratio=settings.buffer_ratio)
@@ -69,7 +82,8 @@ class WorkerOrder:
 
     @property
     def epochs_done(self) -> float:
-        return self.samples_drawn / len(self.indices)
+        """Epochs of this device's share drawn (static: passes over its partition)."""
+        return self.samples_drawn / self.share
 
     def epoch_rest(self) -> Iterator[int]:
         """The samples of the current epoch not drawn yet (the order is a function of
@@ -85,4 +99,4 @@ class WorkerOrder:
 
     def skip_to(self, epochs: Optional[float]) -> None:
         if epochs:
-            self.samples_drawn = int(round(epochs * len(self.indices)))
+            self.samples_drawn = int(round(epochs * self.share))

@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler
 
 from esync.data.decode import ShardDataset
-from esync.data.order import DataSettings, WorkerOrder, labels_of
+from esync.data.order import DataSettings, WorkerOrder, labels_of, sample_split
 from esync.data.timed import TimedCollate, TimedDataset, samples_in, to_device
 from esync.errors import UserError
 from esync.runtime.session import Session
@@ -52,7 +52,7 @@ class _Batches(torch.utils.data.Sampler):
             epoch, start = epoch + 1, 0
 
     def __len__(self) -> int:
-        whole, part = divmod(len(self.order), self.batch_size)
+        whole, part = divmod(self.order.share, self.batch_size)
         return whole + (1 if part and not self.drop_last else 0)
 
 
@@ -100,8 +100,10 @@ class SampleLoader:
       and all-reduce modes), one epoch of the job's: it ends after the round in which
       every worker together has trained as many samples as one pass over every
       partition holds, this worker's order going on past its partition's end as
-      needed, so that devices of different speeds end their passes, and an epoch loop,
-      after the same round (under SSGD, exactly a pass over the partition);
+      needed (--data-split whole: its order is of the whole data set, so that a device
+      that trains more than its share, or alone, does not go round its own share),
+      so that devices of different speeds end their passes, and an epoch loop, after
+      the same round (under SSGD, exactly a pass over the partition);
     - otherwise (plain DDP, one device alone) one epoch of this worker's partition.
     In a job with a scheduler, where it is (the samples drawn from its order) goes into
     data-<n>.json before each round's synchronisation, so that a worker continuing the
@@ -119,9 +121,12 @@ class SampleLoader:
         shared = self.primary and algorithm.batch_slice() is not None \
             and not settings.split_by_class
         shuffle = isinstance(loader.sampler, RandomSampler)
+        self.job_epochs = self.primary and algorithm.job_epochs and not shared
+        whole = self.job_epochs and sample_split(settings) == "whole"
         try:
             self.order = WorkerOrder(labels_of(dataset), 0 if shared else session.rank,
-                                     1 if shared else session.num_workers, settings, shuffle)
+                                     1 if shared else session.num_workers, settings, shuffle,
+                                     whole=whole)
         except ValueError as e:
             raise UserError(f"prepare_data_loader: {e}") from None
         saved = (session.resume_data or {}) if self.primary else {}
@@ -130,9 +135,8 @@ class SampleLoader:
         elif self.primary:  # a log from before data-<n>.json held the position
             self.order.skip_to(session.resume_epoch)
         self.session, self.shared = session, shared
-        self.job_epochs = self.primary and algorithm.job_epochs and not shared
-        per_pass = len(self.order) - (len(self.order) % loader.batch_size
-                                      if loader.drop_last else 0)
+        share = self.order.share
+        per_pass = share - (share % loader.batch_size if loader.drop_last else 0)
         #: the samples of one epoch of the job's: a pass over every partition
         self.epoch_samples = max(1, per_pass * session.num_workers)
         if self.primary:  # where a worker can rejoin the job, or resume it: its position

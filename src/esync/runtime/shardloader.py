@@ -72,6 +72,9 @@ class RemoteLeases:
 def data_split(settings: DataSettings, session: Session) -> str:
     """--data-split, or its default: leased where a scheduler can lease (see config)."""
     if settings.split is not None:
+        if settings.split == "whole":
+            raise UserError("--data-split whole is for map-style data sets; shards are "
+                            "static or leased (leased: to whichever worker asks)")
         if settings.split == "leased" and session.node is None:
             raise UserError("--data-split leased needs the job's scheduler to lease blocks; "
                             "this worker has none (alone, or -m ddp): use --data-split static")

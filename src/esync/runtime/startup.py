@@ -169,6 +169,15 @@ def check_plugins(opts: Options) -> None:
     if opts.data_split == "leased" and opts.split_by_class:
         raise UserError("--data-split leased moves data between workers; -s 1 keeps each "
                         "worker's classes on it: use --data-split static with -s 1")
+    if opts.data_split == "whole" and opts.split_by_class:
+        raise UserError("--data-split whole gives every worker every class; -s 1 keeps "
+                        "each worker's classes on it: use --data-split static with -s 1")
+    if opts.data_split == "whole" and opts.mode == "ddp":
+        raise UserError("--data-split whole: -m ddp trains its ranks in lockstep, each on "
+                        "its own share (use --data-split static)")
+    if opts.data_split == "whole" and opts.dataset.startswith(SHARDS_PREFIX):
+        raise UserError("--data-split whole is for map-style data sets; shards are "
+                        "static or leased (leased: to whichever worker asks)")
     if (is_spec(opts.network) or opts.dataset not in IN_MEMORY or opts.loss != "cross_entropy"
             or opts.evaluate is not None):
         from esync.runtime.task import task_of

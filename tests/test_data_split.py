@@ -1,0 +1,56 @@
+"""--data-split for map-style data, in a real job of a user's script (tests/ids_script.py,
+whose samples carry their index) started by esync-run: static gives each worker its own
+share; whole lets each draw from every sample in an order of its own, so that the device
+that trains more does not go round its share, while the job's epochs stay the size of
+the data set."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+
+SCRIPT = os.path.join(REPO, "tests", "ids_script.py")
+SAMPLES = 4800  # ids_script.SAMPLES
+ROUND_MOST = 2 * 64 * 16  # two devices' --max-local-steps batches of 16
+
+
+def drawn_by_rank(tmp_path, split):
+    out = tmp_path / split
+    out.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "esync.launch.run", "--out", str(tmp_path / "runs"),
+         "--no-progress", "--num-threads", "1", "--workers", "2", "-m", "esync",
+         "--slowdown", "1,3", "--data-split", split, SCRIPT, str(out), "--epochs", "3"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = [json.load(open(out / f)) for f in os.listdir(out)]
+    return sorted(seen, key=lambda s: s["rank"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split", ["static", "whole"])
+def test_each_split_draws_what_it_says_and_ends_the_job_s_epochs_together(tmp_path, split):
+    ranks = drawn_by_rank(tmp_path, split)
+    assert [r["passes"] for r in ranks] == [3, 3]
+    assert ranks[0]["rounds"] == ranks[1]["rounds"]
+    total = sum(len(r["drawn"]) for r in ranks)
+    # three epochs of the job: three times the data set, ended after the round that
+    # reached it
+    assert 3 * SAMPLES <= total <= 3 * SAMPLES + ROUND_MOST
+    sets = [set(r["drawn"]) for r in ranks]
+    more = max(ranks, key=lambda r: len(r["drawn"]))
+    assert len(more["drawn"]) >= 1.5 * SAMPLES
+    if split == "static":
+        # each its own half, whichever trains more
+        assert not sets[0] & sets[1]
+        assert len(sets[0]) == len(sets[1]) == SAMPLES // 2
+    else:
+        # the one that trains more drew every sample, each once in its first epoch
+        assert len(set(more["drawn"][:SAMPLES])) == SAMPLES
+        # and the other went on in its own order of every sample, not in a half
+        less = min(ranks, key=lambda r: len(r["drawn"]))
+        first = less["drawn"][:SAMPLES]
+        assert len(set(first)) == len(first) > SAMPLES // 2
