@@ -9,7 +9,7 @@ pushes a parameter server takes (esync.comm.server, esync.comm.compress).
    pseudo-gradient -mean(delta) (torch's own optimiser as the reference); buffers become
    the workers' mean. SyncRule with momentum and weight decay matches torch's SGD on the
    mean gradient.
-2. The all-reduce backend's path (`rule.mean_steps = ...; rule.aggregate(key, sum, N)` on
+2. The all-reduce backend's path (`rule.steps = ...; rule.aggregate(key, sum, N)` on
    torch tensors) gives the same weights and buffers as the `add` path.
 3. A real ShardServer (tests.test_wire_properties.Harness: real ROUTER/DEALER sockets)
    takes fp16, top-k and threshold pushes (with `steps`, normalised ESync; a chunk with
@@ -93,7 +93,7 @@ def run_aggregate(config: RuleConfig, rounds: List[Dict],
             pushed = pushed * k if config.by_steps else pushed / k
         total = pushed.sum(0)
         control = torch.from_numpy(data["buffers"].copy()).sum(0)
-        rule.mean_steps = float(sum(steps or [1] * N)) / N
+        rule.steps = [float(s) for s in (steps or [1] * N)]
         rule.aggregate((WEIGHTS, 0), total, N)
         rule.aggregate((BUFFERS, 0), control, N)
     assert rule.updates == len(rounds)
@@ -183,6 +183,31 @@ def test_esync_weight_by_steps():
     np.testing.assert_allclose(weights_of(equal), weights_of(plain), rtol=1e-6, atol=1e-6)
 
 
+def test_esync_anchored_keeps_the_fastest_device_s_length():
+    """--average anchored: the steps-weighted mean scaled by max(k) sum(k) / sum(k^2),
+    i.e. w += lr * max(k) * sum(k_i d_i) / sum(k_i^2); equal steps give the plain
+    average, and a device far faster than the others keeps nearly all its delta."""
+    rounds = rounds_of(3, 2)
+    config = RuleConfig("esync", N, lr=0.7, by_steps=True, anchored=True)
+    rule = run_add(config, rounds, steps=STEPS, normalize_pushes=True)
+    w0, _ = start()
+    k = np.array(STEPS, np.float64)[:, None]
+    expected = w0.astype(np.float64)
+    for data in rounds:
+        expected += 0.7 * k.max() * (k * data["deltas"].astype(np.float64)).sum(0) / \
+            (k * k).sum()
+    np.testing.assert_allclose(weights_of(rule), expected, rtol=1e-5, atol=1e-6)
+    equal = run_add(config, rounds, steps=[4] * N, normalize_pushes=True)
+    plain = run_add(RuleConfig("esync", N, lr=0.7), rounds)
+    np.testing.assert_allclose(weights_of(equal), weights_of(plain), rtol=1e-6, atol=1e-6)
+    fast = [64, 1, 1]  # its delta weighs 64^2 / (64^2 + 2) of itself
+    one = run_add(config, rounds[:1], steps=fast, normalize_pushes=True)
+    d = rounds[0]["deltas"].astype(np.float64)
+    moved = weights_of(one) - w0
+    np.testing.assert_allclose(moved, 0.7 * (64 * 64 * d[0] + 64 * (d[1] + d[2])) / 4098,
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_esync_normalize_over_rounds_with_changing_steps():
     rounds = rounds_of(3, 3)
     steps_by_round = [[1, 1, 8], [3, 3, 3], [7, 2, 1]]
@@ -249,7 +274,8 @@ def test_rule_config_header_round_trip():
     by_steps = RuleConfig("esync", N, lr=0.7, by_steps=True)
     assert RuleConfig.from_header(by_steps.to_header()) == by_steps
     for bad in ({"normalize": 1}, {"normalize": "yes"}, {"momentum": 1.0}, {"by_steps": 1},
-                {"normalize": True, "by_steps": True},
+                {"normalize": True, "by_steps": True}, {"anchored": True},
+                {"anchored": 1, "by_steps": True},
                 {"momentum": -0.1}, {"momentum": float("nan")}):
         with pytest.raises(ValueError):
             RuleConfig.from_header({"name": "esync", "num_workers": 2, "lr": 1, **bad})
@@ -262,6 +288,7 @@ CASES = {
     "momentum": (dict(lr=0.7, momentum=0.9), None, False),
     "both": (dict(lr=0.4, momentum=0.8, normalize=True), STEPS, True),
     "by_steps": (dict(lr=0.7, by_steps=True), STEPS, True),
+    "anchored": (dict(lr=0.7, by_steps=True, anchored=True), STEPS, True),
     "sync": (dict(lr=0.1, momentum=0.9, weight_decay=0.01), None, False),
 }
 

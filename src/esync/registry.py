@@ -26,6 +26,8 @@ AVERAGES: Dict[str, Dict[str, bool]] = {
     "mean": {},                    # each delta the same (the paper's)
     "steps": {"by_steps": True},   # weighted by each delta's local steps (its samples)
     "normalized": {"normalize": True},  # each divided by its steps, times the mean steps
+    # weighted by steps, scaled so the move is as long as the fastest device's own
+    "anchored": {"by_steps": True, "anchored": True},
 }
 
 

@@ -61,6 +61,7 @@ class RuleConfig:
     lamda: float = 0.0
     normalize: bool = False  # esync: FedNova's normalised averaging of the deltas
     by_steps: bool = False   # esync: the deltas' mean weighted by their local steps
+    anchored: bool = False   # esync, with by_steps: that mean scaled to the most steps'
 
     @classmethod
     def from_header(cls, header: Dict[str, Any]) -> "RuleConfig":
@@ -82,12 +83,14 @@ class RuleConfig:
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise ValueError("rule field 'num_workers' must be a positive integer")
         switches = {}
-        for key in ("normalize", "by_steps"):
+        for key in ("normalize", "by_steps", "anchored"):
             switches[key] = header.get(key, False)
             if not isinstance(switches[key], bool):
                 raise ValueError(f"rule field {key!r} must be true or false")
         if switches["normalize"] and switches["by_steps"]:
             raise ValueError("rule fields 'normalize' and 'by_steps' exclude each other")
+        if switches["anchored"] and not switches["by_steps"]:
+            raise ValueError("rule field 'anchored' needs 'by_steps'")
         if numbers["momentum"] >= 1:
             raise ValueError("rule field 'momentum' must be below 1")
         return cls(name, workers, **numbers, **switches)
@@ -220,8 +223,8 @@ class SyncRule(Rule):
         self.resync = False  # restored: the workers' pushes say which round it is
         self.sums: Optional[Tuple[np.ndarray, np.ndarray]] = None  # made on first use
         self.round_steps: Dict[int, int] = {}  # worker -> its local steps this round
-        #: the living workers' mean number of local steps of the round being aggregated
-        self.mean_steps = 1.0
+        #: the living workers' local steps of the round being aggregated
+        self.steps: List[float] = [1.0] * config.num_workers
         # pushed chunks held (as views of their frames) until the last worker's arrives
         self.held: Dict[Key, Dict[int, np.ndarray]] = {}
         self.completed = 0  # values of this round already aggregated
@@ -266,8 +269,7 @@ class SyncRule(Rule):
             self.sums = (np.empty_like(self.weights), np.empty_like(self.buffers))
         total = self._sum(parts, self.sums[section][offset:offset + length])
         if section == WEIGHTS:
-            self.mean_steps = float(np.mean([self.round_steps.get(w, 1)
-                                             for w in self.members]))
+            self.steps = [float(self.round_steps.get(w, 1)) for w in sorted(self.members)]
         self.aggregate(key, total, len(parts))
         self.completed += length
         if self.completed == len(self.weights) + len(self.buffers):
@@ -278,6 +280,11 @@ class SyncRule(Rule):
                     self.members.add(w)
                     del self.joining[w]
         return True
+
+    @property
+    def mean_steps(self) -> float:
+        """The living workers' mean number of local steps of the round being aggregated."""
+        return float(np.mean(self.steps))
 
     def aggregate(self, key: Key, total: torch.Tensor, count: int) -> None:
         """Apply `total`, the sum of `count` workers' pushes of chunk `key` (the held

@@ -180,15 +180,16 @@ class AllReduce:
         buffers = self.rule.buffers
         sparse = self._sparse(pushed) if self.compression.sparse else None
         counts = 2 * world if sparse else 0  # each worker's count, in two parts
-        control = torch.zeros(len(buffers) + world + counts + 2, dtype=torch.float32,
-                              device=pushed.device)
+        # the buffers, each worker's stop flag, its sparse count, its steps; the samples
+        control = torch.zeros(len(buffers) + world + counts + world + 1,
+                              dtype=torch.float32, device=pushed.device)
         control[:len(buffers)] = buffers
         control[len(buffers) + self.rank] = 1.0 if stop is not None else 0.0
         if sparse:
             at = len(buffers) + world + 2 * self.rank  # exact in float32 below 2**44
             control[at:at + 2] = torch.tensor(divmod(len(sparse[0]), COUNT_BASE))
-        control[-1] = float(1 if steps is None else steps)
-        control[-2] = float(samples)  # exact in float32: a round's samples are < 2**24
+        control[-1 - world + self.rank] = float(1 if steps is None else steps)
+        control[-1] = float(samples)  # exact in float32: a round's samples are < 2**24
         with _failures(self.node):
             # the small control vector first: it completes once every worker has come
             # to the round's end, so its time is the wait for the others, and the
@@ -197,13 +198,13 @@ class AllReduce:
             self._all_reduce(control)
             self.waited = time.perf_counter() - started
             if sparse:
-                parts = control[len(buffers) + world:-2].view(world, 2)
+                parts = control[len(buffers) + world:-1 - world].view(world, 2)
                 most = int((parts[:, 0] * COUNT_BASE + parts[:, 1]).max())
                 total = self._gather_sparse(*sparse, most, out=pushed)
             else:
                 total = self._sum_weights(pushed, round_)
-        self.rule.mean_steps = float(control[-1]) / world
-        self.job_samples += int(control[-2])
+        self.rule.steps = control[-1 - world:-1].tolist()
+        self.job_samples += int(control[-1])
         self.rule.aggregate((WEIGHTS, 0), total, world)
         if len(buffers):
             self.rule.aggregate((BUFFERS, 0), control[:len(buffers)], world)

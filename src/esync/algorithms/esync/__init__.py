@@ -23,7 +23,7 @@ from esync.flagtypes import (flag, momentum, positive_float, positive_int, share
 class ESync(Policy):
     """ESync's settings: the most local iterations a device runs in a round
     (`max_local_steps`, --max-local-steps), how the round's deltas are averaged
-    (`average`: "mean", "steps" or "normalized", --average), the scale of the averaged
+    (`average`: "mean", "steps", "normalized" or "anchored", --average), the scale of the averaged
     delta (`global_lr`, -gl), Nesterov momentum of that outer step (`outer_momentum`,
     --outer-momentum: DiLoCo's), and seconds a round should take (`round_time`,
     --round-time; None: the slowest living device's one iteration, longer where the
@@ -31,7 +31,8 @@ class ESync(Policy):
     --coordination-share, 0 for the paper's rule; see budget.py), and the least speed,
 as a share of the fastest device's, at which a device trains (`least_speed`,
 --least-speed: slower ones sit rounds out; 0: every device trains, the paper's rule;
-only with --average steps, where a device that trains nothing weighs nothing)."""
+only with --average steps or anchored, where a device that trains nothing weighs
+nothing)."""
 
     max_local_steps: int = flag(["--max-local-steps"], config.MAX_LOCAL_STEPS,
                                 "esync: the most local iterations a device runs in a round",
@@ -39,8 +40,9 @@ only with --average steps, where a device that trains nothing weighs nothing).""
     average: str = flag(["--average"], config.AVERAGE,
                         "esync: how the round's deltas are averaged: mean (each the same, "
                         "the paper's), steps (each weighted by its local steps, i.e. its "
-                        "samples of the round) or normalized (each divided by its local "
-                        "steps, scaled by the mean steps: FedNova)",
+                        "samples of the round), normalized (each divided by its local "
+                        "steps, scaled by the mean steps: FedNova) or anchored (weighted "
+                        "by steps, the move as long as the fastest device's own round)",
                         choices=list(registry.AVERAGES))
     global_lr: float = flag(["-gl", "--global-lr"], config.LEARNING_RATE_GLOBAL,
                             "esync, localsgd: scale of the averaged model delta",
@@ -95,9 +97,10 @@ only with --average steps, where a device that trains nothing weighs nothing).""
 
     @property
     def sits_out(self) -> float:
-        """The least speed that applies: --least-speed under --average steps (where a
-        device's delta weighs as its steps, none for a device that sat out), else 0."""
-        return self.least_speed if self.average == "steps" else 0.0
+        """The least speed that applies: --least-speed under --average steps or anchored
+        (where a device's delta weighs as its steps, none for a device that sat out),
+        else 0."""
+        return self.least_speed if registry.AVERAGES[self.average].get("by_steps") else 0.0
 
     @classmethod
     def flags_given(cls, opts: Any) -> List[str]:

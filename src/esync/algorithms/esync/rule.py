@@ -7,13 +7,19 @@ same (the paper's); `steps` (`by_steps`, the default): workers push delta * step
 their steps, and the sum is divided by the steps' sum, so that each delta weighs as its
 share of the round's local iterations (of its samples, at one batch size); `normalized`
 (`normalize`, FedNova's normalised averaging): workers push delta / steps with their
-number of local steps, and the mean is scaled by the mean number of steps. `momentum`
+number of local steps, and the mean is scaled by the mean number of steps; `anchored`
+(`by_steps` and `anchored`): the steps-weighted mean, scaled by max(s) sum(s) / sum(s^2)
+so that the move is as long, in local steps, as the fastest device's own round (each
+delta taken as its steps long): devices of one speed get the plain mean, and a fast
+device among slow ones keeps its progress (its delta weighs s_max^2 / sum(s^2)) while
+the slow ones' deltas add what they learnt, each weighing s_i s_max / sum(s^2). `momentum`
 (`--outer-momentum M`): the mean delta is a pseudo-gradient g = -mean(delta) for SGD
 with Nesterov momentum (DiLoCo's outer optimiser): v <- M v + g; w <- w - lr (g + M v).
 The worker's half of `--average` is esync.algorithms.esync.worker's `push_scale`.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from esync.algorithms.rules import SyncRule
@@ -29,6 +35,9 @@ class ESyncRule(SyncRule):
             return  # every device sat the round out or left it before an iteration
         scale = (self.mean_steps if c.normalize else
                  1.0 / self.mean_steps if c.by_steps else 1.0) / c.num_workers
+        if c.anchored:  # sum(s d) / sum(s) scaled by max(s) sum(s) / sum(s^2)
+            steps = np.asarray(self.steps)
+            scale *= steps.max() * steps.sum() / float((steps * steps).sum())
         w = self.sgd.w[offset:offset + len(total)]
         if not c.momentum:
             w.add_(total, alpha=c.lr * scale)
