@@ -140,3 +140,21 @@ def test_a_whole_order_draws_every_sample_in_each_rank_s_own_order():
     assert orders[0].order.order(1).tolist() != firsts[0]  # a new permutation each epoch
     orders[0].samples_drawn = len(LABELS) // 4 * 3
     assert orders[0].epochs_done == pytest.approx(3.0)
+
+
+def test_the_built_in_stream_over_a_whole_order_counts_epochs_of_its_share():
+    """The built-in loop's stream (esync.runtime.train) under --data-split whole: its
+    batches come from every sample, and its epochs are of one partition's size."""
+    from esync.data.order import DataSettings, WorkerOrder
+
+    data = load_dataset("digits", "")
+    order = WorkerOrder(data.train_labels.numpy(), 1, 3, DataSettings(), whole=True)
+    stream = BatchStream(data, order.order, batch_size=50, device=torch.device("cpu"),
+                         share=order.share)
+    drawn = 0
+    while drawn < order.share:
+        drawn += len(stream.next()[1])
+    assert stream.epochs_done == pytest.approx(drawn / (len(data.train_labels) // 3))
+    seen = set(order.order.order(0)[:drawn].tolist())
+    part = set(partition(data.train_labels.numpy(), 3, 1, False, seed=0).tolist())
+    assert seen - part  # not confined to rank 1's partition

@@ -15,16 +15,18 @@ class BatchStream:
 
     Epochs are concatenated: a batch that reaches past an epoch's end is completed from
     the next epoch, so every batch is full and no sample is skipped. `epochs_done` is
-    the (fractional) number of passes over the partition so far.
+    the (fractional) number of passes over the partition so far (of `share` samples
+    each where given: --data-split whole, whose order is of the whole data set).
     """
 
     def __init__(self, dataset: Dataset, order: EpochOrder, batch_size: int,
-                 device: torch.device):
+                 device: torch.device, share: Optional[int] = None):
         self.dataset = dataset
         self.order = order
         self.batch_size = batch_size
         self.device = device
         self.partition_size = len(order.indices)
+        self.share = share or self.partition_size
         self.samples_drawn = 0
         self._epoch = 0
         self._queue = order.order(0)
@@ -32,7 +34,7 @@ class BatchStream:
 
     @property
     def epochs_done(self) -> float:
-        return self.samples_drawn / self.partition_size
+        return self.samples_drawn / self.share
 
     def skip_to(self, samples: int) -> None:
         """Go on as if `samples` samples had been drawn (a worker continuing a job): the
