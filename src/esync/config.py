@@ -56,8 +56,10 @@ SHUFFLE = "random"             # --shuffle: random | corgipile | once | none (ra
 BLOCK_SIZE = 32                # --block-size: contiguous samples per CorgiPile block
 BUFFER_RATIO = 0.1             # --buffer-ratio: share of the partition held in the buffer
 BUFFER_MAX_MB = 256            # the most a CorgiPile buffer of shards holds, whatever the ratio
-DATA_SPLIT = None              # --data-split: static | leased; None: leased for shards in a
-#                                job with a scheduler (and no -s 1), static otherwise
+DATA_SPLIT = None              # --data-split: static | leased | whole; None: leased for
+#                                shards in a job with a scheduler (and no -s 1); whole for
+#                                map-style data where the job counts its epochs in samples
+#                                (not -m ddp, not -s 1); static otherwise
 LOG_SAMPLES = False            # --log-samples: each round's record lists its sample ids
 LOADER_WORKERS = 0             # --loader-workers: DataLoader worker processes of main.py's
 #                                loop over data read from disk (0: in the training process)
@@ -104,10 +106,9 @@ ROUND_TIME = None              # --round-time: esync's seconds per round (None: 
 COORDINATION_SHARE = 0.1       # --coordination-share: esync makes a round long enough
                                #   that its synchronisation takes at most this share
                                #   (0: the paper's rule, the slowest device's iteration)
-LEAST_SPEED = 0.0              # --least-speed: an esync device slower than this share of
+LEAST_SPEED = 0.2              # --least-speed: an esync device slower than this share of
                                #   the fastest's speed sits rounds out (0: every device
-                               #   trains, the paper's rule; not the default while a device
-                               #   that sits out takes its partition with it: budget.py)
+                               #   trains, the paper's rule; why 0.2: budget.py)
 MAX_LOCAL_STEPS = 64           # --max-local-steps: the most local iterations of a round
                                #   (also the state server's, for a job created without it;
                                #   16 left fast devices waiting at 1,1,1,16: docs/evidence.md)

@@ -225,7 +225,8 @@ class _MainFlags:
         "whole (map-style data, -m sync, async, esync...): every worker draws from the "
         "whole data set in its own order, so that one that trains more, or alone, "
         "does not go round its own share "
-        "(unset: leased for shards in a job with a scheduler and no -s 1)",
+        "(unset: leased for shards in a job with a scheduler and no -s 1, whole for "
+        "map-style data in those modes without -s 1, static otherwise)",
         choices=DATA_SPLITS)
     loader_workers: int = _opt(["--loader-workers"], config.LOADER_WORKERS,
                                "DataLoader worker processes that decode the built-in "

@@ -52,8 +52,8 @@ class DataSettings:
 
 def sample_split(settings: DataSettings) -> str:
     """How a job that counts its epochs in samples splits a map-style data set: --data-split
-    (static or whole), or its default, static."""
-    return settings.split or "static"
+    (static or whole), or its default: whole, static with -s 1 (each worker its classes)."""
+    return settings.split or ("static" if settings.split_by_class else "whole")
 
 
 class WorkerOrder:

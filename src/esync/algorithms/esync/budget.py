@@ -34,14 +34,14 @@ rounds are as long as --max-local-steps allows, so that the others' synchronisat
 costs it little. A device that sits out keeps the speed it last measured; if the fast
 devices die, the fastest of the living is the new measure and the others train again.
 
-Least speed 0, the paper's rule (every device trains), is the default, because a device
-that sits out takes its partition with it and the device left training repeats its
-own. On the emulated matrix (docs/explanation/simulation.md; charlm, 3 seeds), one fast
-device and 7 at 1/16 of its speed reached val loss 1.80 and 1.65 at 0.98x and 0.81x the
-fast device alone's time with l = 0.15, at 0.83x and 0.75x with l = 0; with 15 devices
-at 1/8 and l = 0.2 the fast device, training alone on 1/16 of the data, was at 1.84
-after 300 s where alone on all of it it reaches 1.80 in 55 s (one seed). It waits for
-data that follow the devices that train.
+The default least speed is 0.2, with map-style data drawn by every device from the
+whole data set (--data-split whole), so that the device left training does not go round
+its own partition. On the emulated matrix (docs/explanation/simulation.md; charlm), one
+fast device and 7 or 15 at 1/16 or 1/8 of its speed reached val loss 1.80 and 1.65
+slower than the fast device alone with every device training (0.83x and 0.75x at 16x7,
+3 seeds), and with l = 0.2 and static partitions the fast device, alone on 1/16 of the
+data, stalled at 1.84. Devices at 1/2 of its speed gained (1.28x and 1.24x, one fast and
+3 slow, one seed); at 1/4, where the bed's 8 processes crowd 2 cores, they lost (0.84x).
 """
 from __future__ import annotations
 
