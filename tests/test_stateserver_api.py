@@ -90,7 +90,7 @@ def test_a_round_time_sets_every_budget_the_slowest_included(client):
 def test_the_devices_coordination_lengthens_the_round_to_its_share(client):
     """With coordination_share 0.1, a round's computing lasts at least 9 times the most
     any living device reported its synchronisation to cost: here 20 ms, so 180 ms,
-    longer than the slowest device's 40 ms iteration. Without the share (the paper's
+    longer than the slowest device's 30 ms iteration. Without the share (the paper's
     rule) the same reports give the slowest device's iteration."""
     for name, share in (("shared", 0.1), ("paper", None)):
         body = {"workers": 3, "max_local_steps": 32}
@@ -100,7 +100,7 @@ def test_the_devices_coordination_lengthens_the_round_to_its_share(client):
         assert created.status_code == 201 and \
             created.json()["coordination_share"] == (share or 0.0)
         costs = {0: 0.02, 1: 0.005, 2: None}  # rank 2 has not measured one yet
-        for rank, seconds in enumerate([0.01, 0.04, 0.04]):
+        for rank, seconds in enumerate([0.01, 0.03, 0.03]):
             answer = post(client, f"/jobs/{name}/budget/",
                           {"rank": rank, "round": 2, "time_per_iteration": seconds,
                            **({} if costs[rank] is None else {"coordination": costs[rank]})})
@@ -108,8 +108,8 @@ def test_the_devices_coordination_lengthens_the_round_to_its_share(client):
         got = [post(client, f"/jobs/{name}/budget/",
                     {"rank": rank, "round": 3, "time_per_iteration": seconds,
                      "coordination": 0.02}).json()["budget"]
-               for rank, seconds in enumerate([0.01, 0.04, 0.04])]
-        assert got == ([18, 5, 5] if share else [4, 1, 1]), (name, got)
+               for rank, seconds in enumerate([0.01, 0.03, 0.03])]
+        assert got == ([18, 6, 6] if share else [3, 1, 1]), (name, got)
         devices = state(client, name)["devices"]
         assert [d["coordination"] for d in devices] == [0.02, 0.02, 0.02]
 
@@ -164,6 +164,17 @@ def test_one_noisy_round_does_not_swing_the_budget(client, job):
     device = state(client)["devices"][0]
     assert device["time_per_iteration"] == 0.03
     assert 0.01 < device["smoothed_time_per_iteration"] < 0.03
+
+
+def test_a_device_s_second_time_replaces_its_first_warm_up_and_all(client, job):
+    """The first time is of the first local iteration (warm-up); the second replaces it,
+    and from the third on the times are smoothed."""
+    report(client, 0, 1, 0.5)
+    report(client, 0, 2, 0.01)
+    assert state(client)["devices"][0]["smoothed_time_per_iteration"] == 0.01
+    report(client, 0, 3, 0.02)
+    assert state(client)["devices"][0]["smoothed_time_per_iteration"] == \
+        pytest.approx(0.7 * 0.01 + 0.3 * 0.02)
 
 
 def test_asking_again_for_the_same_round_gives_the_same_answer(client, job):
