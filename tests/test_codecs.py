@@ -64,7 +64,8 @@ def test_a_codec_trains_to_90_percent_sending_what_it_says(tmp_path, mode, backe
     workers = rounds_by_worker(tmp_path, mode)
     rounds = {len(records) for records in workers.values()}
     assert len(rounds) == 1 and rounds.pop() > compression.slices, rounds
-    control = LENET_BUFFERS + WORKERS + 2 + (2 * WORKERS if compression.sparse else 0)
+    # the buffers, each worker's stop flag, sparse count (2) and steps, the samples
+    control = LENET_BUFFERS + 2 * WORKERS + 1 + (2 * WORKERS if compression.sparse else 0)
     for name, records in workers.items():
         for round_, record in enumerate(records, 1):
             sent = record["bytes_sent"]

@@ -103,7 +103,8 @@ def test_built_from_keywords_its_rounds_follow_the_warmup_then_the_period():
     assert [hooks.policy.local_iterations(r) for r in (1, 3)] == [1, 4]
     assert hooks.rule.to_header() == {  # the plain mean, on the servers or all-reduced
         "name": "localsgd", "num_workers": 2, "lr": 1.0, "momentum": 0.0,
-        "weight_decay": 0.0, "lamda": 0.0, "normalize": False, "by_steps": False}
+        "weight_decay": 0.0, "lamda": 0.0, "normalize": False, "by_steps": False,
+        "anchored": False}
     assert [esync.LocalSGD(period=3).local_iterations(r) for r in (1, 2)] == [3, 3]
     # the policy's defaults are its flags' defaults: one declaration
     assert esync.LocalSGD() == esync.LocalSGD.from_options(parse_options(["-m", "localsgd"]))

@@ -16,7 +16,8 @@ backends do the same arithmetic and every worker holds the same weights.
   as DDP's fp16 hook does; with `partial:K` of the round's slice only), after one of a
   small float32 vector holding the buffers (BatchNorm statistics), each worker's stop
   flag, its samples of the round (the job's count of samples trained, `job_samples`)
-  and its local steps (ESync with --average steps or normalized). That small one
+  and its local steps, each worker's in its own slot (ESync with --average steps,
+  normalized or anchored, which needs their largest and their squares). That small one
   goes first, alone: it completes once every worker has come to the round's end, so its
   time is the round's wait for the others (`waited`) and the weights' all-reduce the
   communication. A worker whose stop criterion (or, on worker 0, the evaluator's) says
