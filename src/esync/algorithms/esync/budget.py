@@ -50,9 +50,10 @@ from typing import Optional, Sequence
 #: a device whose last reported round is this many rounds behind the job's latest round
 #: (or more) is taken for dead and left out of the slowest
 GONE_AFTER_ROUNDS = 2
-#: a device's first measurements that the next one replaces rather than smooths: the
-#: first is of its first local iteration, warm-up and all (on the LM, 3.5 times the fast
-#: device's steady time; with 0.3 smoothing it would hold the budgets off for rounds)
+#: a device's first measurements, each taken as it is (replacing the one before); the
+#: smoothing starts after them. The first is of its first local iteration, warm-up and
+#: all (on the LM, 3.5 times the fast device's steady time; smoothed at 0.3 it would
+#: skew the budgets for rounds)
 WARM_UP_MEASUREMENTS = 2
 
 
@@ -106,11 +107,12 @@ def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
     about round_time / its time per iteration), rounded to
     the nearest whole number (the device then waits or is waited for at most half an
     iteration), at least 1, at most `cap`. Until every device has a measurement (round
-    1, and round 2 for devices that ask before others reported), the budget is 1: the
-    same as SSGD; with a `least_speed`, 0 for a device already slower than that
-    fraction of a device that has measured. With a `least_speed`, 0 for a device slower than that fraction of the
-    fastest's speed (it sits the round out), and the round from those that train (the
-    cap, where one device trains while others sit out)."""
+    1, and round 2 for devices that ask before others reported), the budget is 1, the
+    same as SSGD, or, with a `least_speed`, 0 for a device already slower than that
+    fraction of a device that has measured. Once all have, with a `least_speed`, 0 for
+    a device slower than that fraction of the fastest's speed (it sits the round out),
+    and the round from those that train (the cap, where one device trains while others
+    sit out)."""
     if mine is None:
         return 1
     if any(t is None for t in everyone):
