@@ -15,7 +15,10 @@ import numpy as np
 import pytest
 
 from tests.cluster import Cluster
-from tests.helpers import REPO, assert_breakdown, evaluator_accuracy, run_main
+from esync.errors import UserError
+from esync.runtime.startup import start
+from tests.helpers import (CLUSTER_VARIABLES, REPO, assert_breakdown, evaluator_accuracy,
+                           run_main)
 from tests.stateserver import StateServer
 
 pytestmark = pytest.mark.slow  # whole clusters of real processes
@@ -205,6 +208,10 @@ def test_a_dead_worker_ends_an_allreduce_job(tmp_path, moment):
         assert "an all-reduce job cannot go on without it" in job.output("scheduler")
 
 
+CLUSTER_WORKER = {"DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "127.0.0.1",
+                  "DMLC_PS_ROOT_PORT": "1", "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1"}
+
+
 @pytest.mark.parametrize("args, env, message", [
     (["-m", "async", "--backend", "allreduce"], {}, "runs on the parameter servers only"),
     (["-m", "async", "--compress", "partial:4"], {}, "-m sync or esync, not -m async"),
@@ -225,14 +232,24 @@ def test_a_dead_worker_ends_an_allreduce_job(tmp_path, moment):
     (["-m", "sync", "--compress", "partial:1"], {}, "partial:K (K >= 2), got 'partial:1'"),
     (["-m", "sync", "--compress", "threshold:-1"], {}, "threshold:T (T >= 0)"),
 ])
-def test_bad_combinations_are_refused_with_one_line(tmp_path, args, env, message):
-    cluster = None if env is None else {
-        "DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "1",
-        "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1", **env}
-    result = run_main(args, env=cluster, timeout=60)
+def test_bad_combinations_are_refused_with_one_line(monkeypatch, args, env, message):
+    """Refused by main.py's start-up, in this process (the first case below runs main.py
+    itself: one line on stderr and exit status 2)."""
+    for var in CLUSTER_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in ({} if env is None else {**CLUSTER_WORKER, **env}).items():
+        monkeypatch.setenv(var, value)
+    with pytest.raises(UserError) as refused:
+        start(args, "main.py")
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_bad_combination_ends_main_py_with_one_line():
+    result = run_main(["-m", "async", "--backend", "allreduce"], env=CLUSTER_WORKER,
+                      timeout=60)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
-    assert message in lines[-1], lines
+    assert "runs on the parameter servers only" in lines[-1], lines
 
 
 def test_launcher_refuses_servers_with_allreduce(tmp_path):
