@@ -118,4 +118,6 @@ def test_the_fast_worker_of_a_synchronous_job_waits_for_the_slow_one(tmp_path):
     behind = busy(slow) - busy(fast)
     assert behind > 0
     assert 0.75 * behind < total(fast, "wait") - total(slow, "wait") < 1.25 * behind
-    assert total(slow, "wait") < 0.25 * total(fast, "wait")
+    # the slow one waits far less: only for the server's aggregation and, on a loaded
+    # machine, its own scheduling (CI measured 0.09 s against the fast one's 0.32 s)
+    assert total(slow, "wait") < 0.5 * total(fast, "wait")

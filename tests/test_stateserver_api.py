@@ -166,17 +166,6 @@ def test_one_noisy_round_does_not_swing_the_budget(client, job):
     assert 0.01 < device["smoothed_time_per_iteration"] < 0.03
 
 
-def test_a_device_s_second_time_replaces_its_first_warm_up_and_all(client, job):
-    """The first time is of the first local iteration (warm-up); the second replaces it,
-    and from the third on the times are smoothed."""
-    report(client, 0, 1, 0.5)
-    report(client, 0, 2, 0.01)
-    assert state(client)["devices"][0]["smoothed_time_per_iteration"] == 0.01
-    report(client, 0, 3, 0.02)
-    assert state(client)["devices"][0]["smoothed_time_per_iteration"] == \
-        pytest.approx(0.7 * 0.01 + 0.3 * 0.02)
-
-
 def test_asking_again_for_the_same_round_gives_the_same_answer(client, job):
     for rank, seconds in enumerate([0.01, 0.01, 0.04, 0.04]):
         report(client, rank, 1, seconds)

@@ -46,7 +46,6 @@ class Device(models.Model):
     smoothed_coordination = models.FloatField(null=True)
     budget = models.PositiveIntegerField(default=1)
     reports = models.PositiveIntegerField(default=0)
-    measurements = models.PositiveIntegerField(default=0)  # reports with a time
     reported_at = models.DateTimeField(null=True)
 
     class Meta:

@@ -333,10 +333,8 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
         if round_ > device.round:  # the same round again is a retry: same answer
             if measured is not None:
                 device.last_time = measured
-                device.measurements += 1
-                device.smoothed_time = budget_rule.smooth(
-                    None if device.measurements <= budget_rule.WARM_UP_MEASUREMENTS
-                    else device.smoothed_time, measured, settings.BUDGET_SMOOTHING)
+                device.smoothed_time = budget_rule.smooth(device.smoothed_time, measured,
+                                                          settings.BUDGET_SMOOTHING)
             if coordination is not None:
                 device.last_coordination = coordination
                 device.smoothed_coordination = budget_rule.smooth(

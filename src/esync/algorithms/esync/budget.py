@@ -50,11 +50,6 @@ from typing import Optional, Sequence
 #: a device whose last reported round is this many rounds behind the job's latest round
 #: (or more) is taken for dead and left out of the slowest
 GONE_AFTER_ROUNDS = 2
-#: a device's first measurements, each taken as it is (replacing the one before); the
-#: smoothing starts after them. The first is of its first local iteration, warm-up and
-#: all (on the LM, 3.5 times the fast device's steady time; smoothed at 0.3 it would
-#: skew the budgets for rounds)
-WARM_UP_MEASUREMENTS = 2
 
 
 def smooth(previous: Optional[float], measured: float, weight: float) -> float:
@@ -107,19 +102,12 @@ def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
     about round_time / its time per iteration), rounded to
     the nearest whole number (the device then waits or is waited for at most half an
     iteration), at least 1, at most `cap`. Until every device has a measurement (round
-    1, and round 2 for devices that ask before others reported), the budget is 1, the
-    same as SSGD, or, with a `least_speed`, 0 for a device already slower than that
-    fraction of a device that has measured. Once all have, with a `least_speed`, 0 for
-    a device slower than that fraction of the fastest's speed (it sits the round out),
-    and the round from those that train (the cap, where one device trains while others
-    sit out)."""
-    if mine is None:
+    1, and round 2 for devices that ask before others reported), the budget is 1: the
+    same as SSGD. With a `least_speed`, 0 for a device slower than that fraction of the
+    fastest's speed (it sits the round out), and the round from those that train (the
+    cap, where one device trains while others sit out)."""
+    if mine is None or any(t is None for t in everyone):
         return 1
-    if any(t is None for t in everyone):
-        # not every device has measured: 1, or 0 for a device already below the least
-        # speed of one that has (the fastest can only be faster)
-        known = [t for t in everyone if t is not None]
-        return 0 if least_speed and mine * least_speed > min(known) else 1
     trained = training(everyone, least_speed)
     if mine > max(trained):
         return 0
