@@ -24,6 +24,9 @@ SHARDS_PREFIX = "shards:"
 #: blocks leased by the scheduler to whichever device asks (leases.py; shards only), or
 #: the whole data set for every device, each in its own order (map-style data)
 DATA_SPLITS = ("static", "leased", "whole")
+#: the one line for `whole` over shards (refused at start-up and by a script's loader)
+WHOLE_NOT_FOR_SHARDS = ("--data-split whole is for map-style data sets; shards are static "
+                        "or leased (leased: to whichever worker asks)")
 #: `--shuffle` values: a new permutation each epoch (a DataLoader's shuffle=True; shards,
 #: read block by block, take CorgiPile's), CorgiPile's two-level shuffle, one shuffle,
 #: the stored order

@@ -50,10 +50,12 @@ class DataSettings:
                    opts.disk_bandwidth, opts.remote_prep)
 
 
-def sample_split(settings: DataSettings) -> str:
-    """How a job that counts its epochs in samples splits a map-style data set: --data-split
-    (static or whole), or its default: whole, static with -s 1 (each worker its classes)."""
-    return settings.split or ("static" if settings.split_by_class else "whole")
+def draws_whole(settings: DataSettings, job_epochs: bool) -> bool:
+    """Whether a worker draws a map-style data set whole (WorkerOrder's `whole`): only in
+    a job that counts its epochs in samples (`job_epochs`), where --data-split is whole
+    or, by default, where -s 1 does not keep each worker on its classes."""
+    return job_epochs and (settings.split or
+                           ("static" if settings.split_by_class else "whole")) == "whole"
 
 
 class WorkerOrder:

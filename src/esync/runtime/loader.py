@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler
 
 from esync.data.decode import ShardDataset
-from esync.data.order import DataSettings, WorkerOrder, labels_of, sample_split
+from esync.data.order import DataSettings, WorkerOrder, draws_whole, labels_of
 from esync.data.timed import TimedCollate, TimedDataset, samples_in, to_device
 from esync.errors import UserError
 from esync.runtime.session import Session
@@ -122,11 +122,10 @@ class SampleLoader:
             and not settings.split_by_class
         shuffle = isinstance(loader.sampler, RandomSampler)
         self.job_epochs = self.primary and algorithm.job_epochs and not shared
-        whole = self.job_epochs and sample_split(settings) == "whole"
         try:
             self.order = WorkerOrder(labels_of(dataset), 0 if shared else session.rank,
                                      1 if shared else session.num_workers, settings, shuffle,
-                                     whole=whole)
+                                     whole=draws_whole(settings, self.job_epochs))
         except ValueError as e:
             raise UserError(f"prepare_data_loader: {e}") from None
         saved = (session.resume_data or {}) if self.primary else {}

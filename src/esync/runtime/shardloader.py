@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader, RandomSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from esync import config
+from esync.data import WHOLE_NOT_FOR_SHARDS
 from esync.data.blocks import BlockSampler
 from esync.data.cache import SampleCache
 from esync.data.leases import Lease, StaticLeases, blocks_per_lease, runs_of
@@ -73,8 +74,7 @@ def data_split(settings: DataSettings, session: Session) -> str:
     """--data-split, or its default: leased where a scheduler can lease (see config)."""
     if settings.split is not None:
         if settings.split == "whole":
-            raise UserError("--data-split whole is for map-style data sets; shards are "
-                            "static or leased (leased: to whichever worker asks)")
+            raise UserError(WHOLE_NOT_FOR_SHARDS)
         if settings.split == "leased" and session.node is None:
             raise UserError("--data-split leased needs the job's scheduler to lease blocks; "
                             "this worker has none (alone, or -m ddp): use --data-split static")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Dict, Optional, Sequence, Set, Union
 
 from esync.infra.console import configure_logging
 from esync.errors import UserError
-from esync.data import IN_MEMORY, SHARDS_PREFIX
+from esync.data import IN_MEMORY, SHARDS_PREFIX, WHOLE_NOT_FOR_SHARDS
 from esync.options import Options, flags_given, parse_options
 from esync.infra.plugin import is_spec
 from esync.transport.cluster import ClusterEnv, DDPEnv
@@ -166,18 +166,14 @@ def check_plugins(opts: Options) -> None:
     if opts.data_split == "leased" and not opts.dataset.startswith(SHARDS_PREFIX):
         raise UserError(f"--data-split leased leases blocks of shards: give --dataset "
                         f"{SHARDS_PREFIX}DIR (written by esync-pack), not {opts.dataset}")
-    if opts.data_split == "leased" and opts.split_by_class:
-        raise UserError("--data-split leased moves data between workers; -s 1 keeps each "
-                        "worker's classes on it: use --data-split static with -s 1")
-    if opts.data_split == "whole" and opts.split_by_class:
-        raise UserError("--data-split whole gives every worker every class; -s 1 keeps "
-                        "each worker's classes on it: use --data-split static with -s 1")
-    if opts.data_split == "whole" and opts.mode == "ddp":
+    if opts.data_split in ("leased", "whole") and opts.split_by_class:
+        raise UserError(f"--data-split {opts.data_split} moves data between workers; -s 1 "
+                        f"keeps each worker's classes on it: use --data-split static with -s 1")
+    if opts.data_split == "whole" and opts.algorithm.backend == "ddp":
         raise UserError("--data-split whole: -m ddp trains its ranks in lockstep, each on "
                         "its own share (use --data-split static)")
     if opts.data_split == "whole" and opts.dataset.startswith(SHARDS_PREFIX):
-        raise UserError("--data-split whole is for map-style data sets; shards are "
-                        "static or leased (leased: to whichever worker asks)")
+        raise UserError(WHOLE_NOT_FOR_SHARDS)
     if (is_spec(opts.network) or opts.dataset not in IN_MEMORY or opts.loss != "cross_entropy"
             or opts.evaluate is not None):
         from esync.runtime.task import task_of

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from esync.runtime.api import DistributedOptimizer
 from esync.data.batches import BatchStream
-from esync.data.order import WorkerOrder, sample_split
+from esync.data.order import WorkerOrder, draws_whole
 from esync.runtime.loader import job_loader
 from esync.runtime.session import Session, TrainResult
 from esync.runtime.task import Task
@@ -46,9 +46,8 @@ def batches(session: Session, task: Task, batch_size: int) -> Iterator:
     job stops: a built-in data set's in-memory stream, or a torch Dataset's prepared
     loader (esync.runtime.loader), as a user's script would have it."""
     if task.arrays is not None:
-        whole = session.algorithm.job_epochs and sample_split(session.data) == "whole"
         order = WorkerOrder(task.labels(), session.rank, session.num_workers, session.data,
-                            whole=whole)
+                            whole=draws_whole(session.data, session.algorithm.job_epochs))
         return _stream(session, BatchStream(task.arrays, order.order, batch_size,
                                             session.device, share=order.share))
     loader = job_loader(DataLoader(task.pairs(), batch_size=batch_size, shuffle=True,
