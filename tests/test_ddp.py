@@ -199,7 +199,9 @@ def test_a_rank_waiting_in_a_collective_does_not_log_the_wait_as_computing(tmp_p
     (about what rank 0 logs, computing the same), not the 15 computing times rank 0
     sleeps; counted as computing, a slowdown would multiply it. (With 8x, CI's shared
     cores once made rank 1's own batch take 2x rank 0's: 0.0223 s against a bound of
-    0.0221; 16x keeps the two outcomes far apart.)"""
+    0.0221; 16x keeps the two outcomes far apart. Then rank 1's batch against a quarter of
+    rank 0's sleep: CI's machine once stretched walls 4x the CPU time the sleep is made
+    of, 0.029 s against 0.026; now against rank 0's own batch plus half its sleep.)"""
     job = DDPJob(tmp_path, [["--slowdown", "16"], []], ["--max-rounds", "20", "-e", "0"])
     job.check_ok()
     slow, fast = job.rounds(0)[2:], job.rounds(1)[2:]  # after 2 warming-up steps
@@ -209,7 +211,11 @@ def test_a_rank_waiting_in_a_collective_does_not_log_the_wait_as_computing(tmp_p
 
     slept = median(slow, "slowdown")
     assert median(fast, "forward and backward") < 4 * median(slow, "forward and backward") + 0.005
-    assert median(fast, "forward and backward") < 0.25 * slept
+    # counted as computing, rank 1's forward and backward would hold the whole of rank 0's
+    # sleep besides its own batch; a crowded machine stretches both ranks' batches alike
+    # (the sleep is (16 - 1) x rank 0's CPU time, not its wall time: CI's walls ran 4x it)
+    assert median(fast, "forward and backward") < (
+        median(slow, "forward and backward") + 0.5 * slept)
     assert median(fast, "global aggregate") > 0.5 * slept  # it did wait, as communication
 
 
