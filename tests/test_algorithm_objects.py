@@ -164,3 +164,10 @@ def test_an_object_s_own_checks_are_its_flags_checks():
         check_aggregation(parse_options(["-m", "ddp", "--balance-batches", "1",
                                                   "-b", "32", "--min-batch", "64"]))
     esync.BalancedDDP(min_batch=32).check(parse_options(["-m", "ddp", "-b", "32"]))
+    # --global-batch: the object's setting goes in the flag's place; a bad one is refused
+    opts = esync.BalancedDDP(global_batch="fastest").applied(
+        parse_options(["-m", "ddp", "--balance-batches", "1"]))
+    assert opts.global_batch == "fastest"
+    check_aggregation(opts)
+    with pytest.raises(ValueError, match="global_batch='all'"):
+        esync.BalancedDDP(global_batch="all")

@@ -19,7 +19,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from esync.algorithms.ddp.balanced import BalancedDDPWorker as BalancedDDP, apportion
+from esync.algorithms.ddp.balanced import BalancedDDPWorker as BalancedDDP, apportion, \
+    fastest_keeps
 from esync.algorithms.base import Job
 from esync.comm.link import Link
 from esync.launch import local
@@ -60,6 +61,21 @@ def test_batches_of_the_issue_s_clusters():
         apportion(15, [1, 1], 8)
 
 
+def test_the_fastest_keeps_its_batch_and_the_others_add_what_they_compute_meanwhile():
+    """--global-batch fastest: one device at 1, three at 1/2 (bench/mixed.py's 2x3 cell):
+    80 samples a step where the fast one takes 32, bench/oracle.py's batch at an ideal of
+    2.5; where the floor would make the slowest rank's step longer, every rank computes
+    for as long as it needs for the floor."""
+    assert fastest_keeps([32] * 4, [2, 1, 1, 1], 8) == 80
+    assert apportion(80, [2, 1, 1, 1], 8) == [32, 16, 16, 16]
+    assert fastest_keeps([32] * 8, [1] + [0.25] * 7, 8) == 88  # 4x7: the slow ones at 8
+    assert fastest_keeps([32] * 8, [1] + [1 / 16] * 7, 2) == 46  # 16x7 at a floor of 2
+    # 16x7 at the floor of 8: a slow rank's 8 samples take as long as 128 of the fast one's
+    assert fastest_keeps([32] * 8, [1] + [1 / 16] * 7, 8) == 184
+    assert apportion(184, [1] + [1 / 16] * 7, 8) == [128] + [8] * 7
+    assert fastest_keeps([32, 64], [1, 4], 8) == 80  # the fastest's own loader's batch
+
+
 # --- bad input ------------------------------------------------------------------------------
 
 
@@ -69,6 +85,26 @@ def test_balance_batches_with_another_mode_is_one_line():
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.strip().splitlines() == [
         "main.py: error: --balance-batches applies to -m ddp only, not -m local"]
+
+
+def test_a_global_batch_with_another_mode_is_one_line():
+    result = run_main(["-m", "local", "--global-batch", "fastest", "--max-rounds", "1"],
+                      timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "main.py: error: --global-batch fastest applies to -m ddp only, not -m local"]
+
+
+def test_a_global_batch_without_balanced_batches_is_refused_before_anything_starts(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "src", "esync", "launch", "local.py"), "-m",
+                           "ddp", "--global-batch", "fastest", "--workers", "2",
+                           "--out", str(tmp_path)],
+                          cwd=REPO, text=True, capture_output=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        "--global-batch fastest needs --balance-batches 1 (plain DDP's ranks each take -b)")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "lenet").exists()
 
 
 def test_a_floor_above_the_batch_is_refused_before_anything_starts(tmp_path):
@@ -228,3 +264,31 @@ def test_ranks_that_disagree_all_stop_with_one_line(tmp_path, rank1, message):
         assert job.output(k).strip().splitlines()[-1] == (
             f"main.py: error: {message}; every rank of a DDP job must give the same")
     assert_no_traceback({k: job.output(k) for k in (0, 1)})
+
+
+@pytest.mark.slow
+@pytest.mark.alone
+def test_with_global_batch_fastest_the_fast_worker_keeps_its_batch(tmp_path):
+    """--slowdown 2,8, -b 128, --global-batch fastest: plain DDP's batches until the first
+    estimate (round 10), then the fast worker keeps 128 and the slow one gets what it
+    computes meanwhile (about 32 by the factors), the global batch their sum, from the
+    speeds the two logs measured (the median of their last rounds' seconds per sample)."""
+    job = DDPJob(tmp_path, [["--slowdown", "2"], ["--slowdown", "8"]],
+                 ["--balance-batches", "1", "--global-batch", "fastest", "-b", "128",
+                  "--max-rounds", "21", "-e", "0", "--num-threads", "1"])
+    job.check_ok()
+    assert_no_traceback({k: job.output(k) for k in (0, 1)})
+    batches = _batches(job.rounds(0))
+    assert len(batches) == len(job.rounds(1)) == 21
+    assert batches[:10] == [[128, 128]] * 10
+    per_sample = [seconds_per_sample(job.rounds(k)) for k in (0, 1)]
+    for estimate in (10, 20):  # batches[estimate]: the round after it
+        measured = [statistics.median(seconds[max(0, estimate - 20):estimate])
+                    for seconds in per_sample]
+        fast, slow = batches[estimate]
+        assert abs(fast - 128) <= 1, batches[estimate]  # rounding only
+        assert slow / fast == pytest.approx(measured[0] / measured[1], rel=0.05), \
+            (estimate, batches[estimate], measured)
+        assert 8 <= slow < fast / 2, batches[estimate]
+    for k in (0, 1):
+        assert [r["num_samples"] for r in job.rounds(k)] == [b[k] for b in batches]

@@ -35,6 +35,9 @@ BALANCE_BATCHES = False        # --balance-batches: ddp: each worker's batch in 
                                #   to its measured speed, the global batch unchanged
 MIN_BATCH = 8                  # --min-batch: the smallest batch --balance-batches gives
                                #   a worker (BatchNorm's statistics need a few samples)
+GLOBAL_BATCH = "ranks"         # --global-batch: --balance-batches' global batch: -b times
+                               #   the workers (ranks, LB-BSP's) or what the devices compute
+                               #   while the fastest computes -b (fastest)
 DCASGD_LAMDA = 0.04            # --dcasgd-lamda: the variance-control factor of DC-ASGD
 AVERAGE = "steps"              # --average: how esync averages the round's deltas: mean
                                #   (the paper's), steps (weighted by each one's local

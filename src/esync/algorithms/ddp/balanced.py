@@ -23,6 +23,13 @@ plain DDP.
   batch exactly. A step also has a fixed cost, so a rank's speed measured at a small
   batch is lower than at a large one; re-estimating every PERIOD rounds converges to
   batches whose steps take equally long, as LB-BSP's and OmniLearn's controllers do.
+- *Global batch* (`--global-batch`): `ranks`, as above and as LB-BSP keeps it; or
+  `fastest` (`fastest_keeps`): at each estimate the fastest rank keeps its loader's batch
+  and the global batch becomes what all the ranks compute in the time it computes that,
+  its batch times the summed speed over its own, so that the job steps at the fastest
+  device's pace on the batch its devices' summed speed affords (bench/oracle.py's
+  large-batch oracle, which bounds what data parallelism can gain); the learning rate
+  stays the user's.
 - *Gradient*: each rank's loss is the mean over its own batch; before the all-reduce
   its gradients are weighed by W * b_k / B, so that DDP's average over the W ranks is
   the mean over the global batch of B samples.
@@ -80,26 +87,39 @@ def apportion(total: int, speeds: Sequence[float], floor: int) -> List[int]:
     return batches
 
 
+def fastest_keeps(batches: Sequence[int], speeds: Sequence[float], floor: int) -> int:
+    """--global-batch fastest: the samples the ranks compute while the fastest computes
+    its own batch (its loader's): the step lasts that long, or, where the slowest rank
+    needs longer for the smallest batch `floor`, that long; every rank computes for the
+    step's time, the global batch is the summed speed times it (rounded, and at least
+    `floor` for every rank)."""
+    fastest = max(range(len(speeds)), key=speeds.__getitem__)
+    seconds = max(batches[fastest] / speeds[fastest], floor / min(speeds))
+    return max(round(seconds * sum(speeds)), floor * len(speeds))
+
+
 class BalancedDDPWorker(DDPWorker):
     name = "ddp-balanced"
 
     def __init__(self, job: Job, eval_every: int, link: Link, max_rounds: Optional[int],
-                 batch_size: int, min_batch: int):
+                 batch_size: int, min_batch: int, global_batch: str = "ranks"):
         super().__init__(job, eval_every, link, max_rounds)
         self.min_batch = min_batch
+        self.by_fastest = global_batch == "fastest"  # --global-batch
         self.global_batch = batch_size * self.world
         self.batches = [batch_size] * self.world   # every rank's, in rank order
+        self.loader_batches = list(self.batches)   # ... as their loaders give them
         self._used = self.batches                  # those of the round just ended
         self._per_sample: Deque[float] = deque(maxlen=2 * PERIOD)  # seconds a sample
 
     @classmethod
     def bind(cls, policy, opts, job: Optional[Job]) -> "BalancedDDPWorker":
         return cls(job, opts.eval_every, link_of(opts), opts.max_rounds, opts.batch_size,
-                   policy.min_batch)
+                   policy.min_batch, policy.global_batch)
 
     def agreement(self) -> Dict[str, int]:
         return {"--balance-batches": 1, "-b": self.global_batch // self.world,
-                "--min-batch": self.min_batch}
+                "--min-batch": self.min_batch, "--global-batch": int(self.by_fastest)}
 
     def batch_size(self) -> int:
         return self.batches[self.rank]
@@ -116,6 +136,7 @@ class BalancedDDPWorker(DDPWorker):
                             f"{sum(batches)} samples a step together, fewer than "
                             f"{self.min_batch} for each of {self.world} ranks")
         self.global_batch = sum(batches)
+        self.loader_batches = batches
         self.use(batches)
         self._used = self.batches
 
@@ -142,6 +163,8 @@ class BalancedDDPWorker(DDPWorker):
         everyone = [torch.zeros_like(mine) for _ in range(self.world)]
         dist.all_gather(everyone, mine)
         speeds = [1.0 / max(t.item(), 1e-9) for t in everyone]
+        if self.by_fastest:
+            self.global_batch = fastest_keeps(self.loader_batches, speeds, self.min_batch)
         batches = apportion(self.global_batch, speeds, self.min_batch)
         if batches != self.batches:
             log.info("[%s] after round %d: batches %s (samples per second %s)", self.name,

@@ -127,7 +127,7 @@ class DDPWorker(Algorithm):
         """The flags every rank must give alike, as integers: the same names in the same
         order in every DDP variant (the ranks all-gather them as one tensor), 0 where a
         flag does not matter (plain DDP ranks may give different -b)."""
-        return {"--balance-batches": 0, "-b": 0, "--min-batch": 0}
+        return {"--balance-batches": 0, "-b": 0, "--min-batch": 0, "--global-batch": 0}
 
     def _check_agreement(self) -> None:
         names, mine = zip(*self.agreement().items())
