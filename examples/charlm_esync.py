@@ -5,9 +5,10 @@ Run from the repository root::
     esync-run --workers 2 -m esync examples/charlm_esync.py --seconds 60
 
 Prints ``step N time Ts val_loss L ...`` every ``--eval-every`` steps (and at
-the start and end), then the training throughput in samples (windows) per
-second.  ``time`` is wall-clock (it includes evaluation); ``cpu`` is this
-process's CPU time, which tells how much a busy machine slowed the run.
+the start and end; ``--eval-every 0``: at the end only), then the training
+throughput in samples (windows) per second.  ``time`` is wall-clock (it includes
+evaluation); ``cpu`` is this process's CPU time, which tells how much a busy
+machine slowed the run.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=60.0, help="wall-clock training budget")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
-    p.add_argument("--eval-every", type=int, default=200, help="steps between validation passes")
+    p.add_argument("--eval-every", type=int, default=200,
+                   help="steps between validation passes (0: none, at the start neither)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     args = p.parse_args()
@@ -63,7 +65,8 @@ def main() -> None:
 
     start, cpu_start = time.perf_counter(), time.process_time()
     eval_time, step, done = 0.0, 0, False
-    print(f"step 0 time 0.0s val_loss {evaluate(model, val_loader, device):.3f}", flush=True)
+    if args.eval_every:
+        print(f"step 0 time 0.0s val_loss {evaluate(model, val_loader, device):.3f}", flush=True)
     eval_time += time.perf_counter() - start
     while not done and not esync.should_stop():
         for x, y in loader:
@@ -75,7 +78,7 @@ def main() -> None:
             opt.step()
             step += 1
             done = time.perf_counter() - start >= args.seconds
-            if done or step % args.eval_every == 0:
+            if done or (args.eval_every and step % args.eval_every == 0):
                 t0 = time.perf_counter()
                 val = evaluate(model, val_loader, device)
                 eval_time += time.perf_counter() - t0
