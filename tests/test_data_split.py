@@ -23,7 +23,8 @@ def drawn_by_rank(tmp_path, split):
     proc = subprocess.run(
         [sys.executable, "-m", "esync.launch.run", "--out", str(tmp_path / "runs"),
          "--no-progress", "--num-threads", "1", "--workers", "2", "-m", "esync",
-         "--slowdown", "1,3", "--data-split", split, SCRIPT, str(out), "--epochs", "3"],
+         "--slowdown", "1,3", *([] if split == "default" else ["--data-split", split]),
+         SCRIPT, str(out), "--epochs", "3"],
         cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     seen = [json.load(open(out / f)) for f in os.listdir(out)]
@@ -31,7 +32,7 @@ def drawn_by_rank(tmp_path, split):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("split", ["static", "whole"])
+@pytest.mark.parametrize("split", ["static", "whole", "default"])  # default: whole
 def test_each_split_draws_what_it_says_and_ends_the_job_s_epochs_together(tmp_path, split):
     ranks = drawn_by_rank(tmp_path, split)
     assert [r["passes"] for r in ranks] == [3, 3]
