@@ -32,7 +32,7 @@ MOMENTUM = 0.9                 # --momentum: SGD momentum (0 = plain SGD, as MXN
 WEIGHT_DECAY = 0.0             # --weight-decay
 DCASGD = False                 # -dcasgd: delay-compensated ASGD in async mode
 BALANCE_BATCHES = False        # --balance-batches: ddp: each worker's batch in proportion
-                               #   to its measured speed, the global batch unchanged
+                               #   to its measured speed (the global batch: --global-batch)
 MIN_BATCH = 8                  # --min-batch: the smallest batch --balance-batches gives
                                #   a worker (BatchNorm's statistics need a few samples)
 GLOBAL_BATCH = "ranks"         # --global-batch: --balance-batches' global batch: -b times

@@ -150,8 +150,8 @@ class _MainFlags:
     balance_batches: Switch = _opt(["--balance-batches"], config.BALANCE_BATCHES,
                                    "ddp: 1: each worker's batch in proportion to its measured "
                                    "speed, re-estimated as it trains, the global batch (-b "
-                                   "times the workers) and the learning rate unchanged "
-                                   "(LB-BSP)", type=_switch)
+                                   "times the workers; see --global-batch) and the learning "
+                                   "rate unchanged (LB-BSP)", type=_switch)
     backend: str = _opt(["--backend"], config.BACKEND,
                         "sync, esync, localsgd: aggregate through the parameter servers (ps) or by "
                         "all-reduce among the workers (allreduce, with DMLC_NUM_SERVER=0)",

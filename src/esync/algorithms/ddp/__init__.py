@@ -28,6 +28,7 @@ class DDP(Policy):
 
 #: speed-balanced DDP's global batches (--global-batch): the ranks' loaders' batches
 #: together (LB-BSP's), or the fastest rank's batch times the ranks' summed speed over its
+#: own (bench/oracle.py's large batch)
 GLOBAL_BATCHES = ("ranks", "fastest")
 
 
