@@ -79,43 +79,38 @@ def test_the_fastest_keeps_its_batch_and_the_others_add_what_they_compute_meanwh
 # --- bad input ------------------------------------------------------------------------------
 
 
-def test_balance_batches_with_another_mode_is_one_line():
-    result = run_main(["-m", "local", "--balance-batches", "1", "--max-rounds", "1"],
-                      timeout=60)
+@pytest.mark.parametrize("flags, line", [
+    (["--balance-batches", "1"], "--balance-batches applies to -m ddp only, not -m local"),
+    (["--global-batch", "fastest"],
+     "--global-batch fastest applies to -m ddp only, not -m local"),
+])
+def test_balanced_ddp_s_flags_with_another_mode_are_one_line(flags, line):
+    result = run_main(["-m", "local", *flags, "--max-rounds", "1"], timeout=60)
     assert result.returncode == 2, result.stdout + result.stderr
-    assert result.stderr.strip().splitlines() == [
-        "main.py: error: --balance-batches applies to -m ddp only, not -m local"]
+    assert result.stderr.strip().splitlines() == [f"main.py: error: {line}"]
 
 
-def test_a_global_batch_with_another_mode_is_one_line():
-    result = run_main(["-m", "local", "--global-batch", "fastest", "--max-rounds", "1"],
-                      timeout=60)
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert result.stderr.strip().splitlines() == [
-        "main.py: error: --global-batch fastest applies to -m ddp only, not -m local"]
+def refused_by_the_launcher(tmp_path, flags):
+    """The local launcher's stderr for `-m ddp --workers 2 FLAGS`, which it refuses (exit
+    2) with one line before anything starts."""
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "src", "esync", "launch", "local.py"), "-m",
+                           "ddp", *flags, "--workers", "2", "--out", str(tmp_path)],
+                          cwd=REPO, text=True, capture_output=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "lenet").exists()
+    return proc.stderr
 
 
 def test_a_global_batch_without_balanced_batches_is_refused_before_anything_starts(tmp_path):
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "src", "esync", "launch", "local.py"), "-m",
-                           "ddp", "--global-batch", "fastest", "--workers", "2",
-                           "--out", str(tmp_path)],
-                          cwd=REPO, text=True, capture_output=True, timeout=60)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].endswith(
+    stderr = refused_by_the_launcher(tmp_path, ["--global-batch", "fastest"])
+    assert stderr.strip().splitlines()[-1].endswith(
         "--global-batch fastest needs --balance-batches 1 (plain DDP's ranks each take -b)")
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert not (tmp_path / "lenet").exists()
 
 
 def test_a_floor_above_the_batch_is_refused_before_anything_starts(tmp_path):
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "src", "esync", "launch", "local.py"), "-m",
-                           "ddp", "--balance-batches", "1", "--min-batch", "100",
-                           "--workers", "2", "--out", str(tmp_path)],
-                          cwd=REPO, text=True, capture_output=True, timeout=60)
-    assert proc.returncode == 2, proc.stderr
-    assert "--min-batch 100 is more than -b 64" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert not (tmp_path / "lenet").exists()
+    stderr = refused_by_the_launcher(tmp_path, ["--balance-batches", "1", "--min-batch", "100"])
+    assert "--min-batch 100 is more than -b 64" in stderr
 
 
 # --- the gradient: weighed so that DDP's average is the global batch's mean ---------------
