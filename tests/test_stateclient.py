@@ -20,8 +20,8 @@ def test_refusals_carry_the_state_servers_message(tmp_path):
         with pytest.raises(StateServerError, match="no job 'myjob' here"):
             client.budget(0, 1, None)
         assert client.init_job(2, 4)["workers"] == 2
-        assert client.budget(1, 1, None) == 1
-        assert client.budget(1, 1, None) == 1  # asking again is safe
+        assert client.budget(1, 1, None).local_iterations == 1
+        assert client.budget(1, 1, None).local_iterations == 1  # asking again is safe
         with pytest.raises(StateServerError, match="'round' 0 must be|'round' must be"):
             client.budget(1, 0, 0.1)
         with pytest.raises(StateServerError, match="already exists with 2 workers"):
@@ -89,7 +89,7 @@ def test_the_token_travels_and_refusals_name_its_variable(tmp_path, monkeypatch)
         assert right.init_job(2, 4)["workers"] == 2
         monkeypatch.setenv("ESYNC_STATE_TOKEN", TOKEN)  # the default: the environment's
         from_env = StateClient("127.0.0.1", state.port, "myjob", patience=1)
-        assert from_env.token == TOKEN and from_env.budget(1, 1, None) == 1
+        assert from_env.token == TOKEN and from_env.budget(1, 1, None) == (1, False)
         for c in (client, wrong, right, from_env):
             c.close()
     finally:
@@ -115,7 +115,7 @@ def test_init_job_passes_resume_round(tmp_path, monkeypatch):
         with pytest.raises(StateServerError, match="'round' 2 is in the past"):
             client.budget(0, 2, 0.01)
         assert client.init_job(2, 4, resume_round=2)["round"] == 1
-        assert client.budget(0, 2, 0.01) >= 1
+        assert client.budget(0, 2, 0.01).local_iterations >= 1
         client.close()
 
 
@@ -132,7 +132,7 @@ def test_a_kept_alive_connection_the_server_closed_is_replaced_quietly(tmp_path,
         state.stop()
         state.start()
         start = time.monotonic()
-        assert client.budget(0, 1, None) == 1
+        assert client.budget(0, 1, None).local_iterations == 1
         assert time.monotonic() - start < 5
         assert [r.getMessage() for r in caplog.records] == []
         client.close()
@@ -158,15 +158,38 @@ def test_a_budget_above_the_workers_cap_is_refused(tmp_path, monkeypatch):
     with StateServer(tmp_path) as state:
         client = StateClient("127.0.0.1", state.port, "capped", patience=1)
         client.init_job(2, 16)
-        assert client.budget(0, 1, None, cap=4) == client.budget(1, 1, None, cap=4) == 1
-        assert client.budget(0, 2, 0.01, cap=4) == 1  # rank 1 has not measured yet
-        assert client.budget(1, 2, 0.08, cap=4) == 1  # the slowest
+        assert client.budget(0, 1, None, cap=4) == client.budget(1, 1, None, cap=4) == (1, False)
+        assert client.budget(0, 2, 0.01, cap=4) == (1, False)  # rank 1 has not measured yet
+        assert client.budget(1, 2, 0.08, cap=4) == (1, False)  # the slowest
         with pytest.raises(StateServerRefusal,
                            match=r"field 'budget' 8 for round 3: expected an integer in "
                                  r"0\.\.4 \(this worker's --max-local-steps\)"):
             client.budget(0, 3, 0.01, cap=4)
-        assert client.budget(0, 3, 0.01, cap=8) == 8  # asking again: the same answer
+        assert client.budget(0, 3, 0.01, cap=8) == (8, False)  # asking again: the same answer
         client.close()
+
+
+def test_with_a_least_speed_the_rounds_before_every_device_measured_are_measuring(
+        tmp_path, monkeypatch):
+    """The real state server: with a least speed, round 1 (nobody measured) and round 2
+    for a device that asks before the others reported measure speeds (their deltas will
+    weigh nothing); once every device has a time, budgets follow the speeds and nothing
+    measures. With least speed 0 (the paper's rule) no round measures."""
+    monkeypatch.delenv("ESYNC_STATE_TOKEN", raising=False)
+    with StateServer(tmp_path) as state:
+        client = StateClient("127.0.0.1", state.port, "measured", patience=1)
+        client.init_job(2, 16, least_speed=0.2)
+        assert client.budget(0, 1, None) == (1, True) == client.budget(1, 1, None)
+        assert client.budget(0, 2, 0.01) == (1, True)  # rank 1 has not reported yet
+        assert client.budget(1, 2, 0.03) == (1, False)  # every device has a time
+        assert client.budget(0, 3, 0.01) == (3, False)
+        assert client.budget(0, 3, 0.01) == (3, False)  # asking again: the same answer
+        paper = StateClient("127.0.0.1", state.port, "paper", patience=1)
+        paper.init_job(2, 16)
+        assert paper.budget(0, 1, None) == (1, False) == paper.budget(1, 1, None)
+        assert paper.budget(0, 2, 0.01) == (1, False)
+        client.close()
+        paper.close()
 
 
 class _Answers:
@@ -212,6 +235,8 @@ class _Answers:
     ({"rank": 0, "round": 5, "budget": True}, "field 'budget' True"),
     ({"rank": 0, "round": 5, "budget": "many"}, "field 'budget' 'many'"),
     ({"rank": 0, "round": 5}, "field 'budget' None"),
+    ({"rank": 0, "round": 5, "budget": 1, "measuring": "yes"},
+     "field 'measuring' 'yes' for round 5: expected true or false"),
 ])
 def test_values_out_of_range_from_the_state_server_are_refused(answer, message):
     from esync.infra.stateclient import StateServerRefusal

@@ -167,6 +167,33 @@ def test_max_rounds_means_exactly_that_many_rounds_and_scheduler_steps(tmp_path,
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("least_speed", ["0.2", "0"])
+def test_esync_s_first_round_measures_speeds_and_moves_nothing(tmp_path, least_speed):
+    """Round 1 (nobody has measured its speed) measures: each device runs one iteration
+    and, with a least speed (the default's 0.2), its delta weighs nothing, so the job's
+    weights after it are the script's initial ones; with least speed 0 (the paper's rule)
+    round 1 is SSGD's step and moves it."""
+    flags = ["-m", "esync", "--workers", "2", "--slowdown", "1,8", "--max-rounds", "1",
+             "--least-speed", least_speed]
+    esync_run(tmp_path, flags, ["--epochs", "50"])
+    folder = job_folder(tmp_path, "esync")
+    every = records(folder)
+    assert {len(done) for done in every.values()} == {1}
+    assert {done[0].get("measuring", False) for done in every.values()} == \
+        {least_speed != "0"}
+    sys.path.insert(0, os.path.dirname(PLAIN))
+    try:
+        from researcher_plain import MLP
+    finally:
+        sys.path.remove(os.path.dirname(PLAIN))
+    torch.manual_seed(0)  # as the script does before building its model
+    start = dict(MLP().named_parameters())  # (BatchNorm's statistics are averaged)
+    moved = max((p - start[k]).abs().max().item()
+                for k, p in final_model(folder).named_parameters())
+    assert (moved == 0.0) == (least_speed != "0"), moved
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("loop, flags", [
     ("steps", ["--time-limit", "3"]),        # its own step count, cut by the job's limit
     ("forever", ["--max-rounds", "6"]),      # while not esync.should_stop()

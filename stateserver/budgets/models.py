@@ -45,6 +45,9 @@ class Device(models.Model):
     last_coordination = models.FloatField(null=True)
     smoothed_coordination = models.FloatField(null=True)
     budget = models.PositiveIntegerField(default=1)
+    # the budget's round measures speeds: the device's delta weighs nothing
+    # (esync.algorithms.esync.budget.measuring)
+    measuring = models.BooleanField(default=False)
     reports = models.PositiveIntegerField(default=0)
     reported_at = models.DateTimeField(null=True)
 

@@ -10,7 +10,8 @@
     GET  /jobs/<job>/          one job's state
     POST /jobs/<job>/budget/   {"rank": r, "round": t, "time_per_iteration": s or null,
                                "coordination": c (optional)}: report and get this
-                               round's budget
+                               round's budget, and whether the round measures speeds
+                               ("measuring": the device's delta weighs nothing)
 
 A bad request gets HTTP 400 (unknown job: 404; wrong method: 405) with
 {"error": "..."} naming the field, and changes nothing. What reaches a view has passed
@@ -345,10 +346,12 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
                        if d.rank == rank or budget_rule.living(d.round, latest)]
             costs = [d.smoothed_coordination for d in counted
                      if d.smoothed_coordination is not None]
+            times = [d.smoothed_time for d in counted]
             device.budget = budget_rule.budget(
-                device.smoothed_time, [d.smoothed_time for d in counted],
-                found.max_local_steps, found.round_time,
+                device.smoothed_time, times, found.max_local_steps, found.round_time,
                 max(costs) if costs else None, found.coordination_share, found.least_speed)
+            device.measuring = budget_rule.measuring(device.smoothed_time, times,
+                                                     found.least_speed)
             device.round = round_
             device.reports += 1
             device.reported_at = timezone.now()
@@ -357,7 +360,7 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
                 found.round = round_
                 found.save(update_fields=["round", "updated_at"])
     return JsonResponse({"job": found.name, "rank": rank, "round": round_,
-                         "budget": device.budget,
+                         "budget": device.budget, "measuring": device.measuring,
                          "smoothed_time_per_iteration": device.smoothed_time})
 
 

@@ -29,7 +29,7 @@ import os
 import re
 import threading
 import time
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional
 
 from esync import config
 from esync.errors import UserError
@@ -74,6 +74,14 @@ def token_from_environ(environ: Mapping[str, str] = os.environ) -> Optional[str]
         raise UserError(f"{TOKEN_ENV} must be printable ASCII without spaces (it travels in "
                         f"an HTTP header)")
     return raw
+
+
+class Budget(NamedTuple):
+    """A round's budget as the state server answered it: its local iterations (0: the
+    device sits the round out), and whether the round measures speeds (`measuring`: the
+    device's delta weighs nothing; esync.algorithms.esync.budget.measuring)."""
+    local_iterations: int
+    measuring: bool = False
 
 
 #: StateClient's default token: the one in the environment (token_from_environ)
@@ -199,13 +207,13 @@ class StateClient:
         return self._call("POST", f"/jobs/{self.job}/", body)
 
     def budget(self, rank: int, round_: int, time_per_iteration: Optional[float],
-               cap: Optional[int] = None, coordination: Optional[float] = None) -> int:
+               cap: Optional[int] = None, coordination: Optional[float] = None) -> Budget:
         """Report the measured time per local iteration (and the seconds the last round's
-        synchronisation cost, where measured); this round's local iterations,
+        synchronisation cost, where measured); this round's Budget: its local iterations,
         checked: an integer in 0..`cap` (0: the device sits the round out, being much
         slower than the fastest: --least-speed; `cap`: the worker's --max-local-steps; none:
         MAX_BUDGET), for this rank and round (StateServerRefusal naming the field
-        otherwise)."""
+        otherwise), and whether the round measures (a boolean; absent: false)."""
         path = f"/jobs/{self.job}/budget/"
         body = {"rank": rank, "round": round_, "time_per_iteration": time_per_iteration}
         if coordination is not None:
@@ -223,7 +231,12 @@ class StateClient:
                 f"state server {self.url} answered POST {path} with field 'budget' "
                 f"{_shown(value)} for round {round_}: expected an integer in 0..{high} "
                 f"({bound})")
-        return value
+        measuring = answer.get("measuring", False)
+        if not isinstance(measuring, bool):
+            raise StateServerRefusal(
+                f"state server {self.url} answered POST {path} with field 'measuring' "
+                f"{_shown(measuring)} for round {round_}: expected true or false")
+        return Budget(value, measuring)
 
     def budget_later(self, rank: int, round_: int, time_per_iteration: Optional[float],
                      cap: Optional[int] = None,
@@ -241,7 +254,7 @@ class PendingBudget:
     """A budget request running in a daemon thread (it never holds up the process's exit)."""
 
     def __init__(self, client: StateClient, *args):
-        self.value: Optional[int] = None
+        self.value: Optional[Budget] = None
         self.error: Optional[BaseException] = None
         self.seconds = 0.0  # the request's own duration, retries included
         self._thread = threading.Thread(target=self._run, args=(client, *args), daemon=True,
@@ -256,7 +269,7 @@ class PendingBudget:
             self.error = e
         self.seconds = time.perf_counter() - start
 
-    def result(self) -> int:
+    def result(self) -> Budget:
         self._thread.join()
         if self.error is not None:
             raise self.error

@@ -38,7 +38,7 @@ from esync.algorithms.pushpull import PushPull
 from esync.comm.compress import Compression, compression
 from esync.comm.link import Link, link_of
 from esync.algorithms.rules import RuleConfig
-from esync.infra.stateclient import PendingBudget, StateClient, StateServerRefusal
+from esync.infra.stateclient import Budget, PendingBudget, StateClient, StateServerRefusal
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,7 @@ class ESyncWorker(PushPull):
         self._state_wait = 0.0  # this round's wait for its budget
         self.time_per_iteration: Optional[float] = None  # measured in the last round
         self.budget, self.request_seconds = 1, 0.0
+        self.measuring = False  # this round measures speeds: its delta weighs nothing
         self._next: Optional[PendingBudget] = None  # the next round's budget, on its way
         self._steps, self._computing_since = 0, 0.0
         self._refused = False  # the last answer was refused: budgets fall back to 1
@@ -96,15 +97,15 @@ class ESyncWorker(PushPull):
         except StateServerRefusal as e:
             self._fall_back(e)
 
-    def _fall_back(self, refusal: StateServerRefusal) -> int:
+    def _fall_back(self, refusal: StateServerRefusal) -> Budget:
         """The budget when the state server's answer is unusable: 1 (SSGD's), said once."""
         if not self._refused:
             log.warning("[esync] %s; worker %d runs 1 local iteration a round until the "
                         "state server answers a budget again", refusal, self.rank)
         self._refused = True
-        return 1
+        return Budget(1)
 
-    def _budget(self, pending: PendingBudget) -> int:
+    def _budget(self, pending: PendingBudget) -> Budget:
         try:
             budget = pending.result()
         except StateServerRefusal as e:
@@ -128,7 +129,7 @@ class ESyncWorker(PushPull):
     def begin_round(self, round_: int) -> Tuple[int, Phases]:
         start = time.perf_counter()
         pending = self._next or self._request(round_, None)
-        self.budget, self._next = self._budget(pending), None
+        (self.budget, self.measuring), self._next = self._budget(pending), None
         self.request_seconds = pending.seconds
         super().begin_round(round_)  # the weights the round's delta is taken from
         self._steps, self._computing_since = 0, time.perf_counter()
@@ -155,8 +156,11 @@ class ESyncWorker(PushPull):
 
     def round_steps(self) -> int:
         """The round's local iterations; averaged by steps, 0 for a round sat out (or
-        left before its first iteration): its delta then weighs nothing."""
-        return self._steps if self.rule.by_steps else max(1, self._steps)
+        left before its first iteration) or one that measured speeds: its delta then
+        weighs nothing."""
+        if self.rule.by_steps:
+            return 0 if self.measuring else self._steps
+        return max(1, self._steps)
 
     def push_scale(self, steps: int) -> float:
         """The round's delta as it is (with --average normalized divided by its `steps`
@@ -169,6 +173,7 @@ class ESyncWorker(PushPull):
 
     def round_record(self) -> Dict[str, Any]:
         return {**super().round_record(), "budget": self.budget,
+                **({"measuring": True} if self.measuring else {}),
                 "state_server_request": round(self.request_seconds, 6)}
 
     def finish(self) -> None:
