@@ -142,7 +142,8 @@ def main():
             for batch in train:
                 train_step(batch)
     seen.update(best=best, steps=step, last_epoch=sched.last_epoch,
-                final=validate(model, val, device))
+                final=validate(model, val, device),
+                optimizer_steps=max((int(s["step"]) for s in opt.state.values()), default=0))
     with open(os.path.join(out, f"seen-{rank}.json"), "w") as f:
         json.dump(seen, f)
 

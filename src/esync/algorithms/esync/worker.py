@@ -138,8 +138,12 @@ class ESyncWorker(PushPull):
         return self.budget, {"state server": self._state_wait}
 
     def local_update(self, model: nn.Module, step: Callable[[], Any]) -> Any:
-        self._steps += 1  # a step AMP skips counts too: the budget is of iterations
-        return step()
+        """The user's optimizer step, counted (a step AMP skips counts too: the budget is
+        of iterations); in a round that measures speeds, counted and timed but not taken,
+        so that the weights and the optimizer's state stay as they were (its delta
+        weighs nothing: budget.py)."""
+        self._steps += 1
+        return None if self.measuring else step()
 
     aggregate_phase = "global update"
 
