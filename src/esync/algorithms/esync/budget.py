@@ -38,16 +38,15 @@ Until every device has measured its speed (round 1, and round 2 for a device tha
 before the others reported), the budget is 1 and the round measures: with a least speed,
 each device runs its one iteration to measure itself without taking its optimizer's
 step, and its delta weighs nothing (`measuring`), since nobody can tell yet which
-devices would sit out. Averaged in, a
-round of one step on each of 8 devices left the fast device, training alone afterwards,
-at a training loss 0.3 above its own alone's for its next 500 steps (charlm, AdamW, 1
-fast + 7 at 1/23 of its speed: 3.29, 2.98, 2.85, 2.73, 2.62 over its first five rounds
-of 64 steps, against 3.21, 2.79, 2.59, 2.44, 2.34 alone and with the slow devices'
-start-up weightless), and 50% more samples to val loss 1.80 (3 seeds). Taking the steps
-and then rewinding the weights, with the optimizer's state kept, still left it 0.1 behind
-in each of 3 seeds (0.79x / 0.81x the fast device alone at 16x7, 3 seeds, against 0.62x /
-0.71x averaged in). Without a least speed
-(the paper's rule, --least-speed 0) the start-up rounds weigh as SSGD's.
+devices would sit out. Averaged in, a round of one step on each of 8 devices left the
+fast device, training alone afterwards, at a training loss 0.3 above its own alone's for
+its next 500 steps (charlm, AdamW, 1 fast + 7 at 1/23 of its speed: 3.29, 2.98, 2.85,
+2.73, 2.62 over its first five rounds of 64 steps, against 3.21, 2.79, 2.59, 2.44, 2.34
+alone and with the slow devices' start-up weightless), and 50% more samples to val loss
+1.80 (3 seeds). Taking the steps and then rewinding the weights, with the optimizer's
+state kept, still left it 0.1 behind in each of 3 seeds (0.79x / 0.81x the fast device
+alone at 16x7, against 0.62x / 0.71x averaged in; measuring: 0.98x / 0.86x). Without a
+least speed (the paper's rule, --least-speed 0) the start-up rounds weigh as SSGD's.
 
 The default least speed is 0.2, with map-style data drawn by every device from the
 whole data set (--data-split whole), so that the device left training does not go round
