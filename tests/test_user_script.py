@@ -71,16 +71,21 @@ def logs(folder):
     return {str(p.relative_to(host)): p.read_text() for p in host.rglob("*.log")}
 
 
-def final_model(folder):
-    """The job's model.safetensors, loaded into the script's model."""
-    from safetensors.torch import load_file
-
+def script_model():
+    """A new model of the script's class (its MLP)."""
     sys.path.insert(0, os.path.dirname(PLAIN))
     try:
         from researcher_plain import MLP
     finally:
         sys.path.remove(os.path.dirname(PLAIN))
-    model = MLP()
+    return MLP()
+
+
+def final_model(folder):
+    """The job's model.safetensors, loaded into the script's model."""
+    from safetensors.torch import load_file
+
+    model = script_model()
     (path,) = folder.glob("*/*/model.safetensors")  # rank 0's folder: w0, or alone
     assert path.parent.name in ("w0", "cpu"), path
     model.load_state_dict(load_file(str(path)))
@@ -171,9 +176,8 @@ def test_max_rounds_means_exactly_that_many_rounds_and_scheduler_steps(tmp_path,
 def test_esync_s_first_round_measures_speeds_and_moves_nothing(tmp_path, least_speed):
     """Round 1 (nobody has measured its speed) measures: each device runs one iteration
     and, with a least speed (the default's 0.2), does not take its optimizer's step and
-    its delta weighs nothing, so the job's
-    weights after it are the script's initial ones; with least speed 0 (the paper's rule)
-    round 1 is SSGD's step and moves it."""
+    its delta weighs nothing, so the job's weights after it are the script's initial
+    ones; with least speed 0 (the paper's rule) round 1 is SSGD's step and moves them."""
     flags = ["-m", "esync", "--workers", "2", "--slowdown", "1,8", "--max-rounds", "1",
              "--least-speed", least_speed]
     _, seen = esync_run(tmp_path, flags, ["--epochs", "50"])
@@ -186,13 +190,8 @@ def test_esync_s_first_round_measures_speeds_and_moves_nothing(tmp_path, least_s
     assert {len(done) for done in every.values()} == {1}
     assert {done[0].get("measuring", False) for done in every.values()} == \
         {least_speed != "0"}
-    sys.path.insert(0, os.path.dirname(PLAIN))
-    try:
-        from researcher_plain import MLP
-    finally:
-        sys.path.remove(os.path.dirname(PLAIN))
     torch.manual_seed(0)  # as the script does before building its model
-    start = dict(MLP().named_parameters())  # (BatchNorm's statistics are averaged)
+    start = dict(script_model().named_parameters())  # (BatchNorm's statistics move)
     moved = max((p - start[k]).abs().max().item()
                 for k, p in final_model(folder).named_parameters())
     assert (moved == 0.0) == (least_speed != "0"), moved
