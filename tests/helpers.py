@@ -110,8 +110,9 @@ def assert_no_traceback(outputs: Mapping[str, str]) -> None:
 
 def assert_breakdown(records: Sequence[dict], waits: bool = False) -> None:
     """Each round's record says where its time went (esync.logs.breakdown): every category,
-    none negative, computing in every round, and the categories add up to the job's
-    time between the first and last record (within 10%, and 0.2 s). `waits`: a
+    none negative, computing in every round the device did not sit out, and the
+    categories add up to the job's time between the first and last record (within 10%,
+    and 0.2 s). `waits`: a
     synchronous job whose workers differ in speed, where some round waited for others."""
     from esync.logs.breakdown import CATEGORIES
 
@@ -120,7 +121,9 @@ def assert_breakdown(records: Sequence[dict], waits: bool = False) -> None:
         assert set(r["breakdown"]) == set(CATEGORIES), r["breakdown"]
         assert min(r["breakdown"].values()) >= 0, r["breakdown"]
         assert r["prep_seconds"] >= 0
-    assert all(r["breakdown"]["compute"] > 0 for r in records[1:])
+    # computing in every round but one sat out (ESync's budget 0: a device measured
+    # below --least-speed, which a loaded machine can make of one at 1/4 for a round)
+    assert all(r["breakdown"]["compute"] > 0 for r in records[1:] if r.get("budget") != 0)
     spent = sum(sum(r["breakdown"].values()) for r in records[1:])
     elapsed = records[-1]["total_time"] - records[0]["total_time"]
     assert abs(spent - elapsed) <= 0.1 * elapsed + 0.2, (spent, elapsed)

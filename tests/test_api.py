@@ -64,9 +64,11 @@ def test_a_learning_rate_schedule_follows_rounds_alike_on_a_fast_and_a_slow_devi
                                 "--coordination-share", "0", "--least-speed", "0"],
                      ["--scheduler", "--epochs", "12"])
     fast, slow = seen["w0"], seen["w1-x4"]
-    # the fast device ran several local iterations in some rounds, the slow one 1 each
+    # the fast device ran several local iterations in some rounds, the slow one fewer
+    # (1 a round on a quiet machine; a loaded one, slowing the fast device's computing
+    # more than the slow one's sleep, gave it 2 in some rounds: 45 in 38 rounds once)
     assert fast["iterations"] > fast["rounds"] + 3
-    assert slow["iterations"] <= slow["rounds"] + 1
+    assert slow["iterations"] < fast["iterations"]
     # the learning rate each saw after its last step of round r (the job's last round,
     # which a worker may leave half-way, aside): StepLR(1, 0.9) stepped by the job's
     # steps (its samples over 2 workers' batches of 32: at least one a round, as many
