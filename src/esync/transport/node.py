@@ -29,7 +29,6 @@ import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from esync.errors import UserError
 from esync.transport.auth import Guard
@@ -47,14 +46,9 @@ REPLIES = ("assign", "barrier_done", "ack", "error", "member", "rendezvous", "ab
 log = logging.getLogger(__name__)
 
 
-#: milliseconds report_failed_start gives its message to leave
-REPORT_PATIENCE_MS = 1000
-
-
 def report_failed_start(env: ClusterEnv, reason: str) -> None:
     """A node that fails before it could join (a bad flag) tells the scheduler, so that
-    the job ends instead of waiting for it; best effort: a second for the connection and
-    one for the message, none once the scheduler's address refuses the connection."""
+    the job ends instead of waiting for it; best effort, at most a second."""
     context = zmq.Context()
     try:
         sock = context.socket(zmq.DEALER)
@@ -62,18 +56,11 @@ def report_failed_start(env: ClusterEnv, reason: str) -> None:
             Guard.from_environ(context, warn=False).connect(sock)
         except UserError:  # a bad key: the scheduler would not hear this node anyway
             pass
-        monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED)
         sock.connect(env.scheduler_address)
         who = f"{env.role} (pid {os.getpid()} on {socket.gethostname()})"
         sock.send_multipart(encode({"type": "abort", "sender": f"{env.role}-{os.getpid()}",
                                     "reason": f"{who} could not start: {reason}"}))
-        # connected: the message leaves (after the key's handshake, if any) within the
-        # patience; refused, or nothing within it: it will not
-        event = recv_monitor_message(monitor)["event"] \
-            if monitor.poll(REPORT_PATIENCE_MS) else None
-        sock.disable_monitor()
-        monitor.close(linger=0)
-        sock.close(linger=REPORT_PATIENCE_MS if event == zmq.EVENT_CONNECTED else 0)
+        sock.close(linger=1000)
     finally:
         context.term()
 
