@@ -89,12 +89,17 @@ def training(everyone: Sequence[float], least_speed: float = 0.0) -> list:
     return [t for t in everyone if t * least_speed <= fastest]
 
 
+def unmeasured(mine: Optional[float], everyone: Sequence[Optional[float]]) -> bool:
+    """Whether this device (`mine`) or any other (`everyone`) has not measured its time
+    per iteration yet (None)."""
+    return mine is None or any(t is None for t in everyone)
+
+
 def measuring(mine: Optional[float], everyone: Sequence[Optional[float]],
               least_speed: float = 0.0) -> bool:
     """Whether a round measures speeds (its deltas weigh nothing): with a least speed,
-    while this device (`mine`) or any other (`everyone`) has not measured its time per
-    iteration yet."""
-    return bool(least_speed) and (mine is None or any(t is None for t in everyone))
+    while a device is `unmeasured`."""
+    return bool(least_speed) and unmeasured(mine, everyone)
 
 
 def round_seconds(everyone: Sequence[float], coordination: Optional[float] = None,
@@ -129,7 +134,7 @@ def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
     With a `least_speed`, 0 for a device slower than that fraction of the
     fastest's speed (it sits the round out), and the round from those that train (the
     cap, where one device trains while others sit out)."""
-    if mine is None or any(t is None for t in everyone):
+    if unmeasured(mine, everyone):
         return 1
     trained = training(everyone, least_speed)
     if mine > max(trained):
