@@ -258,3 +258,35 @@ def test_launcher_refuses_servers_with_allreduce(tmp_path):
                           timeout=60)
     assert proc.returncode == 2
     assert "--servers 2: --backend allreduce runs without servers" in proc.stderr
+
+
+@pytest.mark.parametrize("devices, backend", [
+    (["cuda", "cpu", "cpu"], "gloo"),  # a GPU and CPU workers: one group, through host copies
+    (["cpu", "cuda"], "gloo"),
+    (["cuda", "cuda"], "nccl"),
+    (["cpu", "cpu"], "gloo"),
+])
+def test_every_rank_agrees_on_one_backend_from_all_the_ranks_devices(devices, backend):
+    """A GPU rank deciding from its own device asked for nccl beside the CPU ranks'
+    gloo, and a DDP job of a GPU and CPU workers hung at its start (seen on an H100 with
+    12 CPU workers): every rank must reach the same answer from every rank's device."""
+    from concurrent.futures import ThreadPoolExecutor
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from esync.comm.allreduce import agreed_backend
+
+    world = len(devices)
+    master = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=30))
+
+    def rank(r: int) -> str:
+        store = master if r == 0 else dist.TCPStore(
+            "127.0.0.1", master.port, world, is_master=False,
+            timeout=timedelta(seconds=30))
+        return agreed_backend(store, r, world, torch.device(devices[r]))
+
+    with ThreadPoolExecutor(world) as pool:
+        assert list(pool.map(rank, range(world))) == [backend] * world

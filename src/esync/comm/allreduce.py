@@ -69,6 +69,17 @@ STOP_KEY = "esync/stop/{rank}"
 COUNT_BASE = 1 << 20
 
 
+
+def agreed_backend(store: "dist.Store", rank: int, world: int, device: torch.device) -> str:
+    """The process group's backend, the same on every rank: each rank writes its device's
+    kind to `store` and reads every other's; nccl when every rank trains on a GPU, else
+    gloo (a GPU rank's tensors then travel through host copies). A rank deciding from
+    its own device alone would ask for nccl beside the CPU ranks' gloo, and the group
+    would never form."""
+    store.set(f"esync/device/{rank}", device.type)
+    kinds = {store.get(f"esync/device/{r}").decode() for r in range(world)}
+    return "nccl" if kinds == {"cuda"} else "gloo"
+
 class AllReduce:
     """`flat` is the worker's model; `rule` the aggregation rule (as the servers would
     get it); `compression` as `--compress` says."""
@@ -147,9 +158,7 @@ class AllReduce:
             self.store = dist.TCPStore(host, int(port), self.world, is_master=False,
                                        timeout=timedelta(seconds=self.timeout))
         device = self.flat.device
-        self.store.set(f"esync/device/{self.rank}", device.type)
-        kinds = {self.store.get(f"esync/device/{r}").decode() for r in range(self.world)}
-        backend = "nccl" if kinds == {"cuda"} else "gloo"
+        backend = agreed_backend(self.store, self.rank, self.world, device)
         if backend == "nccl":
             torch.cuda.set_device(device)
         dist.init_process_group(backend, store=self.store, rank=self.rank,

@@ -161,29 +161,31 @@ def _join_cluster(plan: WorkerPlan, env: ClusterEnv, settings: Dict[str, str]):
 
 
 def _join_process_group(plan: WorkerPlan, env: DDPEnv):
-    """`-m ddp`: join torch.distributed's process group (gloo on CPU, nccl on GPU) by
-    its own rendezvous."""
+    """`-m ddp`: join torch.distributed's process group (nccl when every rank is on a
+    GPU, else gloo: esync.comm.allreduce.agreed_backend) by its own rendezvous."""
     import torch.distributed as dist
 
+    from esync.comm.allreduce import agreed_backend
     from esync.infra import ready
 
-    backend = "nccl" if plan.device.type == "cuda" else "gloo"
     if env.master_port == 0:  # rank 0 hosts the store on a free port and reports it
         store = dist.TCPStore(env.master_addr, 0, env.world_size, is_master=True,
                               wait_for_workers=False, timeout=timedelta(seconds=120))
         ready.announce(store.port)
-        dist.init_process_group(backend, store=store, rank=0, world_size=env.world_size)
-    elif "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun: its agent hosts the store
-        dist.init_process_group(backend, init_method="env://", rank=env.rank,
-                                world_size=env.world_size)
-        # a client of the store: to agree to stop (and rank 0: to tell the evaluator
-        # where to pull)
+    elif "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun: its agent hosts the store; a
+        # client of it: to agree on the backend and to stop (and rank 0: to tell the
+        # evaluator where to pull)
         store = dist.TCPStore(env.master_addr, env.master_port, is_master=False,
                               timeout=timedelta(seconds=60))
     else:  # rank 0 hosts the store (on MASTER_PORT, or on the free port it reported)
         store = dist.TCPStore(env.master_addr, env.master_port, env.world_size,
                               is_master=env.rank == 0, wait_for_workers=False,
                               timeout=timedelta(seconds=120))
+    backend = agreed_backend(store, env.rank, env.world_size, plan.device)
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        dist.init_process_group(backend, init_method="env://", rank=env.rank,
+                                world_size=env.world_size)
+    else:
         dist.init_process_group(backend, store=store, rank=env.rank,
                                 world_size=env.world_size)
     port = store.port if env.master_port == 0 else env.master_port

@@ -61,6 +61,7 @@ def run_cluster_worker(plan: WorkerPlan, env: ClusterEnv,
 
 
 def run_ddp_worker(plan: WorkerPlan, env: DDPEnv) -> int:
-    """`-m ddp`: join torch.distributed's process group (gloo on CPU, nccl on GPU) by
-    its own rendezvous, train this rank's partition, leave the group."""
+    """`-m ddp`: join torch.distributed's process group (nccl when every rank is on a
+    GPU, else gloo) by its own rendezvous, train this rank's partition, leave the
+    group."""
     return _exit_status(_train(plan, env))
