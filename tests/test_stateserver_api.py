@@ -140,6 +140,45 @@ def test_a_device_below_the_least_speed_gets_budget_0_until_the_fast_one_is_gone
     assert got == [10, 1]
 
 
+def test_a_device_sitting_out_measures_again_after_4_and_8_rounds_and_trains_if_fast(client):
+    """least_speed 0.2: a GPU whose first iterations measured its warm-up (1 s, against
+    a CPU worker's 0.1 s) sits out; it measures again (budget 1, measuring: its delta
+    weighs nothing) after 4 rounds out, then 8 (16, ...): while it measures its
+    warm-up's pace it stays out, and the first time it measures itself fast it
+    trains."""
+    post(client, "/jobs/warm/", {"workers": 2, "max_local_steps": 64, "least_speed": 0.2})
+    answers = {}
+    for round_ in range(1, 17):  # the GPU at its warm-up's pace, the CPU worker at 0.1 s
+        for rank, seconds in enumerate([1.0, 0.1]):
+            answers[rank, round_] = report(client, rank, round_, None if round_ == 1
+                                           else seconds, job="warm").json()
+    gpu = [(answers[0, r]["budget"], answers[0, r]["measuring"]) for r in range(1, 17)]
+    # rounds 1 and 2 measure (in round 2 it asks before the CPU worker reported); out
+    # from round 3, it measures in its 4th and 8th round out (rounds 6 and 10)
+    assert gpu == [(1, True), (1, True)] + [(1, True) if r in (6, 10) else (0, False)
+                                           for r in range(3, 17)]
+    assert [answers[1, r]["measuring"] for r in range(3, 17)] == [False] * 14
+    device = state(client, "warm")["devices"][0]
+    assert device["rounds_out"] == 14 and device["measuring"] is False
+    # its time now: 0.005 s, 20 times the CPU worker's speed; a measurement below half
+    # of the smoothed time replaces it, so it trains at once (and the CPU worker sits out)
+    got = {rank: report(client, rank, 17, seconds, job="warm").json()
+           for rank, seconds in enumerate([0.005, 0.1])}
+    assert got[0]["smoothed_time_per_iteration"] == 0.005
+    assert (got[0]["budget"], got[0]["measuring"]) == (64, False)
+    assert got[1]["budget"] == 0
+    assert state(client, "warm")["devices"][0]["rounds_out"] == 0
+
+
+def test_a_time_less_than_half_the_smoothed_replaces_it_and_a_longer_one_is_averaged():
+    from esync.algorithms.esync.budget import smooth
+
+    assert smooth(None, 0.3, 0.3) == 0.3
+    assert smooth(1.0, 0.49, 0.3) == 0.49  # a warm-up ended
+    assert smooth(1.0, 0.5, 0.3) == pytest.approx(0.85)
+    assert smooth(1.0, 3.0, 0.3) == pytest.approx(1.6)  # a slow round: averaged in
+
+
 def test_until_all_have_measured_the_budget_is_one(client, job):
     report(client, 0, 2, 0.01)
     assert report(client, 1, 2, 0.05).json()["budget"] == 1  # ranks 2, 3 not measured

@@ -48,6 +48,9 @@ class Device(models.Model):
     # the budget's round measures speeds: the device's delta weighs nothing
     # (esync.algorithms.esync.budget.measuring)
     measuring = models.BooleanField(default=False)
+    # rounds in a row it has sat out (budget 0), for when it measures again
+    # (esync.algorithms.esync.budget.remeasures)
+    rounds_out = models.PositiveIntegerField(default=0)
     reports = models.PositiveIntegerField(default=0)
     reported_at = models.DateTimeField(null=True)
 

@@ -175,6 +175,9 @@ def _device_state(device: Device, job_round: int, now) -> Dict[str, Any]:
         # (esync.algorithms.esync.budget.living)
         "living": budget_rule.living(device.round, job_round),
         "budget": device.budget,
+        "measuring": device.measuring,
+        # rounds in a row sat out (esync.algorithms.esync.budget.remeasures)
+        "rounds_out": device.rounds_out,
         "time_per_iteration": device.last_time,
         "smoothed_time_per_iteration": device.smoothed_time,
         "coordination": device.last_coordination,
@@ -352,6 +355,9 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
                 max(costs) if costs else None, found.coordination_share, found.least_speed)
             device.measuring = budget_rule.measuring(device.smoothed_time, times,
                                                      found.least_speed)
+            device.rounds_out = device.rounds_out + 1 if device.budget == 0 else 0
+            if budget_rule.remeasures(device.rounds_out):  # sat out: measure again
+                device.budget, device.measuring = 1, True
             device.round = round_
             device.reports += 1
             device.reported_at = timezone.now()

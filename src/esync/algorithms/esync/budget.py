@@ -31,8 +31,14 @@ below l times the fastest living device's sits the round out: budget 0, it train
 nothing and its delta weighs nothing (with --average steps), and the round is set by
 the devices that train; where only one device trains, nothing is averaged, and its
 rounds are as long as --max-local-steps allows, so that the others' synchronisation
-costs it little. A device that sits out keeps the speed it last measured; if the fast
-devices die, the fastest of the living is the new measure and the others train again.
+costs it little. A device that sits out keeps the speed it last measured, and measures
+again after 4 rounds out, then 8, 16, ... (`remeasures`): its one iteration, not taken,
+its delta weightless; if it is fast enough now, it trains from the next round. (On one
+H100 and 12 CPU workers, a job without this went at SSGD's pace on the same devices,
+its rounds as short as the CPU workers' would be: as if the GPU were not training its
+share, which a first iteration that measured the GPU's warm-up would cause.) If the
+fast devices die, the fastest of the living is the new measure and the others train
+again.
 
 Until every device has measured its speed (round 1, and round 2 for a device that asks
 before the others reported), the budget is 1 and the round measures: with a least speed,
@@ -66,12 +72,34 @@ from typing import Optional, Sequence
 GONE_AFTER_ROUNDS = 2
 
 
+#: a measurement below this fraction of the moving average replaces it (see smooth)
+SPED_UP = 0.5
+#: a device that sits rounds out measures again in the round it has sat out this many
+#: rounds in a row, and again at every doubling (see remeasures)
+REMEASURE_AFTER = 4
+
+
 def smooth(previous: Optional[float], measured: float, weight: float) -> float:
-    """Exponential moving average of a device's time per local iteration (the first
-    measurement is taken as it is), so that one noisy round does not swing the budget."""
-    if previous is None:
+    """Exponential moving average of a device's time per local iteration (or of its
+    coordination), so that one noisy round does not swing the budget. The first
+    measurement is taken as it is, and so is one below SPED_UP times the average: noise
+    slows a device down, it does not halve its time; such a drop is a warm-up that ended
+    (a GPU's first iteration, which loads its kernels, can take as long as a CPU's
+    hundred) or a contention that went, and averaged in it would hold the device to its
+    old pace for a dozen rounds."""
+    if previous is None or measured < SPED_UP * previous:
         return measured
     return (1.0 - weight) * previous + weight * measured
+
+
+def remeasures(rounds_out: int) -> bool:
+    """Whether a device that has sat out `rounds_out` rounds in a row (this one
+    included) measures its speed again in this round: its one iteration, not taken
+    (`measuring`), after REMEASURE_AFTER rounds and then at every doubling (8, 16, ...),
+    so that a device wrongly found slow (its first iteration a warm-up, or the machine
+    crowded at the start) is not left out for the whole job, and one rightly found slow
+    holds the round up ever more rarely."""
+    return rounds_out >= REMEASURE_AFTER and rounds_out & (rounds_out - 1) == 0
 
 
 def living(device_round: int, job_round: int) -> bool:
