@@ -9,6 +9,7 @@ state_dict's esync entry.
 import argparse
 import json
 import os
+import time
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +50,9 @@ def main() -> None:
     parser.add_argument("--scheduler", action="store_true")
     parser.add_argument("--amp-skip", type=int, default=0,
                         help="make this local iteration's gradients infinite (AMP skips it)")
+    parser.add_argument("--warm-up", type=float, default=0.0,
+                        help="seconds rank 0's first local iteration takes longer (a GPU's "
+                             "first, loading its kernels)")
     args = parser.parse_args()
     session = esync.init()
     torch.manual_seed(0)
@@ -71,6 +75,8 @@ def main() -> None:
     for epoch in range(args.epochs):
         for xb, yb in loader:
             iteration += 1
+            if iteration == 1 and session.rank == 0:
+                time.sleep(args.warm_up)
             opt.zero_grad()
             loss = F.cross_entropy(model(xb), yb)
             if scaler is not None:

@@ -85,6 +85,31 @@ def test_a_learning_rate_schedule_follows_rounds_alike_on_a_fast_and_a_slow_devi
 
 
 @pytest.mark.slow
+def test_a_fast_device_whose_first_iteration_was_a_warm_up_trains_once_it_measures_again(
+        tmp_path):
+    """Rank 0's first local iteration takes 1.5 s longer (a GPU loading its kernels),
+    so in the round that measures speeds it looks 100 times slower than the device at
+    --slowdown 8 and sits out (the default least speed, 0.2). In its 4th round out it
+    measures again (budget 1, its step not taken); its time, far below half of what it
+    measured, replaces the moving average, and it trains every round after, while the
+    device 8 times slower sits out. (Without measuring again it sat the job out; with
+    its times averaged, it would have stayed out for a dozen rounds more.)"""
+    esync_run(tmp_path, ["-m", "esync", "--workers", "2", "--slowdown", "1,8",
+                         "--max-rounds", "14"], ["--warm-up", "1.5", "--epochs", "1000"])
+    warm, slow = _records(tmp_path, "esync", "w0"), _records(tmp_path, "esync", "w1-x8")
+    budgets = [(r["budget"], bool(r.get("measuring"))) for r in warm]
+    assert budgets[0] == (1, True), budgets  # round 1 measures everyone
+    back = next(k for k, (budget, measuring) in enumerate(budgets) if budget > 1)
+    # out (budget 0) from round 2 or 3; its 4th round out measures again
+    assert budgets[back - 1] == (1, True) and 4 <= back <= 6, budgets
+    assert budgets[back - 4:back - 1] == [(0, False)] * 3, budgets
+    assert all(budget > 1 and not measuring for budget, measuring in budgets[back:]), budgets
+    # the slow device sits out in turn (but for its own measuring again, after 4 out)
+    later = [(r["budget"], bool(r.get("measuring"))) for r in slow[back + 1:]]
+    assert set(later) <= {(0, False), (1, True)} and later.count((0, False)) >= 5, later
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["ps", "allreduce"])
 def test_parameters_without_a_gradient_are_still_synchronised(tmp_path, backend):
     """Each worker's steps leave the other worker's head without a gradient: the set of
