@@ -65,9 +65,10 @@ rates x 3 seeds alone + 4 cells x 3 methods x 3 seeds) = 90 jobs, 4-7.5 hours (e
 method more: 24 jobs, up to 2 hours). A first look at one LM cell with one seed is 6
 jobs, 20-30 min. The quick workload's cell 2x3, one seed, three methods and the grid
 (6 jobs) took 48 s, its four cells (15 jobs) about 6 min; the GPU form's test (`--devices cpu,cpu`, one method, one learning
-rate) about 15 s. On the GPU machine the GPU form is 3 jobs alone (ending at the target,
-about 20 s each) and 3 of at most 45 s: about 6 minutes with starts, an estimate (not
-measured: the session that wrote this had no GPU).
+rate) about 15 s. On one H100 with 16 cores (2026-11-28) the GPU form's 3 jobs alone took
+0.6, 0.9 and 1.0 min (each GPU job spends about 12 s before its first round) and each
+job on the GPU and 12 CPU workers about 1.0 min: about 6 minutes, plus the machine's
+start (that run's balanced DDP hung at its start; fixed since, not measured there).
 """
 from __future__ import annotations
 
