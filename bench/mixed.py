@@ -44,7 +44,9 @@ those the bench sets (SET_HERE). `--skip-done` reuses the jobs that already have
 summary, so an interrupted run goes on where it stopped.
 
 The measure, per cell (printed, and written to OUT/mixed.md and OUT/mixed.json; see
-esync/logs_tools/speedup.py): per method and target the median [min-max] time over the
+esync/logs_tools/speedup.py; the methods run one after the other, and after each but
+the last the table of those done is printed, `mixed: so far`, so that a run cut short
+or hung keeps what it measured): per method and target the median [min-max] time over the
 seeds ("—": fewer than half of the seeds reached it; a seed that did not counts as
 slower than every seed that did, never as the time limit); the speed-up over the fast
 device alone at its best learning rate (ratio of medians); the ideal `sum(v_i)/v_max`
@@ -79,7 +81,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -298,8 +300,9 @@ def plan(argv: Sequence[str], prog: str = PROG) -> Plan:
 # --- the jobs ------------------------------------------------------------------------------
 
 def experiment_argv(run: Plan, name: str, flags: Sequence[str], modes: Sequence[str],
-                    out: str, multiplier: float = 1.0) -> List[str]:
-    """esync-experiment's command line of one set of jobs of a workload."""
+                    out: str, multiplier: float = 1.0, skip_done: bool = False) -> List[str]:
+    """esync-experiment's command line of one set of jobs of a workload (`skip_done`:
+    reuse the done ones, whatever --skip-done says)."""
     work = run.workloads[name]
     main_lr, script_lr = LEARNING_RATES[name].flags(multiplier) if multiplier != 1 \
         else ([], [])
@@ -308,7 +311,7 @@ def experiment_argv(run: Plan, name: str, flags: Sequence[str], modes: Sequence[
     return [*work.flags, "--out", out, "--configs", experiment.PLAIN,
             "--seeds", str(run.seeds), "--modes", ",".join(modes), *flags,
             "--time-limit", f"{time_limit:g}", "--eval-interval", f"{eval_interval:g}",
-            "--num-threads", "1", *(["--skip-done"] if run.skip_done else []),
+            "--num-threads", "1", *(["--skip-done"] if run.skip_done or skip_done else []),
             *main_lr, *run.extra, *work.script, *script_lr]
 
 
@@ -330,9 +333,13 @@ def cell_out(run: Plan, name: str, cell: Cell) -> str:
     return os.path.join(run.out, name, cell.folder)
 
 
-def run_cell(run: Plan, name: str, cell: Cell, alone_done: set) -> List[int]:
+def run_cell(run: Plan, name: str, cell: Cell, alone_done: set,
+             so_far: Callable[[List[str]], None] = lambda done: None) -> List[int]:
     """The fast device alone at every learning rate (once per workload and fast
-    device: alone_done), then the methods on all the cell's devices; exit statuses."""
+    device: alone_done), then the methods on all the cell's devices, one at a time
+    (`so_far` is called with the methods done after each, so that a run cut short
+    still leaves their table), then the experiment's own tables of them all (nothing
+    run again); exit statuses."""
     codes = []
     if cell.alone_folder not in alone_done:
         alone_done.add(cell.alone_folder)
@@ -343,8 +350,16 @@ def run_cell(run: Plan, name: str, cell: Cell, alone_done: set) -> List[int]:
             if codes[-1] == 130:
                 return codes
     out = cell_out(run, name, cell)
-    codes.append(run_experiment(experiment_argv(run, name, cell.job_flags, run.methods, out),
-                                out))
+    for k, method in enumerate(run.methods):
+        codes.append(run_experiment(experiment_argv(run, name, cell.job_flags, [method], out),
+                                    out))
+        if codes[-1] == 130:
+            return codes
+        if k + 1 < len(run.methods):
+            so_far(run.methods[:k + 1])
+    if len(run.methods) > 1:
+        run_experiment(experiment_argv(run, name, cell.job_flags, run.methods, out,
+                                       skip_done=True), out)
     return codes
 
 
@@ -386,14 +401,16 @@ def summaries(out: str, read: Reading, folder: str, seeds: int) -> Dict[str, dic
     return found
 
 
-def measure(run: Plan, name: str, cell: Cell, read: Reading) -> dict:
-    """The cell's measure (speedup.alone and speedup.job) from its jobs' summaries."""
+def measure(run: Plan, name: str, cell: Cell, read: Reading,
+            methods_done: Optional[Sequence[str]] = None) -> dict:
+    """The cell's measure (speedup.alone and speedup.job) from its jobs' summaries (of
+    `methods_done`, default every method)."""
     alone = speedup.alone({m: summaries(alone_out(run, name, cell, m), read, ALONE, run.seeds)
                            for m in run.grid}, read.targets, read.metric)
     out = cell_out(run, name, cell)
     methods = {folder: speedup.job(summaries(out, read, folder, run.seeds), alone,
                                    read.targets, read.metric)
-               for folder in run.methods}
+               for folder in (run.methods if methods_done is None else methods_done)}
     return {"title": cell.title, "nominal_ideal": cell.nominal_ideal, "alone": alone,
             "methods": methods}
 
@@ -545,7 +562,12 @@ def run_workload(run: Plan, name: str, read: Reading, cells: dict,
     alone_done: set = set()
     codes: List[int] = []
     for cell in run.cells:
-        codes += run_cell(run, name, cell, alone_done)
+        def so_far(done: List[str], cell: Cell = cell) -> None:
+            print(f"mixed: so far ({', '.join(done)} of {', '.join(run.methods)}):\n\n"
+                  + section(name, measure(run, name, cell, read, done), read, run),
+                  flush=True)
+
+        codes += run_cell(run, name, cell, alone_done, so_far)
         if 130 in codes:
             break
         cells[cell.folder] = measure(run, name, cell, read)

@@ -126,10 +126,11 @@ def test_the_table_names_the_baselines_learning_rate_and_shows_not_reached_as_a_
 
 @pytest.mark.slow
 def test_the_gpu_form_on_cpus_measures_the_speed_up_over_the_first_device_alone(tmp_path):
-    """The fast device alone and SSGD on two CPUs, lenet on digits, one seed, easy
-    targets; run again with --skip-done, no job runs and the tables come back."""
+    """The fast device alone, SSGD and ASGD on two CPUs, lenet on digits, one seed, easy
+    targets; SSGD's table is printed before ASGD runs (a run cut short keeps it); run
+    again with --skip-done, no job runs and the tables come back."""
     argv = [sys.executable, MIXED, "--out", str(tmp_path), "--devices", "cpu,cpu",
-            "--workloads", "quick", "--seeds", "1", "--methods", "sync", "--lr-grid", "1",
+            "--workloads", "quick", "--seeds", "1", "--methods", "sync,async", "--lr-grid", "1",
             "--time-limit", "8", "--targets", "0.5,0.8", "--eval-interval", "0.5",
             "--hold", "0.5", "--skip-done"]
     first = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -139,6 +140,10 @@ def test_the_gpu_form_on_cpus_measures_the_speed_up_over_the_first_device_alone(
     assert "| Fast device alone" in rows and "| SSGD" in rows, first.stdout
     assert re.search(r"\| [0-9]+\.[0-9]{2}x \|", rows["| SSGD"]), rows["| SSGD"]
     assert (tmp_path / "mixed.md").read_text().count("| SSGD") == 1
+    so_far = first.stdout.index("mixed: so far (sync of sync, async)")
+    table_so_far = first.stdout[so_far:first.stdout.rindex("## quick")]
+    assert "| SSGD" in table_so_far and "| ASGD" not in table_so_far, first.stdout
+    assert "| ASGD" in rows and "| ASGD" in (tmp_path / "mixed.md").read_text()
     doc = json.loads((tmp_path / "mixed.json").read_text())
     cell = doc["workloads"]["quick"]["cells"]["devices-cpu-cpu"]
     sync = cell["methods"]["sync"]
@@ -159,6 +164,7 @@ def test_the_gpu_form_on_cpus_measures_the_speed_up_over_the_first_device_alone(
 
     again = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stderr.count("done before") == 2, again.stderr
+    # the fast device alone, each method's, and the experiment's tables of both again
+    assert again.stderr.count("done before") == 5, again.stderr
     assert "launch:" not in again.stderr
     assert json.loads((tmp_path / "mixed.json").read_text())["workloads"] == doc["workloads"]
