@@ -35,10 +35,10 @@ costs it little. A device that sits out keeps the speed it last measured, and me
 again after 4 rounds out, then 8, 16, ... (`remeasures`): its one iteration, not taken,
 its delta weightless; if it is fast enough now, it trains from the next round. (On one
 H100 and 12 CPU workers, a job without this went at SSGD's pace on the same devices,
-its rounds as short as the CPU workers' would be: as if the GPU were not training its
-share, which a first iteration that measured the GPU's warm-up would cause.) If the
-fast devices die, the fastest of the living is the new measure and the others train
-again.
+its rounds as short as the CPU workers' would be: as if the GPU were not training at
+its pace, which a first iteration that measured the GPU's warm-up would cause;
+docs/explanation/simulation.md has the run.) If the fast devices die, the fastest of
+the living is the new measure and the others train again.
 
 Until every device has measured its speed (round 1, and round 2 for a device that asks
 before the others reported), the budget is 1 and the round measures: with a least speed,
