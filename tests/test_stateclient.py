@@ -173,14 +173,15 @@ def test_with_a_least_speed_the_rounds_before_every_device_measured_are_measurin
         tmp_path, monkeypatch):
     """The real state server: with a least speed, round 1 (nobody measured) and round 2
     for a device that asks before the others reported measure speeds (their deltas will
-    weigh nothing); once every device has a time, budgets follow the speeds and nothing
+    weigh nothing; in round 2, measured itself, the device gets 0); once every device has a time, budgets follow the speeds and nothing
     measures. With least speed 0 (the paper's rule) no round measures."""
     monkeypatch.delenv("ESYNC_STATE_TOKEN", raising=False)
     with StateServer(tmp_path) as state:
         client = StateClient("127.0.0.1", state.port, "measured", patience=1)
         client.init_job(2, 16, least_speed=0.2)
         assert client.budget(0, 1, None) == (1, True) == client.budget(1, 1, None)
-        assert client.budget(0, 2, 0.01) == (1, True)  # rank 1 has not reported yet
+        # rank 1 has not reported yet: rank 0, measured, waits the round out
+        assert client.budget(0, 2, 0.01) == (0, True)
         assert client.budget(1, 2, 0.03) == (1, False)  # every device has a time
         assert client.budget(0, 3, 0.01) == (3, False)
         assert client.budget(0, 3, 0.01) == (3, False)  # asking again: the same answer

@@ -153,13 +153,14 @@ def test_a_device_sitting_out_measures_again_after_4_and_8_rounds_and_trains_if_
             answers[rank, round_] = report(client, rank, round_, None if round_ == 1
                                            else seconds, job="warm").json()
     gpu = [(answers[0, r]["budget"], answers[0, r]["measuring"]) for r in range(1, 17)]
-    # rounds 1 and 2 measure (in round 2 it asks before the CPU worker reported); out
-    # from round 3, it measures in its 4th and 8th round out (rounds 6 and 10)
-    assert gpu == [(1, True), (1, True)] + [(1, True) if r in (6, 10) else (0, False)
+    # round 1 measures; in round 2 it asks before the CPU worker reported: measured
+    # itself, it waits the round out (0); out from then on, it measures in its 4th and
+    # 8th round out (rounds 5 and 9), then at its 16th (round 17)
+    assert gpu == [(1, True), (0, True)] + [(1, True) if r in (5, 9) else (0, False)
                                            for r in range(3, 17)]
     assert [answers[1, r]["measuring"] for r in range(3, 17)] == [False] * 14
     device = state(client, "warm")["devices"][0]
-    assert device["rounds_out"] == 14 and device["measuring"] is False
+    assert device["rounds_out"] == 15 and device["measuring"] is False
     # its time now: 0.005 s, 20 times the CPU worker's speed; a measurement below half
     # of the smoothed time replaces it, so it trains at once (and the CPU worker sits out)
     got = {rank: report(client, rank, 17, seconds, job="warm").json()
@@ -182,6 +183,21 @@ def test_a_time_less_than_half_the_smoothed_replaces_it_and_a_longer_one_is_aver
 def test_until_all_have_measured_the_budget_is_one(client, job):
     report(client, 0, 2, 0.01)
     assert report(client, 1, 2, 0.05).json()["budget"] == 1  # ranks 2, 3 not measured
+
+
+def test_with_a_least_speed_a_device_measured_waits_for_the_others_with_budget_0(client):
+    """Round 2, least speed 0.2: the fast device, measured, asks before the slow ones
+    reported: 0 (another measuring iteration would teach it nothing, a slow device's
+    would hold the round up); the last to ask has everyone's time: its real budget."""
+    post(client, "/jobs/second/", {"workers": 3, "max_local_steps": 16, "least_speed": 0.2})
+    for rank in range(3):
+        report(client, rank, 1, None, job="second")
+    got = [report(client, rank, 2, t, job="second").json() for rank, t in
+           enumerate([0.01, 0.02, 0.16])]
+    assert [(g["budget"], g["measuring"]) for g in got] == [(0, True), (0, True), (0, False)]
+    got = [report(client, rank, 3, t, job="second").json()["budget"] for rank, t in
+           enumerate([0.01, 0.02, 0.16])]
+    assert got == [2, 1, 0]  # the slowest (1/16) sits out; the round is the 0.02 s one's
 
 
 def test_budget_is_capped_and_at_least_one(client):

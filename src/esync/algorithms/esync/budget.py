@@ -44,7 +44,10 @@ Until every device has measured its speed (round 1, and round 2 for a device tha
 before the others reported), the budget is 1 and the round measures: with a least speed,
 each device runs its one iteration to measure itself without taking its optimizer's
 step, and its delta weighs nothing (`measuring`), since nobody can tell yet which
-devices would sit out. Averaged in, a round of one step on each of 8 devices left the
+devices would sit out. A device that has measured itself and asks before the others
+reported (round 2: the fast device ends round 1's iteration first) gets 0 instead:
+another iteration would teach it nothing, and a slow device's would hold the round up
+(at 16x7 round 2 took 2 s, a slow device's iteration, before the fast device trained). Averaged in, a round of one step on each of 8 devices left the
 fast device, training alone afterwards, at a training loss 0.3 above its own alone's for
 its next 500 steps (charlm, AdamW, 1 fast + 7 at 1/23 of its speed: 3.29, 2.98, 2.85,
 2.73, 2.62 over its first five rounds of 64 steps, against 3.21, 2.79, 2.59, 2.44, 2.34
@@ -158,12 +161,13 @@ def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
     the nearest whole number (the device then waits or is waited for at most half an
     iteration), at least 1, at most `cap`. Until every device has a measurement (round
     1, and round 2 for devices that ask before others reported), the budget is 1: the
-    same as SSGD (with a `least_speed`, a round that `measuring` says weighs nothing).
+    same as SSGD (with a `least_speed`, a round that `measuring` says weighs nothing,
+    and 0 for a device that has measured itself while others have not).
     With a `least_speed`, 0 for a device slower than that fraction of the
     fastest's speed (it sits the round out), and the round from those that train (the
     cap, where one device trains while others sit out)."""
     if unmeasured(mine, everyone):
-        return 1
+        return 0 if least_speed and mine is not None else 1
     trained = training(everyone, least_speed)
     if mine > max(trained):
         return 0
