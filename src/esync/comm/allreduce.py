@@ -69,7 +69,6 @@ STOP_KEY = "esync/stop/{rank}"
 COUNT_BASE = 1 << 20
 
 
-
 def agreed_backend(store: "dist.Store", rank: int, world: int, device: torch.device) -> str:
     """The process group's backend, the same on every rank: each rank writes its device's
     kind to `store` and reads every other's; nccl when every rank trains on a GPU, else
@@ -79,6 +78,7 @@ def agreed_backend(store: "dist.Store", rank: int, world: int, device: torch.dev
     store.set(f"esync/device/{rank}", device.type)
     kinds = {store.get(f"esync/device/{r}").decode() for r in range(world)}
     return "nccl" if kinds == {"cuda"} else "gloo"
+
 
 class AllReduce:
     """`flat` is the worker's model; `rule` the aggregation rule (as the servers would
