@@ -140,44 +140,63 @@ def test_a_device_below_the_least_speed_gets_budget_0_until_the_fast_one_is_gone
     assert got == [10, 1]
 
 
-def test_a_device_sitting_out_measures_again_after_4_and_8_rounds_and_trains_if_fast(client):
-    """least_speed 0.2: a GPU whose first iterations measured its warm-up (1 s, against
-    a CPU worker's 0.1 s) sits out; it measures again (budget 1, measuring: its delta
-    weighs nothing) after 4 rounds out, then 8 (16, ...): while it measures its
-    warm-up's pace it stays out, and the first time it measures itself fast it
-    trains."""
+def test_a_device_sitting_out_measures_again_and_its_second_time_replaces_its_first(client):
+    """least_speed 0.2: a GPU whose first iteration measured its warm-up (1 s, against a
+    CPU worker's 0.1 s) sits out, reporting no time (null) while it does; every 4th
+    round out, its iteration fitting in the CPU worker's round (64 x 0.1 s), it
+    measures again (budget 1, measuring: its delta weighs nothing). That measurement
+    (0.005 s) replaces its average, of the device before it sat out: it trains at the
+    cap at once, and the CPU worker, 20 times slower, sits out."""
     post(client, "/jobs/warm/", {"workers": 2, "max_local_steps": 64, "least_speed": 0.2})
-    answers = {}
-    for round_ in range(1, 17):  # the GPU at its warm-up's pace, the CPU worker at 0.1 s
-        for rank, seconds in enumerate([1.0, 0.1]):
-            answers[rank, round_] = report(client, rank, round_, None if round_ == 1
-                                           else seconds, job="warm").json()
-    gpu = [(answers[0, r]["budget"], answers[0, r]["measuring"]) for r in range(1, 17)]
-    # round 1 measures; in round 2 it asks before the CPU worker reported: measured
-    # itself, it waits the round out (0); out from then on, it measures in its 4th and
-    # 8th round out (rounds 5 and 9), then at its 16th (round 17)
-    assert gpu == [(1, True), (0, True)] + [(1, True) if r in (5, 9) else (0, False)
-                                           for r in range(3, 17)]
-    assert [answers[1, r]["measuring"] for r in range(3, 17)] == [False] * 14
-    device = state(client, "warm")["devices"][0]
-    assert device["rounds_out"] == 15 and device["measuring"] is False
-    # its time now: 0.005 s, 20 times the CPU worker's speed; a measurement below half
-    # of the smoothed time replaces it, so it trains at once (and the CPU worker sits out)
-    got = {rank: report(client, rank, 17, seconds, job="warm").json()
-           for rank, seconds in enumerate([0.005, 0.1])}
-    assert got[0]["smoothed_time_per_iteration"] == 0.005
-    assert (got[0]["budget"], got[0]["measuring"]) == (64, False)
-    assert got[1]["budget"] == 0
-    assert state(client, "warm")["devices"][0]["rounds_out"] == 0
+    gpu = []
+    for round_ in range(1, 13):
+        said = gpu[-1] if gpu else None  # the GPU reports a time after rounds it computed
+        seconds = None if round_ == 1 or said and said["budget"] == 0 else \
+            1.0 if round_ == 2 else 0.005
+        gpu.append(report(client, 0, round_, seconds, job="warm").json())
+        report(client, 1, round_, None if round_ == 1 else 0.1, job="warm")
+    got = [(g["budget"], g["measuring"]) for g in gpu]
+    # round 2: it asks before the CPU worker reported: measured itself, it waits (0)
+    assert got[:7] == [(1, True), (0, True), (0, False), (0, False), (1, True),
+                       (64, False), (64, False)], got
+    assert gpu[5]["smoothed_time_per_iteration"] == 0.005
+    cpu = state(client, "warm")["devices"][1]
+    assert cpu["budget"] == 0 and cpu["rounds_out"] >= 5
 
 
-def test_a_time_less_than_half_the_smoothed_replaces_it_and_a_longer_one_is_averaged():
+def test_a_device_whose_iteration_outlasts_the_round_measures_again_ever_more_rarely(client):
+    """A device 1,000 times slower than the one that trains (its iteration 10 s, the
+    round 16 x 0.01 s) would hold every round it measures in up: it measures again
+    in its 4th, 8th and 16th round out, not every 4th."""
+    post(client, "/jobs/far/", {"workers": 2, "max_local_steps": 16, "least_speed": 0.2})
+    for rank in range(2):
+        report(client, rank, 1, None, job="far")
+    report(client, 0, 2, 0.01, job="far")
+    out = []
+    for round_ in range(2, 20):
+        out.append(report(client, 1, round_, 10.0 if round_ == 2 else None,
+                          job="far").json())
+        report(client, 0, round_ + 1, 0.01, job="far")
+    measured_in = [k for k, o in enumerate(out, start=2) if o["budget"] == 1]
+    assert measured_in == [5, 9, 17], [(o["budget"], o["measuring"]) for o in out]
+
+
+@pytest.mark.parametrize("rounds_out, fits, measures", [
+    (3, True, False), (4, True, True), (8, True, True), (12, True, True), (13, True, False),
+    (4, False, True), (8, False, True), (12, False, False), (16, False, True)])
+def test_when_a_device_sitting_out_measures_again(rounds_out, fits, measures):
+    from esync.algorithms.esync.budget import remeasures
+
+    assert remeasures(rounds_out, fits) is measures
+
+
+def test_a_device_s_first_time_and_its_first_after_sitting_out_are_taken_as_they_are():
     from esync.algorithms.esync.budget import smooth
 
-    assert smooth(None, 0.3, 0.3) == 0.3
-    assert smooth(1.0, 0.49, 0.3) == 0.49  # a warm-up ended
-    assert smooth(1.0, 0.5, 0.3) == pytest.approx(0.85)
-    assert smooth(1.0, 3.0, 0.3) == pytest.approx(1.6)  # a slow round: averaged in
+    assert smooth(None, 1.5, 0.3) == 1.5
+    assert smooth(1.0, 0.5, 0.3) == pytest.approx(0.85)  # averaged: noise, or a change
+    assert smooth(1.0, 3.0, 0.3) == pytest.approx(1.6)
+    assert smooth(1.5, 0.01, 0.3, fresh=True) == 0.01  # measured again after sitting out
 
 
 def test_until_all_have_measured_the_budget_is_one(client, job):

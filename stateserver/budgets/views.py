@@ -335,10 +335,12 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
                              f"earlier round says so first: 'resume_round' in "
                              f"POST /jobs/{found.name}/)")
         if round_ > device.round:  # the same round again is a retry: same answer
-            if measured is not None:
+            if measured is not None:  # null: it computed nothing (sat out)
                 device.last_time = measured
+                # measured again after rounds out: its average is of the device before
                 device.smoothed_time = budget_rule.smooth(device.smoothed_time, measured,
-                                                          settings.BUDGET_SMOOTHING)
+                                                          settings.BUDGET_SMOOTHING,
+                                                          fresh=device.rounds_out > 0)
             if coordination is not None:
                 device.last_coordination = coordination
                 device.smoothed_coordination = budget_rule.smooth(
@@ -356,8 +358,13 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
             device.measuring = budget_rule.measuring(device.smoothed_time, times,
                                                      found.least_speed)
             device.rounds_out = device.rounds_out + 1 if device.budget == 0 else 0
-            if budget_rule.remeasures(device.rounds_out):  # sat out: measure again
-                device.budget, device.measuring = 1, True
+            if device.rounds_out and not device.measuring:  # sat out: measure again?
+                fits = device.smoothed_time <= budget_rule.round_computing(
+                    times, found.max_local_steps, found.round_time,
+                    max(costs) if costs else None, found.coordination_share,
+                    found.least_speed)
+                if budget_rule.remeasures(device.rounds_out, fits):
+                    device.budget, device.measuring = 1, True
             device.round = round_
             device.reports += 1
             device.reported_at = timezone.now()

@@ -32,8 +32,10 @@ nothing and its delta weighs nothing (with --average steps), and the round is se
 the devices that train; where only one device trains, nothing is averaged, and its
 rounds are as long as --max-local-steps allows, so that the others' synchronisation
 costs it little. A device that sits out keeps the speed it last measured, and measures
-again after 4 rounds out, then 8, 16, ... (`remeasures`): its one iteration, not taken,
-its delta weightless; if it is fast enough now, it trains from the next round. (On one
+again every 4 rounds out where its iteration fits in the round, else after 4, 8, 16, ...
+(`remeasures`): its one iteration, not taken, its delta weightless; if it is fast
+enough now, it trains from the next round: that measurement replaces its average
+(`smooth`), which was of the device before it sat out. (On one
 H100 and 12 CPU workers, a job without this went at SSGD's pace on the same devices,
 its rounds as short as the CPU workers' would be: as if the GPU were not training at
 its pace, which a first iteration that measured the GPU's warm-up would cause;
@@ -75,34 +77,38 @@ from typing import Optional, Sequence
 GONE_AFTER_ROUNDS = 2
 
 
-#: a measurement below this fraction of the moving average replaces it (see smooth)
-SPED_UP = 0.5
-#: a device that sits rounds out measures again in the round it has sat out this many
-#: rounds in a row, and again at every doubling (see remeasures)
+#: a device that sits rounds out measures again every this many rounds out in a row
+#: where its iteration fits in the round, else at this many and every doubling (see
+#: remeasures)
 REMEASURE_AFTER = 4
 
 
-def smooth(previous: Optional[float], measured: float, weight: float) -> float:
+def smooth(previous: Optional[float], measured: float, weight: float,
+           fresh: bool = False) -> float:
     """Exponential moving average of a device's time per local iteration (or of its
     coordination), so that one noisy round does not swing the budget. The first
-    measurement is taken as it is, and so is one below SPED_UP times the average: noise
-    slows a device down, it does not halve its time; such a drop is a warm-up that ended
-    (a GPU's first iteration, which loads its kernels, can take as long as a CPU's
-    hundred) or a contention that went, and averaged in it would hold the device to its
-    old pace for a dozen rounds."""
-    if previous is None or measured < SPED_UP * previous:
+    measurement is taken as it is, and so is a `fresh` one: the first after rounds sat
+    out, when the average is of a device that may have changed since (its first
+    iteration a warm-up, a GPU loading its kernels, which can take as long as a hundred
+    CPU iterations; a load that passed)."""
+    if previous is None or fresh:
         return measured
     return (1.0 - weight) * previous + weight * measured
 
 
-def remeasures(rounds_out: int) -> bool:
+def remeasures(rounds_out: int, fits: bool) -> bool:
     """Whether a device that has sat out `rounds_out` rounds in a row (this one
     included) measures its speed again in this round: its one iteration, not taken
-    (`measuring`), after REMEASURE_AFTER rounds and then at every doubling (8, 16, ...),
-    so that a device wrongly found slow (its first iteration a warm-up, or the machine
-    crowded at the start) is not left out for the whole job, and one rightly found slow
-    holds the round up ever more rarely."""
-    return rounds_out >= REMEASURE_AFTER and rounds_out & (rounds_out - 1) == 0
+    (`measuring`), every REMEASURE_AFTER rounds out where its iteration `fits` in the
+    round (it holds nobody up), else at REMEASURE_AFTER and then at every doubling (8,
+    16, ...), so that a device found slow by its warm-up, or by a load that passed, is
+    not left out for the job, and one rightly found far too slow holds a round up ever
+    more rarely."""
+    if rounds_out < REMEASURE_AFTER:
+        return False
+    if fits:
+        return rounds_out % REMEASURE_AFTER == 0
+    return rounds_out & (rounds_out - 1) == 0
 
 
 def living(device_round: int, job_round: int) -> bool:
@@ -148,6 +154,21 @@ def round_seconds(everyone: Sequence[float], coordination: Optional[float] = Non
     return max(slowest, wanted)
 
 
+def round_computing(everyone: Sequence[float], cap: int, round_time: Optional[float] = None,
+                    coordination: Optional[float] = None, share: float = 0.0,
+                    least_speed: float = 0.0) -> float:
+    """The seconds a round's computing lasts, from every living device's measured time
+    per iteration: `round_time`, or the cap's iterations of a device that trains alone
+    while others sit out (nothing to average: its rounds as long as allowed), or
+    round_seconds' of the devices that train."""
+    trained = training(everyone, least_speed)
+    if round_time is not None:
+        return round_time
+    if len(trained) == 1 and len(everyone) > 1:
+        return cap * trained[0]
+    return round_seconds(trained, coordination, share, cap)
+
+
 def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
            round_time: Optional[float] = None, coordination: Optional[float] = None,
            share: float = 0.0, least_speed: float = 0.0) -> int:
@@ -168,14 +189,11 @@ def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
     cap, where one device trains while others sit out)."""
     if unmeasured(mine, everyone):
         return 0 if least_speed and mine is not None else 1
-    trained = training(everyone, least_speed)
-    if mine > max(trained):
+    if mine > max(training(everyone, least_speed)):
         return 0
-    if len(trained) == 1 and len(everyone) > 1 and round_time is None:
-        return cap  # it trains alone: nothing to average, its rounds as long as allowed
     # may overflow to inf for absurd times: then the cap
-    ratio = (round_time if round_time is not None else
-             round_seconds(trained, coordination, share, cap)) / mine
+    ratio = round_computing(everyone, cap, round_time, coordination, share,
+                            least_speed) / mine
     if not ratio < cap:
         return cap
     return max(1, int(ratio + 0.5))

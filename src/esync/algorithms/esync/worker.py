@@ -148,9 +148,10 @@ class ESyncWorker(PushPull):
     aggregate_phase = "global update"
 
     def end_round(self, round_: int, model: nn.Module) -> Phases:
-        if self._steps:  # a round sat out (budget 0) measures nothing: the last time stays
-            self.time_per_iteration = (time.perf_counter() - self._computing_since) / \
-                self._steps
+        # a round sat out (budget 0) measures nothing: it reports no time (null), and
+        # the state server keeps the last
+        self.time_per_iteration = (time.perf_counter() - self._computing_since) / \
+            self._steps if self._steps else None
         self._next = self._request(round_ + 1, self.time_per_iteration)
         phases = super().end_round(round_, model)
         # reported with round t+2's request: round t+1's is on its way already

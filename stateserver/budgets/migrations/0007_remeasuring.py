@@ -2,8 +2,8 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    """A device that sits rounds out counts them, and measures its speed again after 4,
-    8, 16, ... of them."""
+    """A device that sits rounds out counts them, and measures its speed again after
+    some of them."""
 
     dependencies = [
         ('budgets', '0006_measuring'),
