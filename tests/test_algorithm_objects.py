@@ -125,8 +125,11 @@ def test_a_device_far_slower_than_the_fastest_sits_rounds_out():
     # at exactly the least speed a device trains; least speed 1: only the fastest
     assert budget.budget(8.0, [1.0, 8.0], 64, least_speed=0.125) == 1
     assert budget.budget(0.02, [0.01, 0.02], 64, least_speed=1.0) == 0
-    # until every device has measured, every budget is 1, as before
-    assert budget.budget(0.08, [0.01, None], 64, least_speed=0.15) == 1
+    # until every device has measured, every budget is 1 (as before; with a least speed
+    # 0 for a device that has measured itself: another measuring iteration is no use)
+    assert budget.budget(None, [None, None], 64, least_speed=0.15) == 1
+    assert budget.budget(0.08, [0.01, None], 64, least_speed=0.15) == 0
+    assert budget.budget(0.08, [0.01, None], 64) == 1
 
 
 def test_an_esync_object_s_least_speed_applies_only_where_deltas_weigh_as_steps():
