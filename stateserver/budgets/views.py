@@ -352,17 +352,17 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
             costs = [d.smoothed_coordination for d in counted
                      if d.smoothed_coordination is not None]
             times = [d.smoothed_time for d in counted]
+            cost = max(costs) if costs else None
             device.budget = budget_rule.budget(
                 device.smoothed_time, times, found.max_local_steps, found.round_time,
-                max(costs) if costs else None, found.coordination_share, found.least_speed)
+                cost, found.coordination_share, found.least_speed)
             device.measuring = budget_rule.measuring(device.smoothed_time, times,
                                                      found.least_speed)
             device.rounds_out = device.rounds_out + 1 if device.budget == 0 else 0
             if device.rounds_out and not device.measuring:  # sat out: measure again?
                 fits = device.smoothed_time <= budget_rule.round_computing(
-                    times, found.max_local_steps, found.round_time,
-                    max(costs) if costs else None, found.coordination_share,
-                    found.least_speed)
+                    times, found.max_local_steps, found.round_time, cost,
+                    found.coordination_share, found.least_speed)
                 if budget_rule.remeasures(device.rounds_out, fits):
                     device.budget, device.measuring = 1, True
             device.round = round_

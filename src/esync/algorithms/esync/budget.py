@@ -51,7 +51,8 @@ reported (round 2: the fast device ends round 1's iteration first) gets 0 instea
 another iteration would teach it nothing, and a slow device's would hold the round up
 (at 16x7 round 2 took 2 s, a slow device's iteration, before the fast device trained).
 Averaged in, a round of one step on each of 8 devices left the fast device, training
-alone afterwards, at a training loss 0.3 above its own alone's for its next 500 steps (charlm, AdamW, 1 fast + 7 at 1/23 of its speed: 3.29, 2.98, 2.85,
+alone afterwards, at a training loss 0.3 above its own alone's for its next 500 steps
+(charlm, AdamW, 1 fast + 7 at 1/23 of its speed: 3.29, 2.98, 2.85,
 2.73, 2.62 over its first five rounds of 64 steps, against 3.21, 2.79, 2.59, 2.44, 2.34
 alone and with the slow devices' start-up weightless), and 50% more samples to val loss
 1.80 (3 seeds). Taking the steps and then rewinding the weights, with the optimizer's
