@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -88,7 +89,7 @@ sys.path.insert(0, REPO)
 
 from bench import evidence  # noqa: E402
 from bench.evidence import Workload  # noqa: E402
-from esync import config, registry  # noqa: E402
+from esync import config, options, registry  # noqa: E402
 from esync.data import METRIC_RECORD  # noqa: E402
 from esync.errors import UserError, command_main  # noqa: E402
 from esync.flagtypes import slowdown as slowdown_factor  # noqa: E402
@@ -312,7 +313,33 @@ def experiment_argv(run: Plan, name: str, flags: Sequence[str], modes: Sequence[
             "--seeds", str(run.seeds), "--modes", ",".join(modes), *flags,
             "--time-limit", f"{time_limit:g}", "--eval-interval", f"{eval_interval:g}",
             "--num-threads", "1", *(["--skip-done"] if run.skip_done or skip_done else []),
-            *main_lr, *run.extra, *work.script, *script_lr]
+            *main_lr, *taken_by(run.extra, modes), *work.script, *script_lr]
+
+
+def taken_by(extra: Sequence[str], modes: Sequence[str]) -> List[str]:
+    """`extra` less the flags of an algorithm's own settings that one of `modes` (log
+    folders) does not take, each with its value: `--global-batch fastest` goes to
+    speed-balanced DDP's jobs, not to the fast device alone's, which refuse it."""
+    algorithms = {a.log_folder(split): a for a, split in registry.all_folders()}
+    owners: Dict[str, set] = {}  # a policy's flag spelling -> the algorithms taking it
+    for algorithm in registry.ALGORITHMS.values():
+        names = set(algorithm.policy_class().FLAGS.values())
+        for f in dataclasses.fields(options.Options):
+            if f.name in names:
+                for spelling in f.metadata.get("args", ()):
+                    owners.setdefault(spelling, set()).add(algorithm.key)
+    kept, skip = [], False
+    for k, arg in enumerate(extra):
+        if skip:
+            skip = False
+            continue
+        flag = arg.split("=")[0]
+        if flag in owners and any(algorithms[m].key not in owners[flag] for m in modes
+                                  if m in algorithms):
+            skip = "=" not in arg and k + 1 < len(extra)
+            continue
+        kept.append(arg)
+    return kept
 
 
 def run_experiment(argv: List[str], out: str) -> int:

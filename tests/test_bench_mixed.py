@@ -82,6 +82,26 @@ def test_the_learning_rate_goes_to_the_script_or_to_main_py_and_only_the_baselin
     assert methods[methods.index("--slowdown") + 1] == "2,4,4,4"
 
 
+def test_a_method_s_own_flags_go_to_its_jobs_only_with_their_values():
+    run = mixed.plan(["--cells", "2x3", "--workloads", "quick", "--methods",
+                      "ddp-balanced,esync", "--global-batch", "fastest", "--min-batch=2",
+                      "--least-speed", "0", "-b", "16"])
+    (cell,) = run.cells
+    alone = mixed.experiment_argv(run, "quick", cell.alone_flags, ["local"], "o")
+    ddp = mixed.experiment_argv(run, "quick", cell.job_flags, ["ddp-balanced"], "o")
+    esync = mixed.experiment_argv(run, "quick", cell.job_flags, ["esync"], "o")
+    both = mixed.experiment_argv(run, "quick", cell.job_flags, run.methods, "o")
+    for argv in (alone, esync, both):
+        assert "--global-batch" not in argv and "fastest" not in argv and \
+            "--min-batch=2" not in argv
+    assert ddp[ddp.index("--global-batch") + 1] == "fastest" and "--min-batch=2" in ddp
+    assert esync[esync.index("--least-speed") + 1] == "0"
+    for argv in (alone, ddp, both):
+        assert "--least-speed" not in argv
+    for argv in (alone, ddp, esync, both):  # a flag of every job's stays
+        assert argv[argv.index("-b") + 1] == "16"
+
+
 def script_lr(path):
     """The default of a training script's --lr, read from its argparse call."""
     for node in ast.walk(ast.parse(open(os.path.join(REPO, path)).read())):
