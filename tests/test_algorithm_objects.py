@@ -125,11 +125,26 @@ def test_a_device_far_slower_than_the_fastest_sits_rounds_out():
     # at exactly the least speed a device trains; least speed 1: only the fastest
     assert budget.budget(8.0, [1.0, 8.0], 64, least_speed=0.125) == 1
     assert budget.budget(0.02, [0.01, 0.02], 64, least_speed=1.0) == 0
-    # until every device has measured, every budget is 1 (as before; with a least speed
-    # 0 for a device that has measured itself: another measuring iteration is no use)
+    # a device not measured yet runs 1 and measures; without a least speed every budget
+    # is 1 until every device has measured (as before)
     assert budget.budget(None, [None, None], 64, least_speed=0.15) == 1
-    assert budget.budget(0.08, [0.01, None], 64, least_speed=0.15) == 0
+    assert budget.budget(None, [0.01, None], 64, least_speed=0.15) == 1
+    assert budget.measuring(None, 0.15) and not budget.measuring(0.01, 0.15)
+    assert not budget.measuring(None, 0.0)
     assert budget.budget(0.08, [0.01, None], 64) == 1
+    # with one, a device that has measured itself trains at once, the others counted as
+    # sitting out until they report: the first to measure runs its cap, alone...
+    assert budget.budget(0.01, [0.01, None, None], 64, least_speed=0.15) == 64
+    assert budget.budget(0.01, [0.01, None], 16, coordination=0.03, share=0.1,
+                         least_speed=0.15) == 16
+    # ...those measured share the round as the rule says, and a slow one sits out
+    assert [budget.budget(t, [0.01, 0.04, None], 64, least_speed=0.15)
+            for t in (0.01, 0.04)] == [4, 1]
+    assert budget.budget(0.08, [0.01, None], 64, least_speed=0.15) == 0
+    assert budget.round_computing([0.01, None, 0.2], 16, least_speed=0.15) == 16 * 0.01
+    # one measured later fills what is left of the round the first was given
+    assert budget.filling(1.6, 0.1, 64) == 16
+    assert budget.filling(0.01, 0.1, 64) == 1 and budget.filling(100.0, 0.1, 64) == 64
 
 
 def test_an_esync_object_s_least_speed_applies_only_where_deltas_weigh_as_steps():

@@ -171,20 +171,22 @@ def test_a_budget_above_the_workers_cap_is_refused(tmp_path, monkeypatch):
 
 def test_with_a_least_speed_the_rounds_before_every_device_measured_are_measuring(
         tmp_path, monkeypatch):
-    """The real state server: with a least speed, round 1 (nobody measured) and round 2
-    for a device that asks before the others reported measure speeds (their deltas will
-    weigh nothing; in round 2, measured itself, the device gets 0); once every device has a time, budgets follow the speeds and nothing
-    measures. With least speed 0 (the paper's rule) no round measures."""
+    """The real state server: with a least speed, a device's round 1 measures its speed
+    (its delta will weigh nothing); measured, it trains at once, the devices not
+    measured yet counted as sitting out (alone: its cap); once every device has a
+    time, budgets follow the speeds. With least speed 0 (the paper's rule) no round
+    measures, and every budget is 1 until every device has a time."""
     monkeypatch.delenv("ESYNC_STATE_TOKEN", raising=False)
     with StateServer(tmp_path) as state:
         client = StateClient("127.0.0.1", state.port, "measured", patience=1)
         client.init_job(2, 16, least_speed=0.2)
         assert client.budget(0, 1, None) == (1, True) == client.budget(1, 1, None)
-        # rank 1 has not reported yet: rank 0, measured, waits the round out
-        assert client.budget(0, 2, 0.01) == (0, True)
-        assert client.budget(1, 2, 0.03) == (1, False)  # every device has a time
-        assert client.budget(0, 3, 0.01) == (3, False)
-        assert client.budget(0, 3, 0.01) == (3, False)  # asking again: the same answer
+        # rank 1 has not reported yet: rank 0, measured, trains as if alone (16 x 1 s)
+        assert client.budget(0, 2, 1.0) == (16, False)
+        # rank 1 fills what is left of that round; then every device has a time
+        assert client.budget(1, 2, 3.0) == (5, False)
+        assert client.budget(0, 3, 1.0) == (3, False)
+        assert client.budget(0, 3, 1.0) == (3, False)  # asking again: the same answer
         paper = StateClient("127.0.0.1", state.port, "paper", patience=1)
         paper.init_job(2, 16)
         assert paper.budget(0, 1, None) == (1, False) == paper.budget(1, 1, None)

@@ -150,14 +150,14 @@ def test_a_device_sitting_out_measures_again_and_its_second_time_replaces_its_fi
     post(client, "/jobs/warm/", {"workers": 2, "max_local_steps": 64, "least_speed": 0.2})
     gpu = []
     for round_ in range(1, 13):
+        # the CPU worker, its first iteration shorter, asks first
+        report(client, 1, round_, None if round_ == 1 else 0.1, job="warm")
         said = gpu[-1] if gpu else None  # the GPU reports a time after rounds it computed
         seconds = None if round_ == 1 or said and said["budget"] == 0 else \
             1.0 if round_ == 2 else 0.005
         gpu.append(report(client, 0, round_, seconds, job="warm").json())
-        report(client, 1, round_, None if round_ == 1 else 0.1, job="warm")
     got = [(g["budget"], g["measuring"]) for g in gpu]
-    # round 2: it asks before the CPU worker reported: measured itself, it waits (0)
-    assert got[:7] == [(1, True), (0, True), (0, False), (0, False), (1, True),
+    assert got[:7] == [(1, True), (0, False), (0, False), (0, False), (1, True),
                        (64, False), (64, False)], got
     assert gpu[5]["smoothed_time_per_iteration"] == 0.005
     cpu = state(client, "warm")["devices"][1]
@@ -204,18 +204,20 @@ def test_until_all_have_measured_the_budget_is_one(client, job):
     assert report(client, 1, 2, 0.05).json()["budget"] == 1  # ranks 2, 3 not measured
 
 
-def test_with_a_least_speed_a_device_measured_waits_for_the_others_with_budget_0(client):
+def test_with_a_least_speed_a_device_measured_trains_before_the_others_report(client):
     """Round 2, least speed 0.2: the fast device, measured, asks before the slow ones
-    reported: 0 (another measuring iteration would teach it nothing, a slow device's
-    would hold the round up); the last to ask has everyone's time: its real budget."""
+    reported: it trains at once, the others counted as sitting out (alone: its cap),
+    rather than wait for their first iterations; the next, 2 times slower, fills what
+    is left of that round; the last, 16 times slower, sits out."""
     post(client, "/jobs/second/", {"workers": 3, "max_local_steps": 16, "least_speed": 0.2})
     for rank in range(3):
         report(client, rank, 1, None, job="second")
     got = [report(client, rank, 2, t, job="second").json() for rank, t in
-           enumerate([0.01, 0.02, 0.16])]
-    assert [(g["budget"], g["measuring"]) for g in got] == [(0, True), (0, True), (0, False)]
+           enumerate([1.0, 2.0, 16.0])]
+    # 16 x 1 s for the first; the second trains what is left of it (about 8 x 2 s)
+    assert [(g["budget"], g["measuring"]) for g in got] == [(16, False), (8, False), (0, False)]
     got = [report(client, rank, 3, t, job="second").json()["budget"] for rank, t in
-           enumerate([0.01, 0.02, 0.16])]
+           enumerate([1.0, 2.0, 16.0])]
     assert got == [2, 1, 0]  # the slowest (1/16) sits out; the round is the 0.02 s one's
 
 

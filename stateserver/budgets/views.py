@@ -356,7 +356,17 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
             device.budget = budget_rule.budget(
                 device.smoothed_time, times, found.max_local_steps, found.round_time,
                 cost, found.coordination_share, found.least_speed)
-            device.measuring = budget_rule.measuring(device.smoothed_time, times,
+            if device.budget and device.reports == 1 and found.least_speed:
+                # its first round after measuring itself: one that others measured before
+                # it began, as long as they were told, ends with theirs (budget.filling)
+                now = timezone.now()
+                ends = [(d.reported_at - now).total_seconds() + d.budget * d.smoothed_time
+                        for d in counted if d.rank != rank and d.round == round_ and
+                        d.budget and d.smoothed_time is not None and d.reported_at]
+                if ends:
+                    device.budget = budget_rule.filling(max(ends), device.smoothed_time,
+                                                        found.max_local_steps)
+            device.measuring = budget_rule.measuring(device.smoothed_time,
                                                      found.least_speed)
             device.rounds_out = device.rounds_out + 1 if device.budget == 0 else 0
             if device.rounds_out and not device.measuring:  # sat out: measure again?

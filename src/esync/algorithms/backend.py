@@ -26,6 +26,8 @@ class Backend(Protocol):
     #: True: a push leaves the weights at the round's start and the rule moves them from
     #: there (all-reduce); False: the servers' answer overwrites them
     rewinds: bool
+    #: True: push_later can push a round and take its answers with the next operation
+    answers_later: bool
     stop_reason: Optional[str]   # a worker's stop, told with a round's answer
     job_samples: int             # samples every worker's rounds trained so far
     waited: float                # seconds the last round waited for the others
@@ -43,6 +45,17 @@ class Backend(Protocol):
         """Combine the round's `pushed` vector (on the model's device) and the buffers
         with the other workers'; the flat model then holds the job's."""
 
+    def push_later(self, round_: int, pushed: torch.Tensor, stop: Optional[str] = None,
+                   steps: Optional[int] = None, samples: int = 0) -> None:
+        """As push_pull, without waiting for the others: the round's answer is taken by
+        the next operation (`settle`), and the flat model keeps its weights. Only where
+        `answers_later`, for a round whose pushes weigh nothing."""
+
+    def settle(self) -> None:
+        """Take the answer of a push_later (if one is outstanding): kept aside, as the
+        flat model has moved on since, unless it tells the job's stop: then the flat
+        model takes it, the job's model as of that round."""
+
     def checkpoints(self) -> List[int]:
         """The rounds the job's model was checkpointed at since the last call."""
 
@@ -59,6 +72,7 @@ class Servers:
     one coming back into a running job; a job resumed from a checkpoint)."""
 
     rewinds = False
+    answers_later = True
     #: attempts of a worker coming back to agree a round with every server
     JOIN_ATTEMPTS = 20
 
@@ -68,6 +82,8 @@ class Servers:
         self.kv = KVStore(job.node, job.servers, job.rank, flat.params.numel(),
                           flat.buffers.numel(), link, compression)
         self.resumed_from: Optional[int] = None
+        self._unanswered = False  # a push_later's answers are still to be taken
+        self._held: Tuple[np.ndarray, np.ndarray] = (np.empty(0), np.empty(0))
 
     # the KVStore's round-by-round state, read as the Backend's
     stop_reason = property(lambda self: self.kv.stop_reason)
@@ -127,11 +143,33 @@ class Servers:
 
     def push_pull(self, round_: int, pushed: torch.Tensor, stop: Optional[str] = None,
                   steps: Optional[int] = None, samples: int = 0) -> None:
+        self.settle()
         flat = self.flat  # `pushed` is the flat model's grads vector
         self.kv.push_pull(round_, flat.to_host("grads"), flat.to_host("buffers"),
                           flat.host("params"), flat.host("buffers"), stop=stop, steps=steps,
                           samples=samples)
         flat.load_host_state()
+
+    def push_later(self, round_: int, pushed: torch.Tensor, stop: Optional[str] = None,
+                   steps: Optional[int] = None, samples: int = 0) -> None:
+        self.settle()
+        flat = self.flat  # copies: ZeroMQ sends them as they are while training goes on
+        self._held = (flat.to_host("grads").copy(), flat.to_host("buffers").copy())
+        self.kv.push_pull(round_, *self._held, None, None, stop=stop, steps=steps,
+                          samples=samples)
+        self._unanswered = True
+
+    def settle(self) -> None:
+        if not self._unanswered:
+            return
+        self._unanswered = False
+        params, buffers = self._held  # the pushed copies, sent: the answers land there
+        self.kv.receive_answers(params, buffers)
+        if self.kv.stop_reason is not None:
+            host_params, host_buffers = self.flat.host_state()
+            host_params[:], host_buffers[:] = params, buffers
+            self.flat.load_host_state()
+        self._held = (np.empty(0), np.empty(0))
 
     def checkpoints(self) -> List[int]:
         return self.kv.checkpoints()
@@ -141,6 +179,7 @@ class Servers:
         until every other worker has finished, then take the servers' model. (In SSGD
         and ESync the last round's pull is the job's model already.)"""
         if self.synchronous:
+            self.settle()
             return
         self.job.node.wait_for_others()
         self._pull()

@@ -107,6 +107,7 @@ class AllReduce:
 
     #: a push leaves the weights at the round's start: the rule moves them from there
     rewinds = True
+    answers_later = False  # a collective: every rank in it at once
     #: never resumed: a job without servers keeps no checkpoints
     resumed_from = None
 

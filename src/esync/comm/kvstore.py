@@ -232,11 +232,12 @@ class KVStore:
         self._receive([self._values(s) for s in range(len(self.sockets))], params, buffers)
 
     def push_pull(self, round_: int, grads: np.ndarray, buffers: np.ndarray,
-                  params_out: np.ndarray, buffers_out: np.ndarray,
+                  params_out: Optional[np.ndarray], buffers_out: Optional[np.ndarray],
                   stop: Optional[str] = None, steps: Optional[int] = None,
                   samples: int = 0) -> None:
         """Push this round's gradient (or delta) and buffers; receive the new weights and
-        buffers into `params_out` and `buffers_out` (which may be `buffers` itself).
+        buffers into `params_out` and `buffers_out` (which may be `buffers` itself), or,
+        with `params_out` None, leave the answers for receive_answers.
         The weight chunks are compressed as `--compress` says; `steps` (ESync with
         --average steps or normalized) is the worker's number of local steps
         of the round; `samples`, the samples it trained in the round (the servers count
@@ -259,6 +260,12 @@ class KVStore:
                         self.compressor.encode(self.shards[s][0][0] + offset, chunk)
                     self._request(s, {**header, **fields, "shard": s, "section": section,
                                       "offset": offset}, sections)
+        if params_out is not None:
+            self.receive_answers(params_out, buffers_out)
+
+    def receive_answers(self, params_out: np.ndarray, buffers_out: np.ndarray) -> None:
+        """The answers to the last push (push_pull with `params_out` None sent it and
+        left them on the sockets): the new weights and buffers."""
         self._receive([self._values(s) for s in range(len(self.sockets))], params_out,
                       buffers_out)
 

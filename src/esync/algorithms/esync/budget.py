@@ -42,22 +42,24 @@ its pace, which a first iteration that measured the GPU's warm-up would cause;
 docs/explanation/simulation.md has the run.) If the fast devices die, the fastest of
 the living is the new measure and the others train again.
 
-Until every device has measured its speed (round 1, and round 2 for a device that asks
-before the others reported), the budget is 1 and the round measures: with a least speed,
-each device runs its one iteration to measure itself without taking its optimizer's
-step, and its delta weighs nothing (`measuring`), since nobody can tell yet which
-devices would sit out. A device that has measured itself and asks before the others
-reported (round 2: the fast device ends round 1's iteration first) gets 0 instead:
-another iteration would teach it nothing, and a slow device's would hold the round up
-(at 16x7 round 2 took 2 s, a slow device's iteration, before the fast device trained).
-Averaged in, a round of one step on each of 8 devices left the fast device, training
-alone afterwards, at a training loss 0.3 above its own alone's for its next 500 steps
-(charlm, AdamW, 1 fast + 7 at 1/23 of its speed: 3.29, 2.98, 2.85,
-2.73, 2.62 over its first five rounds of 64 steps, against 3.21, 2.79, 2.59, 2.44, 2.34
-alone and with the slow devices' start-up weightless), and 50% more samples to val loss
-1.80 (3 seeds). Taking the steps and then rewinding the weights, with the optimizer's
-state kept, still left it 0.1 behind in each of 3 seeds (0.79x / 0.81x the fast device
-alone at 16x7, against 0.62x / 0.71x averaged in; measuring: 0.98x / 0.86x). Without a
+Until a device has measured its speed (its round 1), its budget is 1 and, with a least
+speed, its round measures: it runs its one iteration without taking its optimizer's
+step, and its delta weighs nothing (`measuring`), since nobody can tell yet whether it
+would sit out. A device that has measured itself gets its budget at once, the devices
+not measured yet counted as sitting out until they report (one that reports later and
+trains fills the round the others were given: `filling`): at 16x7 the fast device
+otherwise waited 2.7 s (the slow devices' first iteration, their warm-up at 23 times
+its cost) and then a round more before it trained, where alone it takes its first step
+after 0.2 s. (The first round's pushes, weightless, are answered meanwhile:
+esync.algorithms.esync.worker.) Averaged in, a round of one step on each of 8 devices
+left the fast device, training alone afterwards, at a training loss 0.3 above its own
+alone's for its next 500 steps (charlm, AdamW, 1 fast + 7 at 1/23 of its speed: 3.29,
+2.98, 2.85, 2.73, 2.62 over its first five rounds of 64 steps, against 3.21, 2.79,
+2.59, 2.44, 2.34 alone and with the slow devices' start-up weightless), and 50% more
+samples to val loss 1.80 (3 seeds). Taking the steps and then rewinding the weights,
+with the optimizer's state kept, still left it 0.1 behind in each of 3 seeds (0.79x /
+0.81x the fast device alone at 16x7, against 0.62x / 0.71x averaged in; measuring:
+0.98x / 0.86x). Without a
 least speed (the paper's rule, --least-speed 0) the start-up rounds weigh as SSGD's.
 
 The default least speed is 0.2, with map-style data drawn by every device from the
@@ -118,13 +120,14 @@ def living(device_round: int, job_round: int) -> bool:
     return device_round > job_round - GONE_AFTER_ROUNDS
 
 
-def training(everyone: Sequence[float], least_speed: float = 0.0) -> list:
+def training(everyone: Sequence[Optional[float]], least_speed: float = 0.0) -> list:
     """The times per iteration of the devices that train (every one of `everyone`, or,
-    with a `least_speed`, those at least that fraction of the fastest's speed)."""
+    with a `least_speed`, those at least that fraction of the fastest's speed; one not
+    measured yet, None, is not among them)."""
     if not least_speed:
         return list(everyone)
-    fastest = min(everyone)
-    return [t for t in everyone if t * least_speed <= fastest]
+    fastest = min(t for t in everyone if t is not None)
+    return [t for t in everyone if t is not None and t * least_speed <= fastest]
 
 
 def unmeasured(mine: Optional[float], everyone: Sequence[Optional[float]]) -> bool:
@@ -133,11 +136,21 @@ def unmeasured(mine: Optional[float], everyone: Sequence[Optional[float]]) -> bo
     return mine is None or any(t is None for t in everyone)
 
 
-def measuring(mine: Optional[float], everyone: Sequence[Optional[float]],
-              least_speed: float = 0.0) -> bool:
-    """Whether a round measures speeds (its deltas weigh nothing): with a least speed,
-    while a device is `unmeasured`."""
-    return bool(least_speed) and unmeasured(mine, everyone)
+def measuring(mine: Optional[float], least_speed: float = 0.0) -> bool:
+    """Whether a device's round measures its speed (its delta weighs nothing): with a
+    least speed, until it has measured itself."""
+    return bool(least_speed) and mine is None
+
+
+def filling(remaining: float, mine: float, cap: int) -> int:
+    """The budget of a device joining a round others began before it had measured its
+    speed (its first after measuring; with a least speed): the iterations that fit in
+    the `remaining` seconds of the longest round they were given, at least 1, at most
+    `cap`, so that it computes until they are done instead of idling at the
+    aggregation (a fast device, first to measure, may have been given its cap)."""
+    if not remaining / mine < cap:
+        return cap
+    return max(1, int(remaining / mine + 0.5))
 
 
 def round_seconds(everyone: Sequence[float], coordination: Optional[float] = None,
@@ -183,13 +196,14 @@ def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
     the nearest whole number (the device then waits or is waited for at most half an
     iteration), at least 1, at most `cap`. Until every device has a measurement (round
     1, and round 2 for devices that ask before others reported), the budget is 1: the
-    same as SSGD (with a `least_speed`, a round that `measuring` says weighs nothing,
-    and 0 for a device that has measured itself while others have not).
+    same as SSGD; with a `least_speed`, only until the device itself has measured (a
+    round that `measuring` says weighs nothing), and the devices not measured yet count
+    as sitting out until they have.
     With a `least_speed`, 0 for a device slower than that fraction of the
     fastest's speed (it sits the round out), and the round from those that train (the
     cap, where one device trains while others sit out)."""
-    if unmeasured(mine, everyone):
-        return 0 if least_speed and mine is not None else 1
+    if mine is None or (not least_speed and unmeasured(mine, everyone)):
+        return 1
     if mine > max(training(everyone, least_speed)):
         return 0
     # may overflow to inf for absurd times: then the cap

@@ -9,7 +9,9 @@ others, plus its wait for the budget); where that would take more than
 --coordination-share of a round, the rounds are made longer (budget.py). (Round t's request is
 sent at the end of round t-1, as soon as the time is measured, and runs while the delta
 is being averaged: the HTTP round trip costs the round nothing. Round 1's is sent at
-its start, with nothing measured: every device gets 1.) It runs K
+its start, with nothing measured: every device gets 1; with a least speed that round
+measures, and its weightless push is answered while the next round computes, on the
+parameter servers: `_answers_later`.) It runs K
 local steps of the user's optimizer (the built-in loop's: SGD with `-ll`), pushes its delta (its weights minus those it started the
 round with) and its BatchNorm statistics; the servers' `esync` rule waits for all N
 workers, sets w <- w + gl * mean(delta) (`-gl`) and averages the statistics; the worker
@@ -153,11 +155,31 @@ class ESyncWorker(PushPull):
         self.time_per_iteration = (time.perf_counter() - self._computing_since) / \
             self._steps if self._steps else None
         self._next = self._request(round_ + 1, self.time_per_iteration)
+        if self._answers_later(round_):
+            start, steps = time.perf_counter(), self.round_steps()  # 0: weightless
+            self.backend.push_later(round_, self.pushed(steps), stop=self._announced,
+                                    steps=self.pushed_steps(steps),
+                                    samples=self._round_samples)
+            return {self.aggregate_phase: time.perf_counter() - start}
+        if self.backend.answers_later:
+            self.backend.settle()
+            if self.backend.stop_reason is not None:  # told with the first round's answers:
+                return {}  # every worker stops after that round, as if told at once
         phases = super().end_round(round_, model)
         # reported with round t+2's request: round t+1's is on its way already
         self.coordination = max(1e-6, phases[self.aggregate_phase] - self.waited_seconds()
                                 + self._state_wait)
         return phases
+
+    def _answers_later(self, round_: int) -> bool:
+        """Whether this round's push is answered while the next round computes: a new
+        job's first round, which measures speeds on every device (its pushes weigh
+        nothing, its weights stay as they were), on the parameter servers. A device
+        that has measured itself then trains at once, rather than wait for the slowest
+        device's first iteration (a warm-up, at 16x7 2.7 s of the fast device's time)."""
+        return round_ == 1 and self.measuring and self.rule.by_steps and \
+            self.backend.answers_later and self.partial is None and \
+            not (self.rejoin or self.resume)
 
     def round_steps(self) -> int:
         """The round's local iterations; averaged by steps, 0 for a round sat out (or
