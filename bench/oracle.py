@@ -35,6 +35,7 @@ at once): the second command above found the bound at ideal 2.75 to be 1.64x at 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import sys
@@ -55,9 +56,14 @@ BATCH, LEARNING_RATE, WEIGHT_DECAY = 32, 3e-3, 0.01  # examples/charlm_esync.py'
 
 
 def steps_to_targets(batch: int, lr: float, seed: int, targets: Sequence[float],
-                     max_steps: int, eval_every: int) -> Dict[str, Optional[int]]:
+                     max_steps: int, eval_every: int,
+                     staleness: int = 0) -> Dict[str, Optional[int]]:
     """Train charlm alone at `batch` and `lr`; the first step at which a validation pass
-    saw each target (a loss at or below it), None where none did by `max_steps`."""
+    saw each target (a loss at or below it), None where none did by `max_steps`. With
+    `staleness` s > 0 the batch's part beyond BATCH (the slow devices' samples) has its
+    gradient taken at the weights of s steps before, as a device that computes while
+    the fast one steps would hand it in; the step's gradient is the mean over the whole
+    batch."""
     from examples import charlm
 
     torch.set_num_threads(1)
@@ -66,8 +72,10 @@ def steps_to_targets(batch: int, lr: float, seed: int, targets: Sequence[float],
     model = charlm.build_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=WEIGHT_DECAY)
     order = torch.Generator().manual_seed(seed)
-    loader = DataLoader(train, batch_size=batch, shuffle=True, generator=order,
+    own = batch if not staleness else BATCH
+    loader = DataLoader(train, batch_size=own, shuffle=True, generator=order,
                         drop_last=True)
+    stale = Stale(charlm, model, train, batch - own, staleness, seed) if staleness else None
     val_loader = DataLoader(val, batch_size=256)
     reached: Dict[str, Optional[int]] = {f"{t:g}": None for t in targets}
     hardest, step = f"{min(targets):g}", 0
@@ -75,6 +83,8 @@ def steps_to_targets(batch: int, lr: float, seed: int, targets: Sequence[float],
         for inputs, outputs in loader:
             optimizer.zero_grad()
             charlm.loss_fn(model(inputs), outputs).backward()
+            if stale is not None:
+                stale.add_gradient(own)
             optimizer.step()
             step += 1
             if step % eval_every == 0:
@@ -85,6 +95,39 @@ def steps_to_targets(batch: int, lr: float, seed: int, targets: Sequence[float],
             if step >= max_steps or reached[hardest] is not None:
                 break
     return reached
+
+
+class Stale:
+    """The slow devices' part of a stale batch: `extra` samples a step, their gradient
+    taken at the weights `staleness` steps old (a second copy of the model holds them)."""
+
+    def __init__(self, charlm, model: torch.nn.Module, train, extra: int, staleness: int,
+                 seed: int):
+        self.charlm, self.model, self.extra = charlm, model, extra
+        self.view = charlm.build_model()
+        self.params, self.view_params = list(model.parameters()), list(self.view.parameters())
+        self.past: collections.deque = collections.deque(maxlen=staleness + 1)
+        self.loader = DataLoader(train, batch_size=extra, shuffle=True, drop_last=True,
+                                 generator=torch.Generator().manual_seed(seed + 1))
+        self.batches = iter(self.loader)
+
+    def add_gradient(self, own: int) -> None:
+        """Make the model's gradient (of `own` samples, at the current weights) the mean
+        over those and the extra samples at the weights `staleness` steps old."""
+        self.past.append([p.detach().clone() for p in self.params])
+        with torch.no_grad():
+            for view, old in zip(self.view_params, self.past[0]):
+                view.copy_(old)
+        try:
+            inputs, outputs = next(self.batches)
+        except StopIteration:
+            self.batches = iter(self.loader)
+            inputs, outputs = next(self.batches)
+        self.view.zero_grad()
+        self.charlm.loss_fn(self.view(inputs), outputs).backward()
+        total = own + self.extra
+        for p, view in zip(self.params, self.view_params):
+            p.grad.mul_(own / total).add_(view.grad, alpha=self.extra / total)
 
 
 def validation_loss(model: torch.nn.Module, loader: DataLoader, loss_fn) -> float:
@@ -109,12 +152,16 @@ def best(by_lr: Dict[str, List[Optional[int]]]) -> Optional[str]:
 
 def table(results: dict, targets: Sequence[float]) -> str:
     """The markdown table: per batch, each target's best median steps and the bound."""
-    head = ["Batch", "Ideal"] + [c for t in targets for c in (
+    stale = any(row.get("staleness") for row in results["batches"])
+    head = ["Batch", "Ideal"] + (["Stale by"] if stale else []) + [c for t in targets for c in (
         f"Steps to {t:g} (best lr)", f"Speed-up bound at {t:g}")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     alone = results["batches"][0]
     for row in results["batches"]:
         cells = [str(row["batch"]), f"{row['ideal']:g}"]
+        if stale:
+            n = row.get("staleness", 0)
+            cells.append(f"{n} step{'s' if n != 1 else ''}" if n else "—")
         for t in targets:
             mine, base = row["targets"][f"{t:g}"], alone["targets"][f"{t:g}"]
             if mine["median"] is None:
@@ -144,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="steps between validation passes (default 50)")
     parser.add_argument("--processes", type=int, default=2,
                         help="runs at once (default 2)")
+    parser.add_argument("--staleness", default="",
+                        help="steps by which the part of each large batch beyond the "
+                             "fast device's is stale (its gradient taken at older "
+                             "weights), comma-separated: a row for each (default: none)")
     parser.add_argument("--out", default=None, help="folder for oracle.md and oracle.json")
     return parser
 
@@ -165,19 +216,23 @@ def _main(argv: List[str], prog: str) -> int:
     targets = sorted(numbers("--targets", args.targets), reverse=True)
     if args.seeds < 1 or args.max_steps < 1 or args.eval_every < 1 or args.processes < 1:
         raise UserError("--seeds, --max-steps, --eval-every and --processes must be >= 1")
-    batches = [(BATCH, 1.0)] + [(round(BATCH * i), i) for i in ideals]
-    runs = [(b, m, s) for b, _ in batches for m in grid for s in range(args.seeds)]
+    staleness = [0] + [int(s) for s in numbers("--staleness", args.staleness, int)] \
+        if args.staleness else [0]
+    batches = [(BATCH, 1.0, 0)] + [(round(BATCH * i), i, s) for i in ideals for s in staleness]
+    runs = [(b, m, s, stale) for b, _, stale in batches for m in grid
+            for s in range(args.seeds)]
     with ProcessPoolExecutor(args.processes) as pool:
         futures = {run: pool.submit(steps_to_targets, run[0], LEARNING_RATE * run[1],
-                                    run[2], targets, args.max_steps, args.eval_every)
+                                    run[2], targets, args.max_steps, args.eval_every,
+                                    run[3])
                    for run in runs}
         done = {run: future.result() for run, future in futures.items()}
     results = {"lr": LEARNING_RATE, "grid": grid, "seeds": args.seeds, "batches": []}
-    for batch, ideal in batches:
-        row = {"batch": batch, "ideal": ideal, "targets": {}}
+    for batch, ideal, stale in batches:
+        row = {"batch": batch, "ideal": ideal, "staleness": stale, "targets": {}}
         for t in targets:
             key = f"{t:g}"
-            by_lr = {f"{m:g}": [done[(batch, m, s)][key] for s in range(args.seeds)]
+            by_lr = {f"{m:g}": [done[(batch, m, s, stale)][key] for s in range(args.seeds)]
                      for m in grid}
             lr = best(by_lr)
             row["targets"][key] = {"lr": lr, "by_lr": by_lr,

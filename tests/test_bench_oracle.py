@@ -33,6 +33,18 @@ def test_the_table_gives_each_batch_its_bound_over_the_fast_device_alone():
     assert lines[4] == "| 88 | 2.75 | — | — |"
 
 
+def test_stale_rows_say_by_how_many_steps_their_extra_part_is_stale():
+    def row(batch, ideal, staleness, median):
+        return {"batch": batch, "ideal": ideal, "staleness": staleness,
+                "targets": {"1.8": {"lr": "1", "median": median, "runs": [median]}}}
+    text = oracle.table({"batches": [row(32, 1.0, 0, 900), row(88, 2.75, 0, 600),
+                                     row(88, 2.75, 4, 1800)]}, [1.8])
+    lines = text.splitlines()
+    assert lines[0].startswith("| Batch | Ideal | Stale by | Steps to 1.8")
+    assert lines[3] == "| 88 | 2.75 | — | 600 [600-600] (lr x1) | 1.50x |"
+    assert lines[4] == "| 88 | 2.75 | 4 steps | 1800 [1800-1800] (lr x1) | 0.50x |"
+
+
 def run(*args, timeout=120):
     return subprocess.run([sys.executable, os.path.join(REPO, "bench", "oracle.py"), *args],
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)
@@ -60,3 +72,14 @@ def test_a_small_run_counts_steps_to_the_target_at_each_batch(tmp_path):
             assert steps is None or (steps % 5 == 0 and 5 <= steps <= 60)
     assert "| 32 | 1 |" in done.stdout and "Speed-up bound at 3.2" in done.stdout
     assert open(tmp_path / "oracle.md").read().strip() == done.stdout.strip()
+
+
+@pytest.mark.slow
+def test_a_stale_run_takes_its_extra_part_at_older_weights(tmp_path):
+    done = run("--ideals", "2", "--staleness", "3", "--lr-grid", "1", "--seeds", "1",
+               "--targets", "3.2", "--max-steps", "30", "--eval-every", "5",
+               "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    rows = json.load(open(tmp_path / "oracle.json"))["batches"]
+    assert [(r["batch"], r["staleness"]) for r in rows] == [(32, 0), (64, 0), (64, 3)]
+    assert "| 64 | 2 | 3 steps |" in done.stdout
