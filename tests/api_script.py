@@ -53,6 +53,8 @@ def main() -> None:
     parser.add_argument("--warm-up", type=float, default=0.0,
                         help="seconds rank 0's first local iteration takes longer (a GPU's "
                              "first, loading its kernels)")
+    parser.add_argument("--leave-after", type=int, default=0,
+                        help="the last rank's loop ends after this many iterations")
     args = parser.parse_args()
     session = esync.init()
     torch.manual_seed(0)
@@ -72,8 +74,13 @@ def main() -> None:
         if args.scheduler else None
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if args.amp_skip else None
     lrs, skipped, iteration = {}, 0, 0
+    leaves = args.leave_after and session.rank == session.num_workers - 1
     for epoch in range(args.epochs):
+        if leaves and iteration >= args.leave_after:
+            break
         for xb, yb in loader:
+            if leaves and iteration >= args.leave_after:
+                break
             iteration += 1
             if iteration == 1 and session.rank == 0:
                 time.sleep(args.warm_up)

@@ -85,6 +85,27 @@ def test_a_learning_rate_schedule_follows_rounds_alike_on_a_fast_and_a_slow_devi
 
 
 @pytest.mark.slow
+def test_a_worker_that_leaves_after_its_first_iteration_ends_the_job_with_it(tmp_path):
+    """The first round (every device measuring its speed) is pushed without waiting for
+    its answers; the slow worker's loop ends after that round's one iteration. It says
+    so with the push of the round it is in then (2, or a later one where it sat rounds
+    out inside that iteration's step: 8 times slower, it does), after taking round 1's
+    answers; the fast ones, training from round 2 on, stop after that same round, all
+    holding the job's model, and nobody hangs."""
+    seen = esync_run(tmp_path, ["--workers", "3", "-m", "esync", "--slowdown", "1,1,8"],
+                     ["--leave-after", "1", "--epochs", "1000"], timeout=120)
+    slow = seen["w2-x8"]
+    assert slow["loop_iterations"] == 1 and slow["iterations"] == 1 and slow["rounds"] >= 2
+    for w in ("w0", "w1"):
+        assert seen[w]["rounds"] == slow["rounds"], (seen[w], slow)
+        assert seen[w]["stop"].startswith("the job ends"), seen[w]
+        assert seen[w]["iterations"] > 1  # round 2 trained, from the start
+        np.testing.assert_allclose(seen[w]["weights"], slow["weights"], rtol=1e-6, atol=1e-7)
+    records = _records(tmp_path, "esync", "w0")
+    assert records[0].get("measuring") and records[1]["budget"] > 1
+
+
+@pytest.mark.slow
 def test_a_fast_device_whose_first_iteration_was_a_warm_up_trains_once_it_measures_again(
         tmp_path):
     """Rank 0's first local iteration takes 1.5 s longer (a GPU loading its kernels),

@@ -51,9 +51,9 @@ class Backend(Protocol):
         the next operation (`settle`), and the flat model keeps its weights. Only where
         `answers_later`, for a round whose pushes weigh nothing."""
 
-    def settle(self) -> None:
-        """Take the answer of a push_later (if one is outstanding): kept aside, as the
-        flat model has moved on since, unless it tells the job's stop: then the flat
+    def settle(self) -> bool:
+        """Take the answer of a push_later (if one is outstanding: True): kept aside, as
+        the flat model has moved on since, unless it tells the job's stop: then the flat
         model takes it, the job's model as of that round."""
 
     def checkpoints(self) -> List[int]:
@@ -159,9 +159,9 @@ class Servers:
                           samples=samples)
         self._unanswered = True
 
-    def settle(self) -> None:
+    def settle(self) -> bool:
         if not self._unanswered:
-            return
+            return False
         self._unanswered = False
         params, buffers = self._held  # the pushed copies, sent: the answers land there
         self.kv.receive_answers(params, buffers)
@@ -170,6 +170,7 @@ class Servers:
             host_params[:], host_buffers[:] = params, buffers
             self.flat.load_host_state()
         self._held = (np.empty(0), np.empty(0))
+        return True
 
     def checkpoints(self) -> List[int]:
         return self.kv.checkpoints()

@@ -161,10 +161,9 @@ class ESyncWorker(PushPull):
                                     steps=self.pushed_steps(steps),
                                     samples=self._round_samples)
             return {self.aggregate_phase: time.perf_counter() - start}
-        if self.backend.answers_later:
-            self.backend.settle()
-            if self.backend.stop_reason is not None:  # told with the first round's answers:
-                return {}  # every worker stops after that round, as if told at once
+        if self.backend.answers_later and self.backend.settle() and \
+                self.backend.stop_reason is not None:  # told with the first round's
+            return {}  # answers: every worker stops after that round, as if told at once
         phases = super().end_round(round_, model)
         # reported with round t+2's request: round t+1's is on its way already
         self.coordination = max(1e-6, phases[self.aggregate_phase] - self.waited_seconds()
