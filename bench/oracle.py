@@ -3,6 +3,7 @@ device alone, on one workload.
 
     python bench/oracle.py                         (charlm, ideals 2.5 and 2.75; 40 min)
     python bench/oracle.py --ideals 2.75 --max-steps 2000   (20 min here, measured)
+    python bench/oracle.py --ideals 2.75 --staleness 1,4 --lr-grid 1   (25 min here)
 
 Devices whose summed throughput is `ideal` times the fastest's can at best train, in
 each of the fastest device's steps, on `ideal` times its batch: every sample they
@@ -31,6 +32,16 @@ at once): the second command above found the bound at ideal 2.75 to be 1.64x at 
 2.00x at 1.65 (batch 88 at 3e-3: 550 [500-1150] and 850 [800-1650] steps; batch 32:
 900 [900-1450] and 1700 [1650-1700]). One seed's steps differ from another's by up to
 2x: use 3 seeds or more.
+
+--staleness S adds, for each ideal, a row whose extra samples (the slow devices' part of
+the batch) have their gradient taken at the weights of S steps before, as a device that
+computes while the fast one steps would hand it in (asynchronous methods; a local-SGD
+round's start). Measured (2026-11-28, `--ideals 2.75 --staleness 1,4`, 3 seeds): at lr
+x1, 1 step old: 1850 [1750-1950] steps to 1.8 (0.49x the fast device alone), 1.65 not
+reached by 2500; 4 steps old: neither reached. At lr x0.5: the alone 1000 / 1850, fresh
+650 / 1000, 1 step old 1200 / 1800 (0.75x / 0.94x the alone at its best, x1), 4 steps
+old neither reached. On this workload the slow devices' samples help only at the
+current weights, that is, synchronously.
 """
 from __future__ import annotations
 
