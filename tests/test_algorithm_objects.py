@@ -133,10 +133,12 @@ def test_a_device_far_slower_than_the_fastest_sits_rounds_out():
     assert not budget.measuring(None, 0.0)
     assert budget.budget(0.08, [0.01, None], 64) == 1
     # with one, a device that has measured itself trains at once, the others counted as
-    # sitting out until they report: the first to measure runs its cap, alone...
-    assert budget.budget(0.01, [0.01, None, None], 64, least_speed=0.15) == 64
-    assert budget.budget(0.01, [0.01, None], 16, coordination=0.03, share=0.1,
-                         least_speed=0.15) == 16
+    # sitting out until they report, for at most 1/least speed of its iterations (as
+    # long as one that would train could take for its first): alone, not its cap...
+    assert budget.budget(0.01, [0.01, None, None], 64, least_speed=0.15) == 7
+    assert budget.budget(0.01, [0.01, None, None], 64, least_speed=0.5) == 2
+    assert budget.budget(0.01, [0.01, None], 4, coordination=0.03, share=0.1,
+                         least_speed=0.15) == 4
     # ...those measured share the round as the rule says, and a slow one sits out
     assert [budget.budget(t, [0.01, 0.04, None], 64, least_speed=0.15)
             for t in (0.01, 0.04)] == [4, 1]

@@ -173,7 +173,8 @@ def test_with_a_least_speed_the_rounds_before_every_device_measured_are_measurin
         tmp_path, monkeypatch):
     """The real state server: with a least speed, a device's round 1 measures its speed
     (its delta will weigh nothing); measured, it trains at once, the devices not
-    measured yet counted as sitting out (alone: its cap); once every device has a
+    measured yet counted as sitting out (alone: 1/least speed of its iterations);
+    once every device has a
     time, budgets follow the speeds. With least speed 0 (the paper's rule) no round
     measures, and every budget is 1 until every device has a time."""
     monkeypatch.delenv("ESYNC_STATE_TOKEN", raising=False)
@@ -181,12 +182,13 @@ def test_with_a_least_speed_the_rounds_before_every_device_measured_are_measurin
         client = StateClient("127.0.0.1", state.port, "measured", patience=1)
         client.init_job(2, 16, least_speed=0.2)
         assert client.budget(0, 1, None) == (1, True) == client.budget(1, 1, None)
-        # rank 1 has not reported yet: rank 0, measured, trains as if alone (16 x 1 s)
-        assert client.budget(0, 2, 1.0) == (16, False)
+        # rank 1 has not reported yet: rank 0, measured, trains as if alone, for as long
+        # as one that would train could take for its first iteration (1 / 0.2 of its own)
+        assert client.budget(0, 2, 1.0) == (5, False)
         # rank 1 fills what is left of that round; then every device has a time
-        assert client.budget(1, 2, 3.0) == (5, False)
-        assert client.budget(0, 3, 1.0) == (3, False)
-        assert client.budget(0, 3, 1.0) == (3, False)  # asking again: the same answer
+        assert client.budget(1, 2, 2.0) == (2, False)
+        assert client.budget(0, 3, 1.0) == (2, False)
+        assert client.budget(0, 3, 1.0) == (2, False)  # asking again: the same answer
         paper = StateClient("127.0.0.1", state.port, "paper", patience=1)
         paper.init_job(2, 16)
         assert paper.budget(0, 1, None) == (1, False) == paper.budget(1, 1, None)

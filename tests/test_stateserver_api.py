@@ -206,16 +206,18 @@ def test_until_all_have_measured_the_budget_is_one(client, job):
 
 def test_with_a_least_speed_a_device_measured_trains_before_the_others_report(client):
     """Round 2, least speed 0.2: the fast device, measured, asks before the slow ones
-    reported: it trains at once, the others counted as sitting out (alone: its cap),
-    rather than wait for their first iterations; the next, 2 times slower, fills what
-    is left of that round; the last, 16 times slower, sits out."""
+    reported: it trains at once, the others counted as sitting out, for as long as one
+    that would train (at least 0.2 of its speed) could take for its first iteration,
+    rather than wait for them idle; the next, 2 times slower, fills what is left of
+    that round; the last, 16 times slower, sits out."""
     post(client, "/jobs/second/", {"workers": 3, "max_local_steps": 16, "least_speed": 0.2})
     for rank in range(3):
         report(client, rank, 1, None, job="second")
     got = [report(client, rank, 2, t, job="second").json() for rank, t in
            enumerate([1.0, 2.0, 16.0])]
-    # 16 x 1 s for the first; the second trains what is left of it (about 8 x 2 s)
-    assert [(g["budget"], g["measuring"]) for g in got] == [(16, False), (8, False), (0, False)]
+    # 5 x 1 s for the first (1 / least speed); the second trains what is left of it
+    # (about 2 x 2 s); the third sits out
+    assert [(g["budget"], g["measuring"]) for g in got] == [(5, False), (2, False), (0, False)]
     got = [report(client, rank, 3, t, job="second").json()["budget"] for rank, t in
            enumerate([1.0, 2.0, 16.0])]
     assert got == [2, 1, 0]  # the slowest (1/16) sits out; the round is the 0.02 s one's

@@ -46,11 +46,13 @@ Until a device has measured its speed (its round 1), its budget is 1 and, with a
 speed, its round measures: it runs its one iteration without taking its optimizer's
 step, and its delta weighs nothing (`measuring`), since nobody can tell yet whether it
 would sit out. A device that has measured itself gets its budget at once, the devices
-not measured yet counted as sitting out until they report (one that reports later and
-trains fills the round the others were given: `filling`): at 16x7 the fast device
-otherwise waited 2.7 s (the slow devices' first iteration, their warm-up at 23 times
-its cost) and then a round more before it trained, where alone it takes its first step
-after 0.2 s. (The first round's pushes, weightless, are answered meanwhile:
+not measured yet counted as sitting out until they report, for at most 1/least speed of
+its iterations (5: as long as a device that would train could take for its first); one
+that reports later and trains fills what is left (`filling`). Before, the fast device
+waited for the slow devices' first iteration (at 16x7 2.7 s, their warm-up at 23 times
+its cost) and then sat a round out, where alone it takes its first step after 0.2 s. A
+first round of the cap, tried, made a short job one long round that every device
+filled (and ended tests' jobs of a few dozen iterations in round 2). (The first round's pushes, weightless, are answered meanwhile:
 esync.algorithms.esync.worker.) Averaged in, a round of one step on each of 8 devices
 left the fast device, training alone afterwards, at a training loss 0.3 above its own
 alone's for its next 500 steps (charlm, AdamW, 1 fast + 7 at 1/23 of its speed: 3.29,
@@ -198,7 +200,8 @@ def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
     1, and round 2 for devices that ask before others reported), the budget is 1: the
     same as SSGD; with a `least_speed`, only until the device itself has measured (a
     round that `measuring` says weighs nothing), and the devices not measured yet count
-    as sitting out until they have.
+    as sitting out until they have, its round no longer than 1/least_speed of its
+    iterations (as long as a device that would train could take for its first).
     With a `least_speed`, 0 for a device slower than that fraction of the
     fastest's speed (it sits the round out), and the round from those that train (the
     cap, where one device trains while others sit out)."""
@@ -209,6 +212,10 @@ def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
     # may overflow to inf for absurd times: then the cap
     ratio = round_computing(everyone, cap, round_time, coordination, share,
                             least_speed) / mine
+    if least_speed and unmeasured(mine, everyone):
+        # others still on their first iteration: no longer than one that would train
+        # (at least least_speed of this device's speed) can take for it
+        ratio = min(ratio, 1.0 / least_speed)
     if not ratio < cap:
         return cap
     return max(1, int(ratio + 0.5))
