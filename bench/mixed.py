@@ -76,7 +76,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
 import sys
@@ -90,6 +89,7 @@ sys.path.insert(0, REPO)
 from bench import evidence  # noqa: E402
 from bench.evidence import Workload  # noqa: E402
 from esync import config, options, registry  # noqa: E402
+from esync.algorithms.policy import flag_spellings  # noqa: E402
 from esync.data import METRIC_RECORD  # noqa: E402
 from esync.errors import UserError, command_main  # noqa: E402
 from esync.flagtypes import slowdown as slowdown_factor  # noqa: E402
@@ -323,11 +323,8 @@ def taken_by(extra: Sequence[str], modes: Sequence[str]) -> List[str]:
     algorithms = {a.log_folder(split): a for a, split in registry.all_folders()}
     owners: Dict[str, set] = {}  # a policy's flag spelling -> the algorithms taking it
     for algorithm in registry.ALGORITHMS.values():
-        names = set(algorithm.policy_class().FLAGS.values())
-        for f in dataclasses.fields(options.Options):
-            if f.name in names:
-                for spelling in f.metadata.get("args", ()):
-                    owners.setdefault(spelling, set()).add(algorithm.key)
+        for spelling in flag_spellings(options.Options, algorithm):
+            owners.setdefault(spelling, set()).add(algorithm.key)
     kept, skip = [], False
     for k, arg in enumerate(extra):
         if skip:

@@ -84,13 +84,14 @@ def check_aggregation(opts: Any, num_servers: Optional[int] = None) -> None:
     the job's DMLC_NUM_SERVER; UserError names the flag. Torch-free: the launchers call
     it on the flags they pass."""
     algorithm = opts.algorithm
-    own = _spellings(opts, algorithm)  # flags several algorithms share (-gl) pass
+    own = flag_spellings(opts, algorithm)  # flags several algorithms share (-gl) pass
     for other in registry.ALGORITHMS.values():
         given = [] if other is algorithm else [
             g for g in other.policy_class().flags_given(opts) if g.split()[0] not in own]
         if given:
             flag = given[0].split()[0]
-            takers = [a.mode for a in registry.ALGORITHMS.values() if flag in _spellings(opts, a)]
+            takers = [a.mode for a in registry.ALGORITHMS.values()
+                      if flag in flag_spellings(opts, a)]
             raise UserError(f"{given[0]} applies to -m {' or '.join(takers or [other.mode])} "
                             f"only, not -m {opts.mode}")
     algorithm.policy_class().from_options(opts).check(opts)
@@ -116,7 +117,7 @@ def check_aggregation(opts: Any, num_servers: Optional[int] = None) -> None:
                         f"all-reduce needs no servers: set DMLC_NUM_SERVER=0")
 
 
-def _spellings(opts: Any, algorithm: registry.Algorithm) -> set:
+def flag_spellings(opts: Any, algorithm: registry.Algorithm) -> set:
     """The command-line spellings of the flags `algorithm`'s policy takes its settings
     from (the parser's fields' own)."""
     names = set(algorithm.policy_class().FLAGS.values())

@@ -51,18 +51,18 @@ its iterations (5: as long as a device that would train could take for its first
 that reports later and trains fills what is left (`filling`). Before, the fast device
 waited for the slow devices' first iteration (at 16x7 2.7 s, their warm-up at 23 times
 its cost) and then sat a round out, where alone it takes its first step after 0.2 s. A
-first round of the cap, tried, made a short job one long round that every device
-filled (and ended tests' jobs of a few dozen iterations in round 2). (The first round's pushes, weightless, are answered meanwhile:
-esync.algorithms.esync.worker.) Averaged in, a round of one step on each of 8 devices
-left the fast device, training alone afterwards, at a training loss 0.3 above its own
-alone's for its next 500 steps (charlm, AdamW, 1 fast + 7 at 1/23 of its speed: 3.29,
-2.98, 2.85, 2.73, 2.62 over its first five rounds of 64 steps, against 3.21, 2.79,
-2.59, 2.44, 2.34 alone and with the slow devices' start-up weightless), and 50% more
-samples to val loss 1.80 (3 seeds). Taking the steps and then rewinding the weights,
-with the optimizer's state kept, still left it 0.1 behind in each of 3 seeds (0.79x /
-0.81x the fast device alone at 16x7, against 0.62x / 0.71x averaged in; measuring:
-0.98x / 0.86x). Without a
-least speed (the paper's rule, --least-speed 0) the start-up rounds weigh as SSGD's.
+first round of the cap, tried, made a short job one long round that every device filled
+(and ended tests' jobs of a few dozen iterations in round 2). (The first round's pushes,
+weightless, are answered meanwhile: esync.algorithms.esync.worker.) Averaged in, a round
+of one step on each of 8 devices left the fast device, training alone afterwards, at a
+training loss 0.3 above its own alone's for its next 500 steps (charlm, AdamW, 1 fast +
+7 at 1/23 of its speed: 3.29, 2.98, 2.85, 2.73, 2.62 over its first five rounds of 64
+steps, against 3.21, 2.79, 2.59, 2.44, 2.34 alone and with the slow devices' start-up
+weightless), and 50% more samples to val loss 1.80 (3 seeds). Taking the steps and then
+rewinding the weights, with the optimizer's state kept, still left it 0.1 behind in each
+of 3 seeds (0.79x / 0.81x the fast device alone at 16x7, against 0.62x / 0.71x averaged
+in; measuring: 0.98x / 0.86x). Without a least speed (the paper's rule, --least-speed 0)
+the start-up rounds weigh as SSGD's.
 
 The default least speed is 0.2, with map-style data drawn by every device from the
 whole data set (--data-split whole), so that the device left training does not go round
@@ -149,10 +149,16 @@ def filling(remaining: float, mine: float, cap: int) -> int:
     speed (its first after measuring; with a least speed): the iterations that fit in
     the `remaining` seconds of the longest round they were given, at least 1, at most
     `cap`, so that it computes until they are done instead of idling at the
-    aggregation (a fast device, first to measure, may have been given its cap)."""
-    if not remaining / mine < cap:
+    aggregation."""
+    return _iterations(remaining / mine, cap)
+
+
+def _iterations(ratio: float, cap: int) -> int:
+    """`ratio` iterations rounded to the nearest whole number, at least 1, at most `cap`
+    (an overflow to inf: the cap)."""
+    if not ratio < cap:
         return cap
-    return max(1, int(remaining / mine + 0.5))
+    return max(1, int(ratio + 0.5))
 
 
 def round_seconds(everyone: Sequence[float], coordination: Optional[float] = None,
@@ -216,6 +222,4 @@ def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
         # others still on their first iteration: no longer than one that would train
         # (at least least_speed of this device's speed) can take for it
         ratio = min(ratio, 1.0 / least_speed)
-    if not ratio < cap:
-        return cap
-    return max(1, int(ratio + 0.5))
+    return _iterations(ratio, cap)
