@@ -145,6 +145,8 @@ def test_a_device_far_slower_than_the_fastest_sits_rounds_out():
     assert budget.budget(0.08, [0.01, None], 64, least_speed=0.15) == 0
     assert budget.round_computing([0.01, None, 0.2], 16, least_speed=0.15) == 16 * 0.01
     # one measured later fills what is left of the round the first was given
+    assert budget.round_left([(0.5, 16, 0.1), (0.1, 2, 0.5)]) == pytest.approx(1.1)
+    assert budget.round_left([]) is None
     assert budget.filling(1.6, 0.1, 64) == 16
     assert budget.filling(0.01, 0.1, 64) == 1 and budget.filling(100.0, 0.1, 64) == 64
 

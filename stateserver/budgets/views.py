@@ -360,11 +360,12 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
                 # its first round after measuring itself: one that others measured before
                 # it began, as long as they were told, ends with theirs (budget.filling)
                 now = timezone.now()
-                ends = [(d.reported_at - now).total_seconds() + d.budget * d.smoothed_time
-                        for d in counted if d.rank != rank and d.round == round_ and
-                        d.budget and d.smoothed_time is not None and d.reported_at]
-                if ends:
-                    device.budget = budget_rule.filling(max(ends), device.smoothed_time,
+                left = budget_rule.round_left([
+                    ((now - d.reported_at).total_seconds(), d.budget, d.smoothed_time)
+                    for d in counted if d.rank != rank and d.round == round_ and
+                    d.budget and d.smoothed_time is not None and d.reported_at])
+                if left is not None:
+                    device.budget = budget_rule.filling(left, device.smoothed_time,
                                                         found.max_local_steps)
             device.measuring = budget_rule.measuring(device.smoothed_time,
                                                      found.least_speed)

@@ -75,7 +75,7 @@ data, stalled at 1.84. Devices at 1/2 of its speed gained (1.28x and 1.24x, one 
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 #: a device whose last reported round is this many rounds behind the job's latest round
 #: (or more) is taken for dead and left out of the slowest
@@ -142,6 +142,13 @@ def measuring(mine: Optional[float], least_speed: float = 0.0) -> bool:
     """Whether a device's round measures its speed (its delta weighs nothing): with a
     least speed, until it has measured itself."""
     return bool(least_speed) and mine is None
+
+
+def round_left(given: Sequence[Tuple[float, int, float]]) -> Optional[float]:
+    """The seconds left of the longest round others were given (each: the seconds since
+    it was given, its budget, its device's time per iteration), or None (none was)."""
+    ends = [budget * per_iteration - since for since, budget, per_iteration in given]
+    return max(ends) if ends else None
 
 
 def filling(remaining: float, mine: float, cap: int) -> int:
