@@ -4,6 +4,7 @@ device alone, on one workload.
     python bench/oracle.py                         (charlm, ideals 2.5 and 2.75; 40 min)
     python bench/oracle.py --ideals 2.75 --max-steps 2000   (20 min here, measured)
     python bench/oracle.py --ideals 2.75 --staleness 1,4 --lr-grid 1   (25 min here)
+    python bench/oracle.py --ideals '' --skipped 1 --lr-grid 1 --seeds 6   (10 min here)
 
 Devices whose summed throughput is `ideal` times the fastest's can at best train, in
 each of the fastest device's steps, on `ideal` times its batch: every sample they
@@ -42,6 +43,13 @@ reached by 2500; 4 steps old: neither reached. At lr x0.5: the alone 1000 / 1850
 650 / 1000, 1 step old 1200 / 1800 (0.75x / 0.94x the alone at its best, x1), 4 steps
 old neither reached. On this workload the slow devices' samples help only at the
 current weights, that is, synchronously.
+
+--skipped K adds a row for the fast device alone with its first K steps computed but
+not taken (ESync's measuring round; its training is otherwise the alone's, step for
+step). Measured (2026-11-28, `--ideals '' --skipped 1 --lr-grid 1 --seeds 6`, 10 min
+here): 1000 [900-1200] / 1700 [1650-2100] steps against the alone's 1050 [900-1450] /
+1825 [1650-1900] (one seed did not reach 1.65 by 2500): no cost in expectation, but
+each seed moves by up to 250 steps, either way.
 """
 from __future__ import annotations
 
@@ -68,13 +76,14 @@ BATCH, LEARNING_RATE, WEIGHT_DECAY = 32, 3e-3, 0.01  # examples/charlm_esync.py'
 
 def steps_to_targets(batch: int, lr: float, seed: int, targets: Sequence[float],
                      max_steps: int, eval_every: int,
-                     staleness: int = 0) -> Dict[str, Optional[int]]:
+                     staleness: int = 0, skipped: int = 0) -> Dict[str, Optional[int]]:
     """Train charlm alone at `batch` and `lr`; the first step at which a validation pass
     saw each target (a loss at or below it), None where none did by `max_steps`. With
     `staleness` s > 0 the batch's part beyond BATCH (the slow devices' samples) has its
     gradient taken at the weights of s steps before, as a device that computes while
     the fast one steps would hand it in; the step's gradient is the mean over the whole
-    batch."""
+    batch. With `skipped` k, the first k steps compute their batch but are not taken
+    (ESync's measuring round); they count as steps."""
     from examples import charlm
 
     torch.set_num_threads(1)
@@ -96,7 +105,8 @@ def steps_to_targets(batch: int, lr: float, seed: int, targets: Sequence[float],
             charlm.loss_fn(model(inputs), outputs).backward()
             if stale is not None:
                 stale.add_gradient(own)
-            optimizer.step()
+            if step >= skipped:
+                optimizer.step()
             step += 1
             if step % eval_every == 0:
                 loss = validation_loss(model, val_loader, charlm.loss_fn)
@@ -163,16 +173,15 @@ def best(by_lr: Dict[str, List[Optional[int]]]) -> Optional[str]:
 
 def table(results: dict, targets: Sequence[float]) -> str:
     """The markdown table: per batch, each target's best median steps and the bound."""
-    stale = any(row.get("staleness") for row in results["batches"])
-    head = ["Batch", "Ideal"] + (["Stale by"] if stale else []) + [c for t in targets for c in (
+    variants = any(variant(row) for row in results["batches"])
+    head = ["Batch", "Ideal"] + (["Variant"] if variants else []) + [c for t in targets for c in (
         f"Steps to {t:g} (best lr)", f"Speed-up bound at {t:g}")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     alone = results["batches"][0]
     for row in results["batches"]:
         cells = [str(row["batch"]), f"{row['ideal']:g}"]
-        if stale:
-            n = row.get("staleness", 0)
-            cells.append(f"{n} step{'s' if n != 1 else ''}" if n else "—")
+        if variants:
+            cells.append(variant(row) or "—")
         for t in targets:
             mine, base = row["targets"][f"{t:g}"], alone["targets"][f"{t:g}"]
             if mine["median"] is None:
@@ -186,11 +195,20 @@ def table(results: dict, targets: Sequence[float]) -> str:
     return "\n".join(lines)
 
 
+def variant(row: dict) -> str:
+    """How a row's runs differ from plain training at its batch ("": they do not)."""
+    stale, skipped = row.get("staleness", 0), row.get("skipped", 0)
+    if stale:
+        return f"stale by {stale} step{'s' if stale != 1 else ''}"
+    return f"first {skipped} step{'s' if skipped != 1 else ''} not taken" if skipped else ""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--ideals", default="2.5,2.75",
                         help="the ideals (sum of the devices' throughputs over the "
-                             "fastest's) to bound, comma-separated (default 2.5,2.75)")
+                             "fastest's) to bound, comma-separated (default 2.5,2.75; "
+                             "'': none)")
     parser.add_argument("--lr-grid", default="1,2,4",
                         help="learning rates, multiples of 3e-3 (default 1,2,4)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
@@ -206,6 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="steps by which the part of each large batch beyond the "
                              "fast device's is stale (its gradient taken at older "
                              "weights), comma-separated: a row for each (default: none)")
+    parser.add_argument("--skipped", type=int, default=0,
+                        help="adds a row: the fast device alone with its first N steps "
+                             "computed but not taken, as ESync's measuring round "
+                             "(default 0: none)")
     parser.add_argument("--out", default=None, help="folder for oracle.md and oracle.json")
     return parser
 
@@ -222,28 +244,35 @@ def numbers(flag: str, text: str, kind=float) -> list:
 
 def _main(argv: List[str], prog: str) -> int:
     args = build_parser().parse_args(argv)
-    ideals = numbers("--ideals", args.ideals)
+    ideals = numbers("--ideals", args.ideals) if args.ideals.strip() else []
     grid = numbers("--lr-grid", args.lr_grid)
     targets = sorted(numbers("--targets", args.targets), reverse=True)
     if args.seeds < 1 or args.max_steps < 1 or args.eval_every < 1 or args.processes < 1:
         raise UserError("--seeds, --max-steps, --eval-every and --processes must be >= 1")
+    if args.skipped < 0:
+        raise UserError(f"--skipped {args.skipped}: expected a number of steps >= 0")
     staleness = [0] + [int(s) for s in numbers("--staleness", args.staleness, int)] \
         if args.staleness else [0]
-    batches = [(BATCH, 1.0, 0)] + [(round(BATCH * i), i, s) for i in ideals for s in staleness]
-    runs = [(b, m, s, stale) for b, _, stale in batches for m in grid
+    batches = [(BATCH, 1.0, 0, 0)] + [(round(BATCH * i), i, s, 0)
+                                      for i in ideals for s in staleness]
+    if args.skipped:
+        batches.insert(1, (BATCH, 1.0, 0, args.skipped))
+    runs = [(b, m, s, stale, skip) for b, _, stale, skip in batches for m in grid
             for s in range(args.seeds)]
     with ProcessPoolExecutor(args.processes) as pool:
         futures = {run: pool.submit(steps_to_targets, run[0], LEARNING_RATE * run[1],
                                     run[2], targets, args.max_steps, args.eval_every,
-                                    run[3])
+                                    run[3], run[4])
                    for run in runs}
         done = {run: future.result() for run, future in futures.items()}
     results = {"lr": LEARNING_RATE, "grid": grid, "seeds": args.seeds, "batches": []}
-    for batch, ideal, stale in batches:
-        row = {"batch": batch, "ideal": ideal, "staleness": stale, "targets": {}}
+    for batch, ideal, stale, skip in batches:
+        row = {"batch": batch, "ideal": ideal, "staleness": stale, "skipped": skip,
+               "targets": {}}
         for t in targets:
             key = f"{t:g}"
-            by_lr = {f"{m:g}": [done[(batch, m, s, stale)][key] for s in range(args.seeds)]
+            by_lr = {f"{m:g}": [done[(batch, m, s, stale, skip)][key]
+                                for s in range(args.seeds)]
                      for m in grid}
             lr = best(by_lr)
             row["targets"][key] = {"lr": lr, "by_lr": by_lr,

@@ -33,16 +33,18 @@ def test_the_table_gives_each_batch_its_bound_over_the_fast_device_alone():
     assert lines[4] == "| 88 | 2.75 | — | — |"
 
 
-def test_stale_rows_say_by_how_many_steps_their_extra_part_is_stale():
-    def row(batch, ideal, staleness, median):
-        return {"batch": batch, "ideal": ideal, "staleness": staleness,
+def test_variant_rows_say_how_stale_their_extra_part_is_or_which_steps_were_not_taken():
+    def row(batch, ideal, staleness, median, skipped=0):
+        return {"batch": batch, "ideal": ideal, "staleness": staleness, "skipped": skipped,
                 "targets": {"1.8": {"lr": "1", "median": median, "runs": [median]}}}
-    text = oracle.table({"batches": [row(32, 1.0, 0, 900), row(88, 2.75, 0, 600),
-                                     row(88, 2.75, 4, 1800)]}, [1.8])
+    text = oracle.table({"batches": [row(32, 1.0, 0, 900), row(32, 1.0, 0, 1000, 1),
+                                     row(88, 2.75, 0, 600), row(88, 2.75, 4, 1800)]},
+                        [1.8])
     lines = text.splitlines()
-    assert lines[0].startswith("| Batch | Ideal | Stale by | Steps to 1.8")
-    assert lines[3] == "| 88 | 2.75 | — | 600 [600-600] (lr x1) | 1.50x |"
-    assert lines[4] == "| 88 | 2.75 | 4 steps | 1800 [1800-1800] (lr x1) | 0.50x |"
+    assert lines[0].startswith("| Batch | Ideal | Variant | Steps to 1.8")
+    assert lines[3] == "| 32 | 1 | first 1 step not taken | 1000 [1000-1000] (lr x1) | 0.90x |"
+    assert lines[4] == "| 88 | 2.75 | — | 600 [600-600] (lr x1) | 1.50x |"
+    assert lines[5] == "| 88 | 2.75 | stale by 4 steps | 1800 [1800-1800] (lr x1) | 0.50x |"
 
 
 def run(*args, timeout=120):
@@ -76,10 +78,12 @@ def test_a_small_run_counts_steps_to_the_target_at_each_batch(tmp_path):
 
 @pytest.mark.slow
 def test_a_stale_run_takes_its_extra_part_at_older_weights(tmp_path):
-    done = run("--ideals", "2", "--staleness", "3", "--lr-grid", "1", "--seeds", "1",
-               "--targets", "3.2", "--max-steps", "30", "--eval-every", "5",
+    done = run("--ideals", "2", "--staleness", "3", "--skipped", "2", "--lr-grid", "1",
+               "--seeds", "1", "--targets", "3.2", "--max-steps", "30", "--eval-every", "5",
                "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     rows = json.load(open(tmp_path / "oracle.json"))["batches"]
-    assert [(r["batch"], r["staleness"]) for r in rows] == [(32, 0), (64, 0), (64, 3)]
-    assert "| 64 | 2 | 3 steps |" in done.stdout
+    assert [(r["batch"], r["staleness"], r["skipped"]) for r in rows] == [
+        (32, 0, 0), (32, 0, 2), (64, 0, 0), (64, 3, 0)]
+    assert "| 64 | 2 | stale by 3 steps |" in done.stdout
+    assert "| 32 | 1 | first 2 steps not taken |" in done.stdout
