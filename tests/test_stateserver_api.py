@@ -199,31 +199,6 @@ def test_a_device_s_first_time_and_its_first_after_sitting_out_are_taken_as_they
     assert smooth(1.5, 0.01, 0.3, fresh=True) == 0.01  # measured again after sitting out
 
 
-def test_a_time_from_a_measuring_round_is_provisional_and_the_next_replaces_it(client):
-    """least_speed 0.2: the fast device's measuring round (its first iteration, a warm-up
-    of 0.25 s) is replaced by its next round's 0.05 s, not averaged with it (0.19 s),
-    so the slow device's first time, 1.15 s, is 23 times its own, not 6: it sits out.
-    Later times are averaged as before. Without a least speed no round measures."""
-    post(client, "/jobs/warm-up/", {"workers": 2, "max_local_steps": 64, "least_speed": 0.2})
-    for rank in range(2):
-        report(client, rank, 1, None, job="warm-up")
-    report(client, 0, 2, 0.25, job="warm-up")
-    assert state(client, "warm-up")["devices"][0]["provisional"] is True
-    report(client, 0, 3, 0.05, job="warm-up")
-    fast = state(client, "warm-up")["devices"][0]
-    assert fast["smoothed_time_per_iteration"] == 0.05 and fast["provisional"] is False
-    assert report(client, 1, 2, 1.15, job="warm-up").json()["budget"] == 0
-    report(client, 0, 4, 0.06, job="warm-up")
-    assert state(client, "warm-up")["devices"][0]["smoothed_time_per_iteration"] == \
-        pytest.approx(0.053)
-    post(client, "/jobs/no-warm-up/", {"workers": 2, "max_local_steps": 64})
-    report(client, 0, 1, None, job="no-warm-up")
-    report(client, 0, 2, 0.25, job="no-warm-up")
-    report(client, 0, 3, 0.05, job="no-warm-up")
-    assert state(client, "no-warm-up")["devices"][0]["smoothed_time_per_iteration"] == \
-        pytest.approx(0.19)
-
-
 def test_until_all_have_measured_the_budget_is_one(client, job):
     report(client, 0, 2, 0.01)
     assert report(client, 1, 2, 0.05).json()["budget"] == 1  # ranks 2, 3 not measured

@@ -51,9 +51,6 @@ class Device(models.Model):
     # rounds in a row it has sat out (budget 0), for when it measures again
     # (esync.algorithms.esync.budget.remeasures)
     rounds_out = models.PositiveIntegerField(default=0)
-    # its smoothed time is one measuring round's single iteration: the next replaces it
-    # (esync.algorithms.esync.budget.smooth)
-    provisional = models.BooleanField(default=False)
     reports = models.PositiveIntegerField(default=0)
     reported_at = models.DateTimeField(null=True)
 

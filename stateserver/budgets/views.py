@@ -178,8 +178,6 @@ def _device_state(device: Device, job_round: int, now) -> Dict[str, Any]:
         "measuring": device.measuring,
         # rounds in a row sat out (esync.algorithms.esync.budget.remeasures)
         "rounds_out": device.rounds_out,
-        # its smoothed time is one measuring round's iteration (budget.smooth)
-        "provisional": device.provisional,
         "time_per_iteration": device.last_time,
         "smoothed_time_per_iteration": device.smoothed_time,
         "coordination": device.last_coordination,
@@ -339,12 +337,10 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
         if round_ > device.round:  # the same round again is a retry: same answer
             if measured is not None:  # null: it computed nothing (sat out)
                 device.last_time = measured
-                # measured again after rounds out: its average is of the device before;
-                # after a measuring round's one iteration: that one was provisional
-                device.smoothed_time = budget_rule.smooth(
-                    device.smoothed_time, measured, settings.BUDGET_SMOOTHING,
-                    fresh=device.rounds_out > 0 or device.provisional)
-                device.provisional = device.measuring  # the round it reports on measured
+                # measured again after rounds out: its average is of the device before
+                device.smoothed_time = budget_rule.smooth(device.smoothed_time, measured,
+                                                          settings.BUDGET_SMOOTHING,
+                                                          fresh=device.rounds_out > 0)
             if coordination is not None:
                 device.last_coordination = coordination
                 device.smoothed_coordination = budget_rule.smooth(

@@ -95,10 +95,7 @@ def smooth(previous: Optional[float], measured: float, weight: float,
     measurement is taken as it is, and so is a `fresh` one: the first after rounds sat
     out, when the average is of a device that may have changed since (its first
     iteration a warm-up, a GPU loading its kernels, which can take as long as a hundred
-    CPU iterations; a load that passed), and the first after a measuring round, whose
-    one iteration is provisional (the job's first: a warm-up, at 16x7 5 times the fast
-    device's later ones, which averaged in at 0.7 a round made slow devices look fast
-    enough to train)."""
+    CPU iterations; a load that passed)."""
     if previous is None or fresh:
         return measured
     return (1.0 - weight) * previous + weight * measured
