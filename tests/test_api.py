@@ -102,7 +102,9 @@ def test_a_worker_that_leaves_after_its_first_iteration_ends_the_job_with_it(tmp
         assert seen[w]["iterations"] > 1  # round 2 trained, from the start
         np.testing.assert_allclose(seen[w]["weights"], slow["weights"], rtol=1e-6, atol=1e-7)
     records = _records(tmp_path, "esync", "w0")
-    assert records[0].get("measuring") and records[1]["budget"] > 1
+    # round 2 trains (its budget follows whichever times reached the state server
+    # first: under load the others' may come before this device asks, budget 1 then)
+    assert records[0].get("measuring") and records[1]["budget"] >= 1
 
 
 @pytest.mark.slow
