@@ -55,6 +55,8 @@ def main() -> None:
                              "first, loading its kernels)")
     parser.add_argument("--leave-after", type=int, default=0,
                         help="the last rank's loop ends after this many iterations")
+    parser.add_argument("--iterations", type=int, default=0,
+                        help="every rank's loop ends after this many iterations")
     args = parser.parse_args()
     session = esync.init()
     torch.manual_seed(0)
@@ -75,11 +77,12 @@ def main() -> None:
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if args.amp_skip else None
     lrs, skipped, iteration = {}, 0, 0
     leaves = args.leave_after and session.rank == session.num_workers - 1
+    last = args.leave_after if leaves else args.iterations
     for epoch in range(args.epochs):
-        if leaves and iteration >= args.leave_after:
+        if last and iteration >= last:
             break
         for xb, yb in loader:
-            if leaves and iteration >= args.leave_after:
+            if last and iteration >= last:
                 break
             iteration += 1
             if iteration == 1 and session.rank == 0:

@@ -135,6 +135,33 @@ def test_a_fast_device_whose_first_iteration_was_a_warm_up_trains_once_it_measur
 
 
 @pytest.mark.slow
+def test_a_device_training_while_the_others_sit_out_takes_its_alone_s_steps(tmp_path):
+    """With the device at --slowdown 200 sitting out (the default least speed), the
+    fast device's job is its alone's: round 1 measures, and its step is kept (round 2's
+    delta carries it), so that after 40 iterations its weights are the script's alone
+    (same data order, same AdamW steps), up to the servers' float arithmetic. Had the
+    first step not been taken, they would differ by a whole step."""
+    seen = esync_run(tmp_path, ["--workers", "2", "-m", "esync", "--slowdown", "1,200"],
+                     ["--model", "branches", "--iterations", "40", "--epochs", "1000"])
+    fast, slow = seen["w0"], seen["w1-x200"]
+    assert fast["loop_iterations"] == fast["iterations"] == 40, fast
+    budgets = [(r["budget"], bool(r.get("measuring")))
+               for r in _records(tmp_path, "esync", "w1-x200")]
+    assert budgets[0] == (1, True) and all(b == 0 or m for b, m in budgets[1:]), budgets
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    proc = subprocess.run([sys.executable, SCRIPT, str(alone), "--model", "branches",
+                           "--iterations", "40", "--epochs", "1000"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (name,) = os.listdir(alone)
+    by_itself = json.load(open(alone / name))
+    assert by_itself["loop_iterations"] == 40
+    np.testing.assert_allclose(fast["weights"], by_itself["weights"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(slow["weights"], fast["weights"], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["ps", "allreduce"])
 def test_parameters_without_a_gradient_are_still_synchronised(tmp_path, backend):
     """Each worker's steps leave the other worker's head without a gradient: the set of

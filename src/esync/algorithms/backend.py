@@ -51,10 +51,11 @@ class Backend(Protocol):
         the next operation (`settle`), and the flat model keeps its weights. Only where
         `answers_later`, for a round whose pushes weigh nothing."""
 
-    def settle(self) -> bool:
+    def settle(self, last: bool = False) -> bool:
         """Take the answer of a push_later (if one is outstanding: True): kept aside, as
-        the flat model has moved on since, unless it tells the job's stop: then the flat
-        model takes it, the job's model as of that round."""
+        the flat model has moved on since, unless it tells the job's stop or the job
+        ended with that round (`last`): then the flat model takes it, the job's model as
+        of that round."""
 
     def checkpoints(self) -> List[int]:
         """The rounds the job's model was checkpointed at since the last call."""
@@ -159,13 +160,13 @@ class Servers:
                           samples=samples)
         self._unanswered = True
 
-    def settle(self) -> bool:
+    def settle(self, last: bool = False) -> bool:
         if not self._unanswered:
             return False
         self._unanswered = False
         params, buffers = self._held  # the pushed copies, sent: the answers land there
         self.kv.receive_answers(params, buffers)
-        if self.kv.stop_reason is not None:
+        if last or self.kv.stop_reason is not None:
             host_params, host_buffers = self.flat.host_state()
             host_params[:], host_buffers[:] = params, buffers
             self.flat.load_host_state()
@@ -179,8 +180,8 @@ class Servers:
         """ASGD and DC-ASGD: the others' last pushes come after worker 0 stopped; wait
         until every other worker has finished, then take the servers' model. (In SSGD
         and ESync the last round's pull is the job's model already.)"""
-        if self.synchronous:
-            self.settle()
+        if self.synchronous:  # the job's model: a first round's answers (ESync's start-up
+            self.settle(last=True)  # keeps the device's own step: worker.py) if it ended then
             return
         self.job.node.wait_for_others()
         self._pull()

@@ -43,9 +43,12 @@ docs/explanation/simulation.md has the run.) If the fast devices die, the fastes
 the living is the new measure and the others train again.
 
 Until a device has measured its speed (its round 1), its budget is 1 and, with a least
-speed, its round measures: it runs its one iteration without taking its optimizer's
-step, and its delta weighs nothing (`measuring`), since nobody can tell yet whether it
-would sit out. A device that has measured itself gets its budget at once, the devices
+speed, its round measures: its delta weighs nothing (`measuring`), since nobody can
+tell yet whether it would sit out. In a new job's first round on the parameter servers
+the device keeps its step, and round 2's delta carries it if the device trains then
+(esync.algorithms.esync.worker), so that a device training while the others sit out
+takes its alone's steps one for one; elsewhere (all-reduce, a device coming back) its
+step is not taken. A device that has measured itself gets its budget at once, the devices
 not measured yet counted as sitting out until they report, for at most 1/least speed of
 its iterations (5: as long as a device that would train could take for its first); one
 that reports later and trains fills what is left (`filling`). Before, the fast device

@@ -71,6 +71,8 @@ class ESyncWorker(PushPull):
         self.measuring = False  # this round measures speeds: its delta weighs nothing
         self._next: Optional[PendingBudget] = None  # the next round's budget, on its way
         self._steps, self._computing_since = 0, 0.0
+        #: round 1's step kept (`_keeps_first_step`): its steps, counted in round 2's delta
+        self._carried, self._round = 0, 0
         self._refused = False  # the last answer was refused: budgets fall back to 1
 
     @classmethod
@@ -132,8 +134,12 @@ class ESyncWorker(PushPull):
         start = time.perf_counter()
         pending = self._next or self._request(round_, None)
         (self.budget, self.measuring), self._next = self._budget(pending), None
-        self.request_seconds = pending.seconds
-        super().begin_round(round_)  # the weights the round's delta is taken from
+        self.request_seconds, self._round = pending.seconds, round_
+        if round_ == 2 and self._carried:  # the delta is taken from the job's first
+            self._round_samples = 0  # weights, the servers' still: round 1 weighed nothing
+        else:
+            self._carried = 0
+            super().begin_round(round_)  # the weights the round's delta is taken from
         self._steps, self._computing_since = 0, time.perf_counter()
         # the time this round waited for its budget (usually none: it came meanwhile)
         self._state_wait = self._computing_since - start
@@ -143,9 +149,12 @@ class ESyncWorker(PushPull):
         """The user's optimizer step, counted (a step AMP skips counts too: the budget is
         of iterations); in a round that measures speeds, counted and timed but not taken,
         so that the weights and the optimizer's state stay as they were (its delta
-        weighs nothing: budget.py)."""
+        weighs nothing: budget.py), except in a new job's first round
+        (`_keeps_first_step`)."""
         self._steps += 1
-        return None if self.measuring else step()
+        if self.measuring and not self._keeps_first_step(self._round):
+            return None
+        return step()
 
     aggregate_phase = "global update"
 
@@ -156,6 +165,7 @@ class ESyncWorker(PushPull):
             self._steps if self._steps else None
         self._next = self._request(round_ + 1, self.time_per_iteration)
         if self._answers_later(round_):
+            self._carried = self._steps if self._keeps_first_step(round_) else 0
             start, steps = time.perf_counter(), self.round_steps()  # 0: weightless
             self.backend.push_later(round_, self.pushed(steps), stop=self._announced,
                                     steps=self.pushed_steps(steps),
@@ -180,12 +190,25 @@ class ESyncWorker(PushPull):
             self.backend.answers_later and self.partial is None and \
             not (self.rejoin or self.resume)
 
+    def _keeps_first_step(self, round_: int) -> bool:
+        """Whether this round's step is taken although the round measures: a new job's
+        first round, whose pushes weigh nothing and whose answers, the job's first
+        weights, come while round 2 computes (`_answers_later`). The device keeps its
+        step and round 2's delta, taken from those weights, carries it, weighted, if the
+        device trains in round 2; sat out, the pull drops it. A device that trains alone
+        thereafter (the others sitting out) then takes its alone's steps one for one:
+        not taking the first moved a seed's time to target by up to 17% either way
+        (docs/explanation/simulation.md)."""
+        return round_ == 1 and self._answers_later(round_)
+
     def round_steps(self) -> int:
         """The round's local iterations; averaged by steps, 0 for a round sat out (or
         left before its first iteration) or one that measured speeds: its delta then
-        weighs nothing."""
+        weighs nothing. Round 2 counts round 1's step where it was kept (`_carried`)."""
         if self.rule.by_steps:
-            return 0 if self.measuring else self._steps
+            if self.measuring or not self._steps:
+                return 0
+            return self._steps + self._carried
         return max(1, self._steps)
 
     def push_scale(self, steps: int) -> float:
