@@ -59,7 +59,7 @@ import json
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import torch
 from torch.utils.data import DataLoader
@@ -72,6 +72,16 @@ from esync.logs_tools import compare  # noqa: E402
 
 PROG = "bench/oracle.py"
 BATCH, LEARNING_RATE, WEIGHT_DECAY = 32, 3e-3, 0.01  # examples/charlm_esync.py's defaults
+
+
+class Run(NamedTuple):
+    """One training run: its batch, learning-rate multiple, seed, and its variant (the
+    staleness of its extra gradients, the first steps computed but not taken)."""
+    batch: int
+    multiple: float
+    seed: int
+    staleness: int = 0
+    skipped: int = 0
 
 
 def steps_to_targets(batch: int, lr: float, seed: int, targets: Sequence[float],
@@ -257,12 +267,13 @@ def _main(argv: List[str], prog: str) -> int:
                                       for i in ideals for s in staleness]
     if args.skipped:
         batches.insert(1, (BATCH, 1.0, 0, args.skipped))
-    runs = [(b, m, s, stale, skip) for b, _, stale, skip in batches for m in grid
+    runs = [Run(b, m, s, stale, skip) for b, _, stale, skip in batches for m in grid
             for s in range(args.seeds)]
     with ProcessPoolExecutor(args.processes) as pool:
-        futures = {run: pool.submit(steps_to_targets, run[0], LEARNING_RATE * run[1],
-                                    run[2], targets, args.max_steps, args.eval_every,
-                                    run[3], run[4])
+        futures = {run: pool.submit(steps_to_targets, run.batch,
+                                    LEARNING_RATE * run.multiple, run.seed, targets,
+                                    args.max_steps, args.eval_every, run.staleness,
+                                    run.skipped)
                    for run in runs}
         done = {run: future.result() for run, future in futures.items()}
     results = {"lr": LEARNING_RATE, "grid": grid, "seeds": args.seeds, "batches": []}
@@ -271,7 +282,7 @@ def _main(argv: List[str], prog: str) -> int:
                "targets": {}}
         for t in targets:
             key = f"{t:g}"
-            by_lr = {f"{m:g}": [done[(batch, m, s, stale, skip)][key]
+            by_lr = {f"{m:g}": [done[Run(batch, m, s, stale, skip)][key]
                                 for s in range(args.seeds)]
                      for m in grid}
             lr = best(by_lr)
