@@ -44,9 +44,10 @@ those the bench sets (SET_HERE). `--skip-done` reuses the jobs that already have
 summary, so an interrupted run goes on where it stopped.
 
 The measure, per cell (printed, and written to OUT/mixed.md and OUT/mixed.json; see
-esync/logs_tools/speedup.py; the methods run one after the other, and after each but
-the last the table of those done is printed, `mixed: so far`, so that a run cut short
-or hung keeps what it measured): per method and target the median [min-max] time over the
+esync/logs_tools/speedup.py; the jobs run seed by seed, the fast device alone and then
+each method, so that the machine's drifts in speed fall on both; after each method's
+last seed but the last method's the table of those done is printed, `mixed: so far`, so
+that a run cut short or hung keeps what it measured): per method and target the median [min-max] time over the
 seeds ("—": fewer than half of the seeds reached it; a seed that did not counts as
 slower than every seed that did, never as the time limit); the speed-up over the fast
 device alone at its best learning rate (ratio of medians); the ideal `sum(v_i)/v_max`
@@ -301,16 +302,18 @@ def plan(argv: Sequence[str], prog: str = PROG) -> Plan:
 # --- the jobs ------------------------------------------------------------------------------
 
 def experiment_argv(run: Plan, name: str, flags: Sequence[str], modes: Sequence[str],
-                    out: str, multiplier: float = 1.0, skip_done: bool = False) -> List[str]:
+                    out: str, multiplier: float = 1.0, skip_done: bool = False,
+                    seed: Optional[int] = None) -> List[str]:
     """esync-experiment's command line of one set of jobs of a workload (`skip_done`:
-    reuse the done ones, whatever --skip-done says)."""
+    reuse the done ones, whatever --skip-done says; `seed`: that seed's jobs only)."""
     work = run.workloads[name]
     main_lr, script_lr = LEARNING_RATES[name].flags(multiplier) if multiplier != 1 \
         else ([], [])
     time_limit = run.time_limit if run.time_limit is not None else work.time_limit
     eval_interval = run.eval_interval if run.eval_interval is not None else work.eval_interval
     return [*work.flags, "--out", out, "--configs", experiment.PLAIN,
-            "--seeds", str(run.seeds), "--modes", ",".join(modes), *flags,
+            "--seeds", str(run.seeds), *([] if seed is None else ["--only-seed", str(seed)]),
+            "--modes", ",".join(modes), *flags,
             "--time-limit", f"{time_limit:g}", "--eval-interval", f"{eval_interval:g}",
             "--num-threads", "1", *(["--skip-done"] if run.skip_done or skip_done else []),
             *main_lr, *taken_by(run.extra, modes), *work.script, *script_lr]
@@ -359,28 +362,31 @@ def cell_out(run: Plan, name: str, cell: Cell) -> str:
 
 def run_cell(run: Plan, name: str, cell: Cell, alone_done: set,
              so_far: Callable[[List[str]], None] = lambda done: None) -> List[int]:
-    """The fast device alone at every learning rate (once per workload and fast
-    device: alone_done), then the methods on all the cell's devices, one at a time
-    (`so_far` is called with the methods done after each, so that a run cut short
-    still leaves their table), then the experiment's own tables of them all (nothing
-    run again); exit statuses."""
+    """Seed by seed: the fast device alone at every learning rate (once per workload
+    and fast device: alone_done), then the methods on all the cell's devices, one at a
+    time, so that a drift in the machine's speed falls on the baseline and the methods
+    alike (on this 2-core VM one alone job, deterministic, ran 15% faster in one run than
+    in another 20 minutes later); `so_far` is called with the methods done after each
+    method's last seed, so that a run cut short still leaves their table; then the
+    experiment's own tables of them all (nothing run again); exit statuses."""
     codes = []
-    if cell.alone_folder not in alone_done:
-        alone_done.add(cell.alone_folder)
-        for m in run.grid:
-            out = alone_out(run, name, cell, m)
-            codes.append(run_experiment(
-                experiment_argv(run, name, cell.alone_flags, [ALONE], out, m), out))
+    alone = cell.alone_folder not in alone_done
+    alone_done.add(cell.alone_folder)
+    out = cell_out(run, name, cell)
+    for seed in range(run.seeds):
+        for m in run.grid if alone else []:
+            folder = alone_out(run, name, cell, m)
+            codes.append(run_experiment(experiment_argv(
+                run, name, cell.alone_flags, [ALONE], folder, m, seed=seed), folder))
             if codes[-1] == 130:
                 return codes
-    out = cell_out(run, name, cell)
-    for k, method in enumerate(run.methods):
-        codes.append(run_experiment(experiment_argv(run, name, cell.job_flags, [method], out),
-                                    out))
-        if codes[-1] == 130:
-            return codes
-        if k + 1 < len(run.methods):
-            so_far(run.methods[:k + 1])
+        for k, method in enumerate(run.methods):
+            codes.append(run_experiment(experiment_argv(
+                run, name, cell.job_flags, [method], out, seed=seed), out))
+            if codes[-1] == 130:
+                return codes
+            if seed + 1 == run.seeds and k + 1 < len(run.methods):
+                so_far(run.methods[:k + 1])
     if len(run.methods) > 1:
         run_experiment(experiment_argv(run, name, cell.job_flags, run.methods, out,
                                        skip_done=True), out)

@@ -146,15 +146,21 @@ def test_the_table_names_the_baselines_learning_rate_and_shows_not_reached_as_a_
 
 @pytest.mark.slow
 def test_the_gpu_form_on_cpus_measures_the_speed_up_over_the_first_device_alone(tmp_path):
-    """The fast device alone, SSGD and ASGD on two CPUs, lenet on digits, one seed, easy
-    targets; SSGD's table is printed before ASGD runs (a run cut short keeps it); run
-    again with --skip-done, no job runs and the tables come back."""
+    """The fast device alone, SSGD and ASGD on two CPUs, lenet on digits, two seeds,
+    easy targets, run seed by seed (the alone and then each method, so that a drift in
+    the machine's speed falls on all alike); SSGD's table is printed before ASGD's last
+    job runs (a run cut short keeps it); run again with --skip-done, no job runs and the
+    tables come back."""
     argv = [sys.executable, MIXED, "--out", str(tmp_path), "--devices", "cpu,cpu",
-            "--workloads", "quick", "--seeds", "1", "--methods", "sync,async", "--lr-grid", "1",
+            "--workloads", "quick", "--seeds", "2", "--methods", "sync,async", "--lr-grid", "1",
             "--time-limit", "8", "--targets", "0.5,0.8", "--eval-interval", "0.5",
             "--hold", "0.5", "--skip-done"]
-    first = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    first = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert first.returncode == 0, first.stderr[-3000:]
+    ran = [(line.split("--only-seed ")[1].split()[0], line.split("--modes ")[1].split()[0])
+           for line in first.stderr.splitlines()
+           if line.startswith("mixed: esync-experiment") and "--only-seed" in line]
+    assert ran == [(seed, mode) for seed in "01" for mode in ("local", "sync", "async")], ran
     rows = {line.split(" | ")[0]: line for line in first.stdout.splitlines()
             if line.startswith("| ")}
     assert "| Fast device alone" in rows and "| SSGD" in rows, first.stdout
@@ -184,7 +190,8 @@ def test_the_gpu_form_on_cpus_measures_the_speed_up_over_the_first_device_alone(
 
     again = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0, again.stderr[-3000:]
-    # the fast device alone, each method's, and the experiment's tables of both again
-    assert again.stderr.count("done before") == 5, again.stderr
+    # the fast device alone's and each method's jobs, seed by seed, and the
+    # experiment's tables of both again
+    assert again.stderr.count("done before") == 10, again.stderr
     assert "launch:" not in again.stderr
     assert json.loads((tmp_path / "mixed.json").read_text())["workloads"] == doc["workloads"]

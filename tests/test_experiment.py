@@ -133,6 +133,16 @@ def test_jobs_and_their_order_come_from_the_registry():
     links_ddp = next(argv for c, f, s, argv in planned if (c, f, s) == ("links", "ddp", 1))
     assert links_ddp[links_ddp.index("--bandwidth") + 1] == "none,none,100,100"
     assert links_ddp[links_ddp.index("--out") + 1] == os.path.join("runs", "links", "seed1")
+    # one seed of several (a caller alternating experiments seed by seed)
+    args, extra = experiment.build_parser().parse_known_args(
+        ["--seeds", "3", "--only-seed", "1", "--modes", "esync,local", "--configs", "plain"])
+    assert [(c, f, s) for c, f, s, _ in experiment.plan(args, extra)] == [
+        ("plain", "esync", 1), ("plain", "local", 1)]
+    for bad in ("3", "-1"):
+        args, extra = experiment.build_parser().parse_known_args(
+            ["--seeds", "3", "--only-seed", bad])
+        with pytest.raises(ValueError, match=f"--only-seed {bad}: expected 0..2"):
+            experiment.plan(args, extra)
     assert links_ddp[links_ddp.index("--target-accuracy") + 1] == "0.97"
     assert links_ddp[-2:] == ["-b", "32"]
 

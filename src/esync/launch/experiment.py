@@ -95,6 +95,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                         help=f"which configurations (default {','.join(CONFIGS)})")
     parser.add_argument("--seeds", type=_count, default=3,
                         help="runs of each job, with seeds 0..N-1 (default 3)")
+    parser.add_argument("--only-seed", type=int, default=None, metavar="K",
+                        help="run seed K of 0..N-1 alone (the tables count the other "
+                             "seeds' jobs where they are done), so that a caller can "
+                             "alternate experiments seed by seed")
     parser.add_argument("--metric", choices=METRIC_RECORD, default="accuracy",
                         help="what the evaluator measures: accuracy (higher is better) or "
                              "loss (the validation loss of --loss, lower is better; "
@@ -193,8 +197,11 @@ def plan(args, extra: Sequence[str]) -> List[Tuple[str, str, int, List[str]]]:
         raise ValueError(f"--configs {args.configs!r}: choose from {', '.join(CONFIGS)}")
     if not args.hold >= 0 or not args.time_limit > 0 or not args.eval_interval > 0:
         raise ValueError("--hold must be >= 0, --time-limit and --eval-interval > 0")
+    if args.only_seed is not None and not 0 <= args.only_seed < args.seeds:
+        raise ValueError(f"--only-seed {args.only_seed}: expected 0..{args.seeds - 1} "
+                         f"(--seeds {args.seeds})")
     planned = []
-    for seed in range(args.seeds):
+    for seed in range(args.seeds) if args.only_seed is None else [args.only_seed]:
         for cfg in configs:
             for folder in chosen:
                 if cfg == LINKS and not registry.from_folder(folder)[0].distributed:
