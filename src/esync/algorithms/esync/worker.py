@@ -71,7 +71,7 @@ class ESyncWorker(PushPull):
         self.measuring = False  # this round measures speeds: its delta weighs nothing
         self._next: Optional[PendingBudget] = None  # the next round's budget, on its way
         self._steps, self._computing_since = 0, 0.0
-        #: round 1's step kept (`_keeps_first_step`): its steps, counted in round 2's delta
+        #: round 1's step kept (`_answers_later`): its steps, counted in round 2's delta
         self._carried, self._round = 0, 0
         self._refused = False  # the last answer was refused: budgets fall back to 1
 
@@ -150,9 +150,9 @@ class ESyncWorker(PushPull):
         of iterations); in a round that measures speeds, counted and timed but not taken,
         so that the weights and the optimizer's state stay as they were (its delta
         weighs nothing: budget.py), except in a new job's first round
-        (`_keeps_first_step`)."""
+        (`_answers_later`)."""
         self._steps += 1
-        if self.measuring and not self._keeps_first_step(self._round):
+        if self.measuring and not self._answers_later(self._round):
             return None
         return step()
 
@@ -165,7 +165,7 @@ class ESyncWorker(PushPull):
             self._steps if self._steps else None
         self._next = self._request(round_ + 1, self.time_per_iteration)
         if self._answers_later(round_):
-            self._carried = self._steps if self._keeps_first_step(round_) else 0
+            self._carried = self._steps  # kept: round 2's delta carries them
             start, steps = time.perf_counter(), self.round_steps()  # 0: weightless
             self.backend.push_later(round_, self.pushed(steps), stop=self._announced,
                                     steps=self.pushed_steps(steps),
@@ -183,23 +183,18 @@ class ESyncWorker(PushPull):
     def _answers_later(self, round_: int) -> bool:
         """Whether this round's push is answered while the next round computes: a new
         job's first round, which measures speeds on every device (its pushes weigh
-        nothing, its weights stay as they were), on the parameter servers. A device
-        that has measured itself then trains at once, rather than wait for the slowest
-        device's first iteration (a warm-up, at 16x7 2.7 s of the fast device's time)."""
+        nothing), on the parameter servers. A device that has measured itself then
+        trains at once, rather than wait for the slowest device's first iteration (a
+        warm-up, at 16x7 2.7 s of the fast device's time). The round keeps its step
+        (the answers land in the pushed copies, not in the model), and round 2's
+        delta, taken from the job's first weights, carries it: weighted if the device
+        trains in round 2, dropped by the pull if it sits out. A device that trains
+        while the others sit out thus takes its alone's steps one for one: not taking
+        the first moved a seed's time to target by up to 17% either way
+        (docs/explanation/simulation.md)."""
         return round_ == 1 and self.measuring and self.rule.by_steps and \
             self.backend.answers_later and self.partial is None and \
             not (self.rejoin or self.resume)
-
-    def _keeps_first_step(self, round_: int) -> bool:
-        """Whether this round's step is taken although the round measures: a new job's
-        first round, whose pushes weigh nothing and whose answers, the job's first
-        weights, come while round 2 computes (`_answers_later`). The device keeps its
-        step and round 2's delta, taken from those weights, carries it, weighted, if the
-        device trains in round 2; sat out, the pull drops it. A device that trains alone
-        thereafter (the others sitting out) then takes its alone's steps one for one:
-        not taking the first moved a seed's time to target by up to 17% either way
-        (docs/explanation/simulation.md)."""
-        return round_ == 1 and self._answers_later(round_)
 
     def round_steps(self) -> int:
         """The round's local iterations; averaged by steps, 0 for a round sat out (or
