@@ -190,8 +190,6 @@ class SampleLoader:
             count = samples_in(batch)
             self._drawn(count or 0)
             session.batch_fetched(time.perf_counter() - started, count, prep=prep)
-            if session.stop_reason is not None:  # while this device sat rounds out: the
-                return  # batch has no round, and a step on it would leave the job's model
             yield to_device(batch, session.device)
             if session.stop_reason is not None:
                 return

@@ -82,6 +82,9 @@ class Session:
         self.iterations = 0
         self.metric: Optional[float] = None  # the last in-process evaluation's
         self.stop_reason: Optional[str] = None
+        #: the job stopped while this local iteration waited for its round (the device
+        #: sitting rounds out): its step has no round and is not taken
+        self._stopped_unrounded = False
         self.diverged = False
         self.resume_epoch: Optional[float] = None  # data position to go on from
         #: the prepared loader's state in this worker's last record, to go on from
@@ -305,9 +308,14 @@ class Session:
     def step(self, update: Callable[[], Any]) -> Any:
         """The end of a local iteration: the algorithm's local update (it calls `update`,
         the user's optimizer step), the timing, and the round's end once its budget is
-        used up. After the job has stopped, only `update`."""
+        used up. After the job has stopped, only `update`; not even that for the
+        iteration the stop reached while it waited for a round (sitting rounds out):
+        a step on the job's final model would leave this device's off it."""
         self._begin_round()  # nothing once stopped; it may stop while sitting rounds out
         if self.stop_reason is not None:
+            if self._stopped_unrounded:
+                self._stopped_unrounded = False
+                return None
             return update()
         _sync(self.device)
         t2 = time.perf_counter()
@@ -365,6 +373,7 @@ class Session:
         is a round sat out: it ends at once, synchronising nothing of its own, and the
         next begins, until the algorithm gives a budget or the job stops; `sit_out`
         False (leaving) begins it and returns."""
+        running = self.stop_reason is None
         while not self._budget and self.stop_reason is None:
             if self.model is None:
                 raise RuntimeError("call esync.prepare_model(model) before training")
@@ -388,6 +397,8 @@ class Session:
                 if not sit_out:
                     return
                 self._end_round()
+        if running and self.stop_reason is not None:
+            self._stopped_unrounded = True
 
     def _end_round(self, announce: Optional[str] = None) -> None:
         if not self._times:  # a round ended before its first local iteration
