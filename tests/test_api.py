@@ -148,6 +148,10 @@ def test_a_device_training_while_the_others_sit_out_takes_its_alone_s_steps(tmp_
     budgets = [(r["budget"], bool(r.get("measuring")))
                for r in _records(tmp_path, "esync", "w1-x200")]
     assert budgets[0] == (1, True) and all(b == 0 or m for b, m in budgets[1:]), budgets
+    # round 2 was open: the fast device computed on through the slow device's first
+    # iteration (200 of its own) rather than its 5 iterations and a wait
+    second = _records(tmp_path, "esync", "w0")[1]
+    assert second.get("open") is True and len(second["time"]) > 5, second
     alone = tmp_path / "alone"
     alone.mkdir()
     proc = subprocess.run([sys.executable, SCRIPT, str(alone), "--model", "branches",

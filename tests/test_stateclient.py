@@ -89,7 +89,7 @@ def test_the_token_travels_and_refusals_name_its_variable(tmp_path, monkeypatch)
         assert right.init_job(2, 4)["workers"] == 2
         monkeypatch.setenv("ESYNC_STATE_TOKEN", TOKEN)  # the default: the environment's
         from_env = StateClient("127.0.0.1", state.port, "myjob", patience=1)
-        assert from_env.token == TOKEN and from_env.budget(1, 1, None) == (1, False)
+        assert from_env.token == TOKEN and from_env.budget(1, 1, None) == (1, False, False)
         for c in (client, wrong, right, from_env):
             c.close()
     finally:
@@ -158,14 +158,15 @@ def test_a_budget_above_the_workers_cap_is_refused(tmp_path, monkeypatch):
     with StateServer(tmp_path) as state:
         client = StateClient("127.0.0.1", state.port, "capped", patience=1)
         client.init_job(2, 16)
-        assert client.budget(0, 1, None, cap=4) == client.budget(1, 1, None, cap=4) == (1, False)
-        assert client.budget(0, 2, 0.01, cap=4) == (1, False)  # rank 1 has not measured yet
-        assert client.budget(1, 2, 0.08, cap=4) == (1, False)  # the slowest
+        first = (client.budget(0, 1, None, cap=4), client.budget(1, 1, None, cap=4))
+        assert first == ((1, False, False), (1, False, False))
+        assert client.budget(0, 2, 0.01, cap=4) == (1, False, False)  # rank 1 has not measured yet
+        assert client.budget(1, 2, 0.08, cap=4) == (1, False, False)  # the slowest
         with pytest.raises(StateServerRefusal,
                            match=r"field 'budget' 8 for round 3: expected an integer in "
                                  r"0\.\.4 \(this worker's --max-local-steps\)"):
             client.budget(0, 3, 0.01, cap=4)
-        assert client.budget(0, 3, 0.01, cap=8) == (8, False)  # asking again: the same answer
+        assert client.budget(0, 3, 0.01, cap=8) == (8, False, False)  # asking again: the same answer
         client.close()
 
 
@@ -181,18 +182,18 @@ def test_with_a_least_speed_the_rounds_before_every_device_measured_are_measurin
     with StateServer(tmp_path) as state:
         client = StateClient("127.0.0.1", state.port, "measured", patience=1)
         client.init_job(2, 16, least_speed=0.2)
-        assert client.budget(0, 1, None) == (1, True) == client.budget(1, 1, None)
+        assert client.budget(0, 1, None) == (1, True, False) == client.budget(1, 1, None)
         # rank 1 has not reported yet: rank 0, measured, trains as if alone, for as long
         # as one that would train could take for its first iteration (1 / 0.2 of its own)
-        assert client.budget(0, 2, 1.0) == (5, False)
+        assert client.budget(0, 2, 1.0) == (5, False, True)  # open: until rank 1 has measured
         # rank 1 fills what is left of that round; then every device has a time
-        assert client.budget(1, 2, 2.0) == (2, False)
-        assert client.budget(0, 3, 1.0) == (2, False)
-        assert client.budget(0, 3, 1.0) == (2, False)  # asking again: the same answer
+        assert client.budget(1, 2, 2.0) == (2, False, False)
+        assert client.budget(0, 3, 1.0) == (2, False, False)
+        assert client.budget(0, 3, 1.0) == (2, False, False)  # asking again: the same answer
         paper = StateClient("127.0.0.1", state.port, "paper", patience=1)
         paper.init_job(2, 16)
-        assert paper.budget(0, 1, None) == (1, False) == paper.budget(1, 1, None)
-        assert paper.budget(0, 2, 0.01) == (1, False)
+        assert paper.budget(0, 1, None) == (1, False, False) == paper.budget(1, 1, None)
+        assert paper.budget(0, 2, 0.01) == (1, False, False)
         client.close()
         paper.close()
 

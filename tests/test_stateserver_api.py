@@ -218,9 +218,40 @@ def test_with_a_least_speed_a_device_measured_trains_before_the_others_report(cl
     # 5 x 1 s for the first (1 / least speed); the second trains what is left of it
     # (about 2 x 2 s); the third sits out
     assert [(g["budget"], g["measuring"]) for g in got] == [(5, False), (2, False), (0, False)]
+    # the two that train while the third has not measured: open rounds (budget.opens)
+    assert [g["open"] for g in got] == [True, True, False]
+    retry = report(client, 0, 2, 1.0, job="second").json()
+    assert (retry["budget"], retry["open"]) == (5, False)  # a retry: the budget holds
     got = [report(client, rank, 3, t, job="second").json()["budget"] for rank, t in
            enumerate([1.0, 2.0, 16.0])]
     assert got == [2, 1, 0]  # the slowest (1/16) sits out; the round is the 0.02 s one's
+
+
+def test_with_a_least_speed_a_shorter_time_is_taken_as_it_is():
+    """A warm-up or a burst of other processes lengthens iterations; nothing shortens
+    them: with a least speed a time below the average replaces it, a longer one is
+    averaged in. Without (the paper's rule), both are averaged."""
+    from esync.algorithms.esync.budget import smooth_time
+
+    assert smooth_time(1.5, 0.1, 0.3, least_speed=0.2) == 0.1
+    assert smooth_time(0.1, 0.2, 0.3, least_speed=0.2) == pytest.approx(0.13)
+    assert smooth_time(1.5, 0.1, 0.3) == pytest.approx(1.08)
+    assert smooth_time(None, 0.4, 0.3, least_speed=0.2) == 0.4
+
+
+def test_warm_ups_that_measured_slow_devices_as_fast_do_not_keep_them_training(client):
+    """8x15 as it started once: the fast device's first iteration measured 1.5 s (its
+    warm-up under the others' start), a slow device's 1.2 s; their next rounds 0.1 s
+    and 0.85 s. Averaged, the slow device would have trained for rounds (1.08 s against
+    1.10 s); with the shorter times taken as they are, it sits out from round 3."""
+    post(client, "/jobs/warm-ups/", {"workers": 2, "max_local_steps": 64, "least_speed": 0.2})
+    for rank in range(2):
+        report(client, rank, 1, None, job="warm-ups")
+    report(client, 0, 2, 1.5, job="warm-ups")
+    assert report(client, 1, 2, 1.2, job="warm-ups").json()["budget"] >= 1
+    assert report(client, 0, 3, 0.1, job="warm-ups").json()["budget"] == 64
+    slow = report(client, 1, 3, 0.85, job="warm-ups").json()
+    assert (slow["budget"], slow["smoothed_time_per_iteration"]) == (0, 0.85)
 
 
 def test_budget_is_capped_and_at_least_one(client):

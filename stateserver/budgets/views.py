@@ -11,7 +11,9 @@
     POST /jobs/<job>/budget/   {"rank": r, "round": t, "time_per_iteration": s or null,
                                "coordination": c (optional)}: report and get this
                                round's budget, and whether the round measures speeds
-                               ("measuring": the device's delta weighs nothing)
+                               ("measuring": the device's delta weighs nothing) and
+                               whether it is open ("open": it may last until every
+                               device has measured; esync.algorithms.esync.budget.opens)
 
 A bad request gets HTTP 400 (unknown job: 404; wrong method: 405) with
 {"error": "..."} naming the field, and changes nothing. What reaches a view has passed
@@ -317,6 +319,7 @@ def _check_ahead(job: Job, round_: int) -> None:
 def budget(request: HttpRequest, job: str) -> JsonResponse:
     """A worker reports its time per local iteration and gets this round's budget."""
     body = _body(request)
+    opened = False  # a retry's round is not open: the budget given holds
     rank = _integer(body, "rank", 0)
     round_ = _integer(body, "round", 1)
     measured = _seconds(body, "time_per_iteration")
@@ -338,9 +341,9 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
             if measured is not None:  # null: it computed nothing (sat out)
                 device.last_time = measured
                 # measured again after rounds out: its average is of the device before
-                device.smoothed_time = budget_rule.smooth(device.smoothed_time, measured,
-                                                          settings.BUDGET_SMOOTHING,
-                                                          fresh=device.rounds_out > 0)
+                device.smoothed_time = budget_rule.smooth_time(
+                    device.smoothed_time, measured, settings.BUDGET_SMOOTHING,
+                    fresh=device.rounds_out > 0, least_speed=found.least_speed)
             if coordination is not None:
                 device.last_coordination = coordination
                 device.smoothed_coordination = budget_rule.smooth(
@@ -369,6 +372,8 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
                                                         found.max_local_steps)
             device.measuring = budget_rule.measuring(device.smoothed_time,
                                                      found.least_speed)
+            opened = budget_rule.opens(device.smoothed_time, times, device.budget,
+                                       found.least_speed)
             device.rounds_out = device.rounds_out + 1 if device.budget == 0 else 0
             if device.rounds_out and not device.measuring:  # sat out: measure again?
                 fits = device.smoothed_time <= budget_rule.round_computing(
@@ -385,6 +390,7 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
                 found.save(update_fields=["round", "updated_at"])
     return JsonResponse({"job": found.name, "rank": rank, "round": round_,
                          "budget": device.budget, "measuring": device.measuring,
+                         "open": opened,
                          "smoothed_time_per_iteration": device.smoothed_time})
 
 

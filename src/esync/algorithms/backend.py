@@ -51,6 +51,10 @@ class Backend(Protocol):
         the next operation (`settle`), and the flat model keeps its weights. Only where
         `answers_later`, for a round whose pushes weigh nothing."""
 
+    def answered(self) -> bool:
+        """Whether the answer of a push_later has come (or none is outstanding), without
+        waiting or taking it."""
+
     def settle(self, last: bool = False) -> bool:
         """Take the answer of a push_later (if one is outstanding: True): kept aside, as
         the flat model has moved on since, unless it tells the job's stop or the job
@@ -159,6 +163,9 @@ class Servers:
         self.kv.push_pull(round_, *self._held, None, None, stop=stop, steps=steps,
                           samples=samples)
         self._unanswered = True
+
+    def answered(self) -> bool:
+        return not self._unanswered or self.kv.answers_ready()
 
     def settle(self, last: bool = False) -> bool:
         if not self._unanswered:

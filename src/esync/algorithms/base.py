@@ -147,6 +147,11 @@ class Algorithm:
         still counts as a local iteration); returns what `step` returns."""
         return step()
 
+    def round_over(self) -> bool:
+        """After each local iteration: whether the round ends now, before its budget
+        is used up (ESync's open round: esync.algorithms.esync.worker)."""
+        return False
+
     def end_round(self, round_: int, model: nn.Module) -> Phases:
         """Everything after the round's local iterations; returns its timed phases."""
         return {}

@@ -269,6 +269,12 @@ class KVStore:
         self._receive([self._values(s) for s in range(len(self.sockets))], params_out,
                       buffers_out)
 
+    def answers_ready(self) -> bool:
+        """Whether every server's answer to the last push (left on the sockets) has
+        begun to arrive; nothing is received. A server that moved meanwhile answers
+        only once receive_answers sent it the push again: until then, False."""
+        return all(sock.poll(0) for sock in self.sockets)
+
     @property
     def pushed_values(self) -> int:
         """The weights' values the last push carried (compressed: those sent)."""

@@ -79,9 +79,13 @@ def token_from_environ(environ: Mapping[str, str] = os.environ) -> Optional[str]
 class Budget(NamedTuple):
     """A round's budget as the state server answered it: its local iterations (0: the
     device sits the round out), and whether the round measures speeds (`measuring`: the
-    device's delta weighs nothing; esync.algorithms.esync.budget.measuring)."""
+    device's delta weighs nothing; esync.algorithms.esync.budget.measuring), and whether
+    it is `open`: it may last until every device has measured its speed, at most the
+    worker's cap (esync.algorithms.esync.budget.opens), the iterations given where the
+    worker cannot tell when that is."""
     local_iterations: int
     measuring: bool = False
+    open: bool = False
 
 
 #: StateClient's default token: the one in the environment (token_from_environ)
@@ -213,7 +217,8 @@ class StateClient:
         checked: an integer in 0..`cap` (0: the device sits the round out, being much
         slower than the fastest: --least-speed; `cap`: the worker's --max-local-steps; none:
         MAX_BUDGET), for this rank and round (StateServerRefusal naming the field
-        otherwise), and whether the round measures (a boolean; absent: false)."""
+        otherwise), and whether the round measures and whether it is open (booleans;
+        absent: false)."""
         path = f"/jobs/{self.job}/budget/"
         body = {"rank": rank, "round": round_, "time_per_iteration": time_per_iteration}
         if coordination is not None:
@@ -231,12 +236,13 @@ class StateClient:
                 f"state server {self.url} answered POST {path} with field 'budget' "
                 f"{_shown(value)} for round {round_}: expected an integer in 0..{high} "
                 f"({bound})")
-        measuring = answer.get("measuring", False)
-        if not isinstance(measuring, bool):
-            raise StateServerRefusal(
-                f"state server {self.url} answered POST {path} with field 'measuring' "
-                f"{_shown(measuring)} for round {round_}: expected true or false")
-        return Budget(value, measuring)
+        flags = {name: answer.get(name, False) for name in ("measuring", "open")}
+        for name, flag in flags.items():
+            if not isinstance(flag, bool):
+                raise StateServerRefusal(
+                    f"state server {self.url} answered POST {path} with field '{name}' "
+                    f"{_shown(flag)} for round {round_}: expected true or false")
+        return Budget(value, **flags)
 
     def budget_later(self, rank: int, round_: int, time_per_iteration: Optional[float],
                      cap: Optional[int] = None,

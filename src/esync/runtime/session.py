@@ -345,7 +345,7 @@ class Session:
         self.samples += self._samples or 0
         self.iterations += 1
         self._next_iteration()
-        if len(self._times) >= self._budget or (
+        if len(self._times) >= self._budget or self.algorithm.round_over() or (
                 self.algorithm.decides_stop and self.stop.epochs_reached(self.epochs_done())):
             self._end_round()
         return result

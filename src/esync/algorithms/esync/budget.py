@@ -104,6 +104,24 @@ def smooth(previous: Optional[float], measured: float, weight: float,
     return (1.0 - weight) * previous + weight * measured
 
 
+def smooth_time(previous: Optional[float], measured: float, weight: float,
+                fresh: bool = False, least_speed: float = 0.0) -> float:
+    """A device's time per iteration: smooth's average, except that with a least speed
+    a shorter time than the average is taken as it is. A device cannot compute faster
+    than it can; what lengthens its iterations is mostly noise above its speed (its
+    first iteration's warm-up, other processes' bursts on shared cores at the job's
+    start), and averaged, that noise decides for rounds who sits out. At 8x15 (one
+    fast device and 15 eight times slower, least speed 0.2) the fast device's warm-up
+    measured it 1.54 s an iteration and three slow devices 1.2 s; averaged, the slow
+    devices trained, holding the fast device to their rounds, for 48 of the job's first
+    60 s (it waited 1-7 s each round); its steady time is 0.1 s. A longer time is still
+    averaged in (a device that slowed down is followed within a few rounds). Without a
+    least speed (the paper's rule), smooth's average as it is."""
+    if least_speed and previous is not None and measured < previous:
+        return measured
+    return smooth(previous, measured, weight, fresh)
+
+
 def remeasures(rounds_out: int, fits: bool) -> bool:
     """Whether a device that has sat out `rounds_out` rounds in a row (this one
     included) measures its speed again in this round: its one iteration, not taken
@@ -139,6 +157,21 @@ def unmeasured(mine: Optional[float], everyone: Sequence[Optional[float]]) -> bo
     """Whether this device (`mine`) or any other (`everyone`) has not measured its time
     per iteration yet (None)."""
     return mine is None or any(t is None for t in everyone)
+
+
+def opens(mine: Optional[float], everyone: Sequence[Optional[float]], budget_: int,
+          least_speed: float = 0.0) -> bool:
+    """Whether a device's round is open: with a least speed, one that trains (`budget_`)
+    while others have not measured yet. It may then last until they have, at most the
+    cap, rather than its budget: on the parameter servers a new job's worker computes
+    on until the answers to the first round's pushes come (the last device's first
+    iteration is done) and ends its round there (esync.algorithms.esync.worker).
+    Its budget (as long as one that would train could take for its first iteration)
+    is kept where the worker cannot tell when that is. At 16x7 the fast device's 5
+    iterations lasted 0.35 s, the slow devices' first iterations 1.2 s more: it
+    waited 0.9 s idle."""
+    return bool(least_speed) and bool(budget_) and mine is not None and \
+        any(t is None for t in everyone)
 
 
 def measuring(mine: Optional[float], least_speed: float = 0.0) -> bool:

@@ -11,7 +11,8 @@ sent at the end of round t-1, as soon as the time is measured, and runs while th
 is being averaged: the HTTP round trip costs the round nothing. Round 1's is sent at
 its start, with nothing measured: every device gets 1; with a least speed that round
 measures, and its weightless push is answered while the next round computes, on the
-parameter servers: `_answers_later`.) It runs K
+parameter servers: `_answers_later`; a device that measured before others did computes
+that round on until the answers come, every device measured: `round_over`.) It runs K
 local steps of the user's optimizer (the built-in loop's: SGD with `-ll`), pushes its delta (its weights minus those it started the
 round with) and its BatchNorm statistics; the servers' `esync` rule waits for all N
 workers, sets w <- w + gl * mean(delta) (`-gl`) and averages the statistics; the worker
@@ -73,6 +74,9 @@ class ESyncWorker(PushPull):
         self._steps, self._computing_since = 0, 0.0
         #: round 1's step kept (`_answers_later`): its steps, counted in round 2's delta
         self._carried, self._round = 0, 0
+        #: this round is open (round 2 of a device that measured before the others):
+        #: it ends once the first round's answers come (`round_over`)
+        self._open = False
         self._refused = False  # the last answer was refused: budgets fall back to 1
 
     @classmethod
@@ -133,10 +137,13 @@ class ESyncWorker(PushPull):
     def begin_round(self, round_: int) -> Tuple[int, Phases]:
         start = time.perf_counter()
         pending = self._next or self._request(round_, None)
-        (self.budget, self.measuring), self._next = self._budget(pending), None
+        (self.budget, self.measuring, opened), self._next = self._budget(pending), None
         self.request_seconds, self._round = pending.seconds, round_
+        self._open = False
         if round_ == 2 and self._carried:  # the delta is taken from the job's first
             self._round_samples = 0  # weights, the servers' still: round 1 weighed nothing
+            if opened:  # on until the first round's answers come: every device measured
+                self.budget, self._open = self.max_local_steps, True
         else:
             self._carried = 0
             super().begin_round(round_)  # the weights the round's delta is taken from
@@ -156,6 +163,12 @@ class ESyncWorker(PushPull):
             return None
         return step()
 
+    def round_over(self) -> bool:
+        """An open round (budget.opens) ends once the first round's pushes are answered:
+        every device has measured its speed, the last is asking for its budget, and
+        those that sit out push at once, so that the round's wait is theirs to ask."""
+        return self._open and self.backend.answered()
+
     aggregate_phase = "global update"
 
     def end_round(self, round_: int, model: nn.Module) -> Phases:
@@ -164,6 +177,8 @@ class ESyncWorker(PushPull):
         self.time_per_iteration = (time.perf_counter() - self._computing_since) / \
             self._steps if self._steps else None
         self._next = self._request(round_ + 1, self.time_per_iteration)
+        if self._open:  # logged as the iterations it ran
+            self.budget = self._steps
         if self._answers_later(round_):
             self._carried = self._steps  # kept: round 2's delta carries them
             start, steps = time.perf_counter(), self.round_steps()  # 0: weightless
@@ -218,6 +233,7 @@ class ESyncWorker(PushPull):
     def round_record(self) -> Dict[str, Any]:
         return {**super().round_record(), "budget": self.budget,
                 **({"measuring": True} if self.measuring else {}),
+                **({"open": True} if self._open else {}),
                 "state_server_request": round(self.request_seconds, 6)}
 
     def finish(self) -> None:
