@@ -227,6 +227,42 @@ def test_with_a_least_speed_a_device_measured_trains_before_the_others_report(cl
     assert got == [2, 1, 0]  # the slowest (1/16) sits out; the round is the 0.02 s one's
 
 
+def test_an_open_round_s_interim_time_weighs_the_devices_that_measure_after_it(client):
+    """16x7 as it started once: the fast device's first iteration, a warm-up, measured
+    0.2 s, a slow device's 1.0 s (16 times 0.045 s would be 0.72 s of computing; its
+    warm-up costs less than the fast one's, relatively). Weighed against the warm-up
+    the slow device would train round 2 (budget 1), holding the fast device's round for
+    its iteration; weighed against the fast device's time so far in its open round
+    (0.045 s, reported `interim`), it sits out. The interim report changes the time
+    only, answers the round's budget, and is refused for another round or as null."""
+    post(client, "/jobs/interim/", {"workers": 3, "max_local_steps": 64, "least_speed": 0.2})
+    for rank in range(3):
+        report(client, rank, 1, None, job="interim")
+    fast = report(client, 0, 2, 0.2, job="interim").json()
+    assert (fast["budget"], fast["open"]) == (5, True)
+    weighed_by_warm_up = report(client, 1, 2, 1.0, job="interim").json()
+    assert weighed_by_warm_up["budget"] == 1, weighed_by_warm_up
+
+    def interim(rank, round_, seconds):
+        return post(client, "/jobs/interim/budget/", {
+            "rank": rank, "round": round_, "time_per_iteration": seconds, "interim": True})
+
+    answer = interim(0, 2, 0.045)
+    assert answer.status_code == 200, answer.content
+    assert (answer.json()["budget"], answer.json()["open"]) == (5, False)
+    device = state(client, "interim")["devices"][0]
+    assert (device["round"], device["reports"], device["smoothed_time_per_iteration"]) == \
+        (2, 2, 0.045)  # its round and reports as they were
+    weighed_by_speed = report(client, 2, 2, 1.0, job="interim").json()
+    assert weighed_by_speed["budget"] == 0, weighed_by_speed
+    for bad in (interim(0, 3, 0.04), interim(0, 2, None),
+                post(client, "/jobs/interim/budget/", {"rank": 0, "round": 2,
+                                                       "time_per_iteration": 0.04,
+                                                       "interim": "yes"})):
+        assert bad.status_code == 400 and "interim" in bad.json()["error"], bad.content
+    assert state(client, "interim")["devices"][0]["smoothed_time_per_iteration"] == 0.045
+
+
 def test_with_a_least_speed_a_shorter_time_is_taken_as_it_is():
     """A warm-up or a burst of other processes lengthens iterations; nothing shortens
     them: with a least speed a time below the average replaces it, a longer one is

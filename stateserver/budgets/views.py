@@ -9,7 +9,9 @@
                                checkpoint)
     GET  /jobs/<job>/          one job's state
     POST /jobs/<job>/budget/   {"rank": r, "round": t, "time_per_iteration": s or null,
-                               "coordination": c (optional)}: report and get this
+                               "coordination": c (optional), "interim": true
+                               (optional: a time so far of the round asked for last,
+                               which updates the time only)}: report and get this
                                round's budget, and whether the round measures speeds
                                ("measuring": the device's delta weighs nothing) and
                                whether it is open ("open": it may last until every
@@ -324,6 +326,9 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
     round_ = _integer(body, "round", 1)
     measured = _seconds(body, "time_per_iteration")
     coordination = _seconds(body, "coordination") if "coordination" in body else None
+    interim = body.get("interim", False)
+    if not isinstance(interim, bool):
+        raise BadRequest(f"field 'interim' must be true or false, got {_shown(interim)}")
     with transaction.atomic():
         found = _find(job, lock=True)
         if rank >= found.num_workers:
@@ -337,7 +342,17 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
                              f"asked for round {device.round} (a job resumed from an "
                              f"earlier round says so first: 'resume_round' in "
                              f"POST /jobs/{found.name}/)")
-        if round_ > device.round:  # the same round again is a retry: same answer
+        if interim:  # the time so far of the round it asked for last (an open one)
+            if round_ != device.round or measured is None:
+                raise BadRequest(f"an interim report is a time (not null) for round "
+                                 f"{device.round}, the last rank {rank} asked for; got "
+                                 f"round {round_}")
+            device.last_time = measured
+            device.smoothed_time = budget_rule.smooth_time(
+                device.smoothed_time, measured, settings.BUDGET_SMOOTHING,
+                least_speed=found.least_speed)
+            device.save(update_fields=["last_time", "smoothed_time"])
+        elif round_ > device.round:  # the same round again is a retry: same answer
             if measured is not None:  # null: it computed nothing (sat out)
                 device.last_time = measured
                 # measured again after rounds out: its average is of the device before

@@ -211,18 +211,23 @@ class StateClient:
         return self._call("POST", f"/jobs/{self.job}/", body)
 
     def budget(self, rank: int, round_: int, time_per_iteration: Optional[float],
-               cap: Optional[int] = None, coordination: Optional[float] = None) -> Budget:
+               cap: Optional[int] = None, coordination: Optional[float] = None,
+               interim: bool = False) -> Budget:
         """Report the measured time per local iteration (and the seconds the last round's
         synchronisation cost, where measured); this round's Budget: its local iterations,
         checked: an integer in 0..`cap` (0: the device sits the round out, being much
         slower than the fastest: --least-speed; `cap`: the worker's --max-local-steps; none:
         MAX_BUDGET), for this rank and round (StateServerRefusal naming the field
         otherwise), and whether the round measures and whether it is open (booleans;
-        absent: false)."""
+        absent: false). `interim`: the time so far of the round in progress (an open
+        one), which updates the device's time and nothing else; the round's budget is
+        answered again."""
         path = f"/jobs/{self.job}/budget/"
         body = {"rank": rank, "round": round_, "time_per_iteration": time_per_iteration}
         if coordination is not None:
             body["coordination"] = coordination
+        if interim:
+            body["interim"] = True
         answer = self._call("POST", path, body)
         for name, expected in (("rank", rank), ("round", round_)):
             if not _whole(answer.get(name)) or answer.get(name) != expected:
@@ -245,10 +250,12 @@ class StateClient:
         return Budget(value, **flags)
 
     def budget_later(self, rank: int, round_: int, time_per_iteration: Optional[float],
-                     cap: Optional[int] = None,
-                     coordination: Optional[float] = None) -> "PendingBudget":
-        """`budget` in a background thread, so that the request overlaps other work."""
-        return PendingBudget(self, rank, round_, time_per_iteration, cap, coordination)
+                     cap: Optional[int] = None, coordination: Optional[float] = None,
+                     interim: bool = False) -> "PendingBudget":
+        """`budget` in a background thread, so that the request overlaps other work (one
+        at a time: the client has one connection)."""
+        return PendingBudget(self, rank, round_, time_per_iteration, cap, coordination,
+                             interim)
 
     def close(self) -> None:
         if self._conn is not None:

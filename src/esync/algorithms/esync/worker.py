@@ -37,6 +37,7 @@ from torch import nn
 from esync import registry
 from esync.algorithms.base import Job, Phases
 from esync.algorithms.esync import ESync
+from esync.algorithms.esync.budget import INTERIM_AFTER
 from esync.algorithms.pushpull import PushPull
 from esync.comm.compress import Compression, compression
 from esync.comm.link import Link, link_of
@@ -75,8 +76,9 @@ class ESyncWorker(PushPull):
         #: round 1's step kept (`_answers_later`): its steps, counted in round 2's delta
         self._carried, self._round = 0, 0
         #: this round is open (round 2 of a device that measured before the others):
-        #: it ends once the first round's answers come (`round_over`)
-        self._open = False
+        #: it ends once the first round's answers come (`round_over`); its time so far,
+        #: reported after budget.INTERIM_AFTER iterations (`iteration_timed`)
+        self._open, self._interim = False, None
         self._refused = False  # the last answer was refused: budgets fall back to 1
 
     @classmethod
@@ -163,6 +165,15 @@ class ESyncWorker(PushPull):
             return None
         return step()
 
+    def iteration_timed(self, computing: float, samples: int) -> None:
+        """In an open round, the time per iteration so far is reported once, after
+        budget.INTERIM_AFTER iterations: the devices that measure meanwhile are weighed
+        against it rather than against this device's first iteration, a warm-up."""
+        if self._open and self._steps == INTERIM_AFTER and self._interim is None:
+            self._interim = self.state.budget_later(
+                self.rank, self._round, (time.perf_counter() - self._computing_since)
+                / self._steps, self.max_local_steps, interim=True)
+
     def round_over(self) -> bool:
         """An open round (budget.opens) ends once the first round's pushes are answered:
         every device has measured its speed, the last is asking for its budget, and
@@ -176,6 +187,12 @@ class ESyncWorker(PushPull):
         # the state server keeps the last
         self.time_per_iteration = (time.perf_counter() - self._computing_since) / \
             self._steps if self._steps else None
+        if self._interim is not None:  # one request at a time; its answer says nothing new
+            try:
+                self._interim.result()
+            except StateServerRefusal as e:
+                log.warning("[esync] worker %d: %s", self.rank, e)
+            self._interim = None
         self._next = self._request(round_ + 1, self.time_per_iteration)
         if self._open:  # logged as the iterations it ran
             self.budget = self._steps
