@@ -142,11 +142,12 @@ def test_a_device_below_the_least_speed_gets_budget_0_until_the_fast_one_is_gone
 
 def test_a_device_sitting_out_measures_again_and_its_second_time_replaces_its_first(client):
     """least_speed 0.2: a GPU whose first iteration measured its warm-up (1 s, against a
-    CPU worker's 0.1 s) sits out, reporting no time (null) while it does; every 4th
-    round out, its iteration fitting in the CPU worker's round (64 x 0.1 s), it
-    measures again (budget 1, measuring: its delta weighs nothing). That measurement
-    (0.005 s) replaces its average, of the device before it sat out: it trains at the
-    cap at once, and the CPU worker, 20 times slower, sits out."""
+    CPU worker's 0.1 s) sits out, reporting no time (null) while it does; its only time
+    a warm-up, it measures again in its 2nd round out, and, still loaded then (1 s),
+    every 4th round out, its iteration fitting in the CPU worker's round (64 x 0.1 s)
+    (budget 1, measuring: its delta weighs nothing). That measurement (0.005 s)
+    replaces its average, of the device before it sat out: it trains at the cap at
+    once, and the CPU worker, 20 times slower, sits out."""
     post(client, "/jobs/warm/", {"workers": 2, "max_local_steps": 64, "least_speed": 0.2})
     gpu = []
     for round_ in range(1, 13):
@@ -154,10 +155,10 @@ def test_a_device_sitting_out_measures_again_and_its_second_time_replaces_its_fi
         report(client, 1, round_, None if round_ == 1 else 0.1, job="warm")
         said = gpu[-1] if gpu else None  # the GPU reports a time after rounds it computed
         seconds = None if round_ == 1 or said and said["budget"] == 0 else \
-            1.0 if round_ == 2 else 0.005
+            1.0 if round_ <= 4 else 0.005
         gpu.append(report(client, 0, round_, seconds, job="warm").json())
     got = [(g["budget"], g["measuring"]) for g in gpu]
-    assert got[:7] == [(1, True), (0, False), (0, False), (0, False), (1, True),
+    assert got[:7] == [(1, True), (0, False), (1, True), (0, False), (1, True),
                        (64, False), (64, False)], got
     assert gpu[5]["smoothed_time_per_iteration"] == 0.005
     cpu = state(client, "warm")["devices"][1]
@@ -183,11 +184,15 @@ def test_a_device_whose_iteration_outlasts_the_round_measures_again_ever_more_ra
 
 @pytest.mark.parametrize("rounds_out, fits, measures", [
     (3, True, False), (4, True, True), (8, True, True), (12, True, True), (13, True, False),
-    (4, False, True), (8, False, True), (12, False, False), (16, False, True)])
+    (4, False, True), (8, False, True), (12, False, False), (16, False, True),
+    (2, True, False)])
 def test_when_a_device_sitting_out_measures_again(rounds_out, fits, measures):
     from esync.algorithms.esync.budget import remeasures
 
     assert remeasures(rounds_out, fits) is measures
+    # its only time its first iteration's (a warm-up): again in its 2nd round out too
+    assert remeasures(rounds_out, fits, warm_up=True) is (measures or (rounds_out, fits) ==
+                                                          (2, True))
 
 
 def test_a_device_s_first_time_and_its_first_after_sitting_out_are_taken_as_they_are():
@@ -261,6 +266,28 @@ def test_an_open_round_s_interim_time_weighs_the_devices_that_measure_after_it(c
                                                        "interim": "yes"})):
         assert bad.status_code == 400 and "interim" in bad.json()["error"], bad.content
     assert state(client, "interim")["devices"][0]["smoothed_time_per_iteration"] == 0.045
+
+
+def test_a_device_that_sat_out_on_its_warm_up_alone_measures_again_in_its_2nd_round_out(
+        client):
+    """4x7's start: weighed by its first iteration (0.5 s, a warm-up) against the fast
+    device's interim time (0.05 s) a device at 1/4 of its speed looks at 1/10 and sits
+    round 2 out; it measures again in round 3, its iteration fitting in the fast
+    device's round alone (64 x 0.05 s), not after 4 rounds out, and trains from round 4
+    on its time after the warm-up (0.2 s, 1/4)."""
+    post(client, "/jobs/warm4/", {"workers": 2, "max_local_steps": 64, "least_speed": 0.2})
+    for rank in range(2):
+        report(client, rank, 1, None, job="warm4")
+    assert report(client, 0, 2, 0.2, job="warm4").json()["open"] is True
+    post(client, "/jobs/warm4/budget/", {"rank": 0, "round": 2, "time_per_iteration": 0.05,
+                                         "interim": True})
+    assert report(client, 1, 2, 0.5, job="warm4").json()["budget"] == 0
+    assert report(client, 0, 3, 0.05, job="warm4").json()["budget"] == 64
+    again = report(client, 1, 3, None, job="warm4").json()
+    assert (again["budget"], again["measuring"]) == (1, True), again
+    assert report(client, 1, 4, 0.2, job="warm4").json()["budget"] == 1
+    assert report(client, 0, 4, 0.05, job="warm4").json()["budget"] == 4
+    assert state(client, "warm4")["devices"][1]["times_reported"] == 2
 
 
 def test_with_a_least_speed_a_shorter_time_is_taken_as_it_is():

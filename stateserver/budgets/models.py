@@ -51,6 +51,9 @@ class Device(models.Model):
     # rounds in a row it has sat out (budget 0), for when it measures again
     # (esync.algorithms.esync.budget.remeasures)
     rounds_out = models.PositiveIntegerField(default=0)
+    # times it reported (not null; interim ones not counted): 1, its first iteration's,
+    # a warm-up (esync.algorithms.esync.budget.remeasures)
+    times_reported = models.PositiveIntegerField(default=0)
     reports = models.PositiveIntegerField(default=0)
     reported_at = models.DateTimeField(null=True)
 

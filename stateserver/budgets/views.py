@@ -182,6 +182,7 @@ def _device_state(device: Device, job_round: int, now) -> Dict[str, Any]:
         "measuring": device.measuring,
         # rounds in a row sat out (esync.algorithms.esync.budget.remeasures)
         "rounds_out": device.rounds_out,
+        "times_reported": device.times_reported,
         "time_per_iteration": device.last_time,
         "smoothed_time_per_iteration": device.smoothed_time,
         "coordination": device.last_coordination,
@@ -354,6 +355,7 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
             device.save(update_fields=["last_time", "smoothed_time"])
         elif round_ > device.round:  # the same round again is a retry: same answer
             if measured is not None:  # null: it computed nothing (sat out)
+                device.times_reported += 1
                 device.last_time = measured
                 # measured again after rounds out: its average is of the device before
                 device.smoothed_time = budget_rule.smooth_time(
@@ -394,7 +396,8 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
                 fits = device.smoothed_time <= budget_rule.round_computing(
                     times, found.max_local_steps, found.round_time, cost,
                     found.coordination_share, found.least_speed)
-                if budget_rule.remeasures(device.rounds_out, fits):
+                if budget_rule.remeasures(device.rounds_out, fits,
+                                          warm_up=device.times_reported == 1):
                     device.budget, device.measuring = 1, True
             device.round = round_
             device.reports += 1

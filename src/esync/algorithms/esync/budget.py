@@ -126,14 +126,21 @@ def smooth_time(previous: Optional[float], measured: float, weight: float,
     return smooth(previous, measured, weight, fresh)
 
 
-def remeasures(rounds_out: int, fits: bool) -> bool:
+def remeasures(rounds_out: int, fits: bool, warm_up: bool = False) -> bool:
     """Whether a device that has sat out `rounds_out` rounds in a row (this one
     included) measures its speed again in this round: its one iteration, not taken
     (`measuring`), every REMEASURE_AFTER rounds out where its iteration `fits` in the
     round (it holds nobody up), else at REMEASURE_AFTER and then at every doubling (8,
     16, ...), so that a device found slow by its warm-up, or by a load that passed, is
     not left out for the job, and one rightly found far too slow holds a round up ever
-    more rarely."""
+    more rarely. One whose only time is its first iteration's (`warm_up`), weighed
+    against a fast device's time after its warm-up (an open round's interim), measures
+    again in its 2nd round out where it fits (its 1st is round 2, which the open rounds
+    end as it starts). A device at 1/4 of the fast one's speed whose warm-up is 1.25
+    times its later iterations, the fast one's 4 times (as at 16x7), looks at 1/5 of
+    it: at 4x7 it would sit out 4 of the fast device's rounds alone, 6.4 s each."""
+    if warm_up and rounds_out == 2 and fits:
+        return True
     if rounds_out < REMEASURE_AFTER:
         return False
     if fits:
