@@ -33,7 +33,8 @@ the devices that train; where only one device trains, nothing is averaged, and i
 rounds are as long as --max-local-steps allows, so that the others' synchronisation
 costs it little. A device that sits out keeps the speed it last measured, and measures
 again every 4 rounds out where its iteration fits in the round, else after 4, 8, 16, ...
-(`remeasures`): its one iteration, not taken, its delta weightless; if it is fast
+(one whose only time is its first iteration's, a warm-up, also in its 2nd round out
+where it fits: `remeasures`): its one iteration, not taken, its delta weightless; if it is fast
 enough now, it trains from the next round: that measurement replaces its average
 (`smooth`), which was of the device before it sat out. (On one
 H100 and 12 CPU workers, a job without this went at SSGD's pace on the same devices,
@@ -49,9 +50,13 @@ the device keeps its step, and round 2's delta carries it if the device trains t
 (esync.algorithms.esync.worker), so that a device training while the others sit out
 takes its alone's steps one for one; elsewhere (all-reduce, a device coming back) its
 step is not taken. A device that has measured itself gets its budget at once, the devices
-not measured yet counted as sitting out until they report, for at most 1/least speed of
-its iterations (5: as long as a device that would train could take for its first); one
-that reports later and trains fills what is left (`filling`). Before, the fast device
+not measured yet counted as sitting out until they report, and its round is open
+(`opens`): on the parameter servers it computes on until every device has measured, at
+most the cap, reporting its time so far after INTERIM_AFTER iterations so that those
+measuring meanwhile are weighed against its speed, not its warm-up; elsewhere at most
+1/least speed of its iterations (5: as long as a device that would train could take
+for its first). One that reports later and trains fills what is left (`filling`). A
+time shorter than a device's average replaces it (`smooth_time`). Before, the fast device
 waited for the slow devices' first iteration (at 16x7 2.7 s, their warm-up at 23 times
 its cost) and then sat a round out, where alone it takes its first step after 0.2 s. A
 first round of the cap, tried, made a short job one long round that every device filled
