@@ -641,6 +641,24 @@ def test_the_evaluator_may_only_pull(harness):
     assert_valid_round_works(harness)
 
 
+def test_the_evaluator_is_told_when_the_model_s_round_was_done(harness):
+    """Answers carry the training clock (`age`) and the clock when the shard's model was
+    last updated (`round_age`): a pull that comes after a round's end reads that round's
+    model, whose training time is the round's end, not the pull's (the evaluator logs
+    it as the model's time)."""
+    start = encode({"type": "pull", "sender": 0, "shard": 0, "start": True})
+    harness.send(b"worker-a/kv", start)
+    assert_valid_round_works(harness)
+    done = harness.server.round_age
+    assert done > 0.0
+    harness.server.started_at -= 10.0  # ten seconds of training pass, no round ends
+    answers = harness.send(b"evaluator-c/kv", encode({"type": "pull", "sender": EVALUATOR,
+                                                      "shard": 0}))
+    assert answers and all(a.type == "weights" for a in answers)
+    for a in answers:
+        assert a.header["round_age"] == round(done, 6) and a.header["age"] >= done + 10.0
+
+
 def test_a_refused_pull_does_not_end_the_job(harness):
     """A pull that is refused (a bad round) must not take its `stop` either: a rejected
     message changes nothing."""

@@ -74,6 +74,8 @@ class KVStore:
         #: seconds since it was initialised (the job's training clock, near enough)
         self.model_round: Optional[int] = None
         self.model_age: Optional[float] = None
+        #: the training clock when the answered model's round was done (None: not said)
+        self.round_age: Optional[float] = None
         #: per server, its latest answer's `updates` (its rounds so far)
         self.server_updates: List[Optional[int]] = [None] * len(servers)
         #: seconds the last push waited at the servers for the other workers' (the most
@@ -138,8 +140,9 @@ class KVStore:
             self.server_updates[server] = header["updates"]
         if server == 0 and isinstance(header.get("updates"), int):
             self.model_round = header["updates"]
-            age = header.get("age")
+            age, done = header.get("age"), header.get("round_age")
             self.model_age = float(age) if isinstance(age, (int, float)) else None
+            self.round_age = float(done) if isinstance(done, (int, float)) else None
             trained = header.get("trained")
             if type(trained) is int and trained >= 0:
                 self.job_samples = trained

@@ -79,8 +79,11 @@ WAIT_REPORTED = 1e-4
 
 def weights_header(shard: int, round_: int, key: Key, updates: int, age: float,
                    stop: Optional[str], waited: Optional[float] = None, trained: int = 0,
-                   checkpoint: Optional[int] = None) -> Dict:
+                   checkpoint: Optional[int] = None,
+                   round_age: Optional[float] = None) -> Dict:
     """The header of a `weights` answer chunk (its values follow in one frame);
+    `age`: the training clock now; `round_age`: the clock when the shard's model was
+    last updated (its round done), the training time that model has behind it;
     `waited`: the seconds the answered push waited here for the other workers' (the
     round's *wait*, measured on one clock: the server's); `trained`: the samples the
     job's pushes have trained so far (all workers'); `checkpoint`: the round of the
@@ -88,6 +91,7 @@ def weights_header(shard: int, round_: int, key: Key, updates: int, age: float,
     section, offset = key
     header = {"type": "weights", "shard": shard, "round": round_, "section": section,
               "offset": offset, "updates": updates, "age": round(age, 6),
+              "round_age": round(age if round_age is None else round_age, 6),
               "trained": trained}
     if stop is not None:
         header["stop"] = stop
@@ -152,6 +156,8 @@ class ShardServer:
         self.waiting: Dict[Key, List[Tuple[bytes, int, int, float]]] = {}
         self.started_at: Optional[float] = None  # when worker 0 said training started
         self.age_offset = 0.0  # a restored shard's training clock at its checkpoint
+        #: the training clock when the model was last updated (`updates`), and that count
+        self.round_age, self._aged_updates = 0.0, 0
         self.checkpointing = Checkpointing(checkpoints, every)
         #: samples the job's pushes trained so far (each push says its own: `samples`)
         self.trained = 0
@@ -315,6 +321,8 @@ class ShardServer:
     def _after_change(self) -> None:
         """Answer the pulls of workers coming back whose round may start, and the
         evaluator's that waited for the round's end; checkpoint."""
+        if self.updates != self._aged_updates:  # a round done: the model's age
+            self.round_age, self._aged_updates = self._clock(), self.updates
         if self.evaluator_pulls and self.rule.at_boundary:
             for identity, round_ in self.evaluator_pulls:
                 self._answer_all(identity, EVALUATOR, round_)
@@ -380,6 +388,10 @@ class ShardServer:
         self._after_change()
 
     # --- checkpoints --------------------------------------------------------------------
+    def _clock(self) -> float:
+        """The training clock: seconds since worker 0 said training started (0 until)."""
+        return 0.0 if self.started_at is None else time.monotonic() - self.started_at
+
     def _maybe_checkpoint(self) -> None:
         if self.checkpointing.due(self.updates, self.rule.at_boundary):
             self.save_checkpoint()
@@ -387,9 +399,9 @@ class ShardServer:
     def save_checkpoint(self) -> None:
         tensors, meta = self.rule.state()
         tensors = dict(tensors, weights=self.sections[0], buffers=self.sections[1])
-        age = 0.0 if self.started_at is None else time.monotonic() - self.started_at
         self.checkpointing.store.save(self.updates, tensors, dict(
-            meta, rule=self.rule.config.to_header(), updates=self.updates, age=round(age, 6),
+            meta, rule=self.rule.config.to_header(), updates=self.updates,
+            age=round(self._clock(), 6),
             shard=self.rank, trained=self.trained))
         self.checkpointing.saved(self.updates)
         log.debug("[server %d] checkpoint of round %d", self.rank, self.updates)
@@ -412,6 +424,7 @@ class ShardServer:
         trained = meta.get("trained", 0)
         self.trained = trained if isinstance(trained, int) and trained >= 0 else 0
         self.age_offset = float(meta.get("age", 0.0))
+        self.round_age, self._aged_updates = self.age_offset, self.updates
         if not resumed:  # the others train on: the clock runs
             self.started_at = time.monotonic() - self.age_offset
         log.info("[server %d] restored shard %d from round %d of %s (%d weights, rule %s)",
@@ -437,9 +450,9 @@ class ShardServer:
     def _answer(self, identity: bytes, worker, round_: int, key: Key, length: int,
                 waited: Optional[float] = None) -> None:
         section, offset = key
-        age = 0.0 if self.started_at is None else time.monotonic() - self.started_at
-        header = weights_header(self.rank, round_, key, self.updates, age, self.stop_reason,
-                                waited, self.trained, self.checkpointing.latest)
+        header = weights_header(self.rank, round_, key, self.updates, self._clock(),
+                                self.stop_reason, waited, self.trained,
+                                self.checkpointing.latest, self.round_age)
         values = self.sections[section][offset:offset + length]
         if worker == EVALUATOR:  # it reads mid-round: never a view the rule may change
             self._send(identity, header, [values.copy()])

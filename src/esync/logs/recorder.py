@@ -48,8 +48,10 @@ host name, `<device>` is `--device-name` or else `cpu` / `gpu<N>`.
 
 **The evaluator's log** is the device folder `evaluator`, one file per evaluation (`n`
 counts evaluations): `time` has the phases `pull` and `evaluate`, `num_samples` is 0,
-`loss` null, `total_time` is the training time the evaluated model had behind it (from
-the servers' or DDP rank 0's clock), `round` the model's round (updates of the servers'
+`loss` null, `total_time` is the training time the evaluated model had behind it (on the
+servers' clock when its round was done, or DDP rank 0's when it took the snapshot),
+`pulled` the clock when the evaluator pulled it (a parameter server's model is its last
+round's: up to a round older), `round` the model's round (updates of the servers'
 first chunk: rounds in SSGD and ESync, pushes in ASGD; DDP: steps), and `accuracy` (with
 `--metric loss`, `val_loss`) is always present.
 

@@ -92,6 +92,7 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
     name, label = METRIC_RECORD[opts.metric], METRIC_LINE[opts.metric]
     decided: Optional[str] = None  # the stop this evaluator asked for
     n, next_at = 0, time.monotonic()  # n: evaluations logged
+    evaluated = None  # the (round, time) of the model evaluated last
     live = LiveReporter.from_environ("evaluator", device=registry.EVALUATOR,
                                      mode=opts.algorithm.key)
     with Recorder(opts.log_dir, socket.gethostname(), registry.EVALUATOR,
@@ -110,17 +111,23 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
                 kv.pull(flat.host("params"), flat.host("buffers"), stop=decided)
                 flat.load_host_state()
                 t1 = time.monotonic()
-                at = kv.model_age or 0.0  # seconds of training behind this model
-                if at == 0.0 and n > 0:  # training has not started: the model is as before
+                # seconds of training behind this model: its round's end (a parameter
+                # server's model is the last round's; the clock at the pull is `pulled`)
+                pulled = kv.model_age or 0.0
+                at = pulled if kv.round_age is None else kv.round_age
+                if n > 0 and (at == 0.0 or (kv.model_round, at) == evaluated):
+                    # training has not started, or no round ended since: the same model
                     next_at = max(next_at + opts.eval_interval, time.monotonic())
                     continue
+                evaluated = (kv.model_round, at)
                 metric = task.evaluate(model, device)
                 t2 = time.monotonic()
                 n += 1
                 recorder.write_round(n, {0: {"pull": t1 - t0, "evaluate": t2 - t1}}, 0,
                                      math.nan, kv.bytes_sent - sent0,
                                      kv.bytes_received - received0, at=at,
-                                     round=kv.model_round, **{name: metric})
+                                     round=kv.model_round, pulled=round(pulled, 6),
+                                     **{name: metric})
                 log.info("[evaluator] %.2fs round %s %s %.4f", at, kv.model_round, label,
                          metric)
                 reason = stop.target_held(metric, at) if decided is None else None
