@@ -290,33 +290,6 @@ def test_a_device_that_sat_out_on_its_warm_up_alone_measures_again_in_its_2nd_ro
     assert state(client, "warm4")["devices"][1]["times_reported"] == 2
 
 
-def test_with_a_least_speed_a_shorter_time_is_taken_as_it_is():
-    """A warm-up or a burst of other processes lengthens iterations; nothing shortens
-    them: with a least speed a time below the average replaces it, a longer one is
-    averaged in. Without (the paper's rule), both are averaged."""
-    from esync.algorithms.esync.budget import smooth_time
-
-    assert smooth_time(1.5, 0.1, 0.3, least_speed=0.2) == 0.1
-    assert smooth_time(0.1, 0.2, 0.3, least_speed=0.2) == pytest.approx(0.13)
-    assert smooth_time(1.5, 0.1, 0.3) == pytest.approx(1.08)
-    assert smooth_time(None, 0.4, 0.3, least_speed=0.2) == 0.4
-
-
-def test_warm_ups_that_measured_slow_devices_as_fast_do_not_keep_them_training(client):
-    """8x15 as it started once: the fast device's first iteration measured 1.5 s (its
-    warm-up under the others' start), a slow device's 1.2 s; their next rounds 0.1 s
-    and 0.85 s. Averaged, the slow device would have trained for rounds (1.08 s against
-    1.10 s); with the shorter times taken as they are, it sits out from round 3."""
-    post(client, "/jobs/warm-ups/", {"workers": 2, "max_local_steps": 64, "least_speed": 0.2})
-    for rank in range(2):
-        report(client, rank, 1, None, job="warm-ups")
-    report(client, 0, 2, 1.5, job="warm-ups")
-    assert report(client, 1, 2, 1.2, job="warm-ups").json()["budget"] >= 1
-    assert report(client, 0, 3, 0.1, job="warm-ups").json()["budget"] == 64
-    slow = report(client, 1, 3, 0.85, job="warm-ups").json()
-    assert (slow["budget"], slow["smoothed_time_per_iteration"]) == (0, 0.85)
-
-
 def test_budget_is_capped_and_at_least_one(client):
     post(client, "/jobs/capped/", {"workers": 2, "max_local_steps": 3})
     report(client, 0, 1, 0.001, job="capped")

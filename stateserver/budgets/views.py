@@ -348,19 +348,17 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
                 raise BadRequest(f"an interim report is a time (not null) for round "
                                  f"{device.round}, the last rank {rank} asked for; got "
                                  f"round {round_}")
-            device.last_time = measured
-            device.smoothed_time = budget_rule.smooth_time(
-                device.smoothed_time, measured, settings.BUDGET_SMOOTHING,
-                least_speed=found.least_speed)
+            device.last_time = measured  # replaces its first, a warm-up (budget.opens)
+            device.smoothed_time = measured
             device.save(update_fields=["last_time", "smoothed_time"])
         elif round_ > device.round:  # the same round again is a retry: same answer
             if measured is not None:  # null: it computed nothing (sat out)
                 device.times_reported += 1
                 device.last_time = measured
                 # measured again after rounds out: its average is of the device before
-                device.smoothed_time = budget_rule.smooth_time(
-                    device.smoothed_time, measured, settings.BUDGET_SMOOTHING,
-                    fresh=device.rounds_out > 0, least_speed=found.least_speed)
+                device.smoothed_time = budget_rule.smooth(device.smoothed_time, measured,
+                                                          settings.BUDGET_SMOOTHING,
+                                                          fresh=device.rounds_out > 0)
             if coordination is not None:
                 device.last_coordination = coordination
                 device.smoothed_coordination = budget_rule.smooth(

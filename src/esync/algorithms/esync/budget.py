@@ -55,8 +55,8 @@ not measured yet counted as sitting out until they report, and its round is open
 most the cap, reporting its time so far after INTERIM_AFTER iterations so that those
 measuring meanwhile are weighed against its speed, not its warm-up; elsewhere at most
 1/least speed of its iterations (5: as long as a device that would train could take
-for its first). One that reports later and trains fills what is left (`filling`). A
-time shorter than a device's average replaces it (`smooth_time`). Before, the fast device
+for its first). One that reports later and trains fills what is left (`filling`).
+Before, the fast device
 waited for the slow devices' first iteration (at 16x7 2.7 s, their warm-up at 23 times
 its cost) and then sat a round out, where alone it takes its first step after 0.2 s. A
 first round of the cap, tried, made a short job one long round that every device filled
@@ -111,24 +111,6 @@ def smooth(previous: Optional[float], measured: float, weight: float,
     if previous is None or fresh:
         return measured
     return (1.0 - weight) * previous + weight * measured
-
-
-def smooth_time(previous: Optional[float], measured: float, weight: float,
-                fresh: bool = False, least_speed: float = 0.0) -> float:
-    """A device's time per iteration: smooth's average, except that with a least speed
-    a shorter time than the average is taken as it is. A device cannot compute faster
-    than it can; what lengthens its iterations is mostly noise above its speed (its
-    first iteration's warm-up, other processes' bursts on shared cores at the job's
-    start), and averaged, that noise decides for rounds who sits out. At 8x15 (one
-    fast device and 15 eight times slower, least speed 0.2) the fast device's warm-up
-    measured it 1.54 s an iteration and three slow devices 1.2 s; averaged, the slow
-    devices trained, holding the fast device to their rounds, for 48 of the job's first
-    60 s (it waited 1-7 s each round); its steady time is 0.1 s. A longer time is still
-    averaged in (a device that slowed down is followed within a few rounds). Without a
-    least speed (the paper's rule), smooth's average as it is."""
-    if least_speed and previous is not None and measured < previous:
-        return measured
-    return smooth(previous, measured, weight, fresh)
 
 
 def remeasures(rounds_out: int, fits: bool, warm_up: bool = False) -> bool:
@@ -186,8 +168,8 @@ def opens(mine: Optional[float], everyone: Sequence[Optional[float]], budget_: i
     is kept where the worker cannot tell when that is. At 16x7 the fast device's 5
     iterations lasted 0.35 s, the slow devices' first iterations 1.2 s more: it
     waited 0.9 s idle. After INTERIM_AFTER iterations it reports its time so far
-    (`interim`), so that the devices that measure meanwhile are weighed against its
-    speed rather than its warm-up: weighed against its first iteration (0.2 s, 4 times
+    (`interim`), which replaces its first, so that the devices that measure meanwhile
+    are weighed against its speed rather than its warm-up: weighed against its first iteration (0.2 s, 4 times
     its next ones) two of seven devices 16 times slower looked fast enough, trained a
     step in round 2 and held it 0.9 s."""
     return bool(least_speed) and bool(budget_) and mine is not None and \

@@ -169,6 +169,7 @@ class ESyncWorker(PushPull):
         """In an open round, the time per iteration so far is reported once, after
         budget.INTERIM_AFTER iterations: the devices that measure meanwhile are weighed
         against it rather than against this device's first iteration, a warm-up."""
+        super().iteration_timed(computing, samples)  # the round's samples
         if self._open and self._steps == INTERIM_AFTER and self._interim is None:
             self._interim = self.state.budget_later(
                 self.rank, self._round, (time.perf_counter() - self._computing_since)
