@@ -82,8 +82,9 @@ def weights_header(shard: int, round_: int, key: Key, updates: int, age: float,
                    checkpoint: Optional[int] = None,
                    round_age: Optional[float] = None) -> Dict:
     """The header of a `weights` answer chunk (its values follow in one frame);
-    `age`: the training clock now; `round_age`: the clock when the shard's model was
-    last updated (its round done), the training time that model has behind it;
+    `age`: the training clock now; `round_age` (the evaluator's answers only): the clock
+    when the shard's model was last updated (its round done), the training time that
+    model has behind it;
     `waited`: the seconds the answered push waited here for the other workers' (the
     round's *wait*, measured on one clock: the server's); `trained`: the samples the
     job's pushes have trained so far (all workers'); `checkpoint`: the round of the
@@ -91,8 +92,9 @@ def weights_header(shard: int, round_: int, key: Key, updates: int, age: float,
     section, offset = key
     header = {"type": "weights", "shard": shard, "round": round_, "section": section,
               "offset": offset, "updates": updates, "age": round(age, 6),
-              "round_age": round(age if round_age is None else round_age, 6),
               "trained": trained}
+    if round_age is not None:
+        header["round_age"] = round(round_age, 6)
     if stop is not None:
         header["stop"] = stop
     if waited is not None and waited >= WAIT_REPORTED:
@@ -452,7 +454,8 @@ class ShardServer:
         section, offset = key
         header = weights_header(self.rank, round_, key, self.updates, self._clock(),
                                 self.stop_reason, waited, self.trained,
-                                self.checkpointing.latest, self.round_age)
+                                self.checkpointing.latest,
+                                self.round_age if worker == EVALUATOR else None)
         values = self.sections[section][offset:offset + length]
         if worker == EVALUATOR:  # it reads mid-round: never a view the rule may change
             self._send(identity, header, [values.copy()])
