@@ -62,6 +62,34 @@ def test_round_records_reach_the_page_and_the_last_report_says_done(server):
     assert live(server, "c1")["workers"][0]["state"] == "done"
 
 
+def test_a_quiet_process_reports_at_the_keepalive_and_news_at_once(server):
+    """A report goes when a round record came (at most every interval), and every
+    `keepalive` seconds when nothing did: a worker sitting rounds out reports about once
+    a round, not every second (the state server's CPU at 16 workers)."""
+    reporter = LiveReporter(page_url("127.0.0.1", server.port, "c5"),
+                            {"role": "worker", "rank": 0, "mode": "esync"}, token=TOKEN,
+                            interval=0.05, keepalive=0.6)
+
+    def reports(at_least):
+        shown = wait_until(lambda: [w for w in (live(server, "c5") or {}).get("workers", [])
+                                    if w["reports"] >= at_least], timeout=30,
+                           what=f"{at_least} reports")
+        return shown[0]
+
+    try:
+        reporter.add(record(1))
+        first = reports(1)["reports"]
+        start = time.monotonic()
+        reports(first + 2)  # two keepalives: not one every 0.05 s
+        assert time.monotonic() - start >= 2 * 0.6 - 0.1
+        reporter.add(record(2))
+        assert wait_until(lambda: (live(server, "c5") or {"workers": [{}]})["workers"][0]
+                          .get("figures", {}).get("round") == 2, timeout=30,
+                          what="round 2 on the page")
+    finally:
+        reporter.close()
+
+
 def test_the_evaluators_metric(server):
     reporter = LiveReporter(page_url("127.0.0.1", server.port, "c2"),
                             {"role": "evaluator", "mode": "sync"}, token=TOKEN, interval=0.2)

@@ -17,9 +17,10 @@ refreshes itself and as JSON.
                                the charts draw (`?points=0`: without them)
 
 Every process of a job started by a launcher reports, in every mode: each worker, the
-evaluator and the launcher (esync.logs.live sends them, every second or so, to the URL in
-ESYNC_LIVE_URL). A job of the budget API that nobody reports for (ESync workers started
-by hand without ESYNC_LIVE_URL) shows its devices' budgets from the budget API.
+evaluator and the launcher (esync.logs.live sends them, once something changed and at
+least every 4 s, to the URL in ESYNC_LIVE_URL). A job of the budget API that nobody
+reports for (ESync workers started by hand without ESYNC_LIVE_URL) shows its devices'
+budgets from the budget API.
 
 A process is "running" while it reports; "silent" once it has not for STALE_S seconds;
 "done" after its last report (alive: false). A launcher's report of its processes says
@@ -45,8 +46,8 @@ from budgets.templatetags.livepage import OTHER, PHASE_COLOURS
 from budgets.views import BadRequest, _body, _job_name, _query_integer, api
 from esync.algorithms.esync import budget as budget_rule
 
-#: seconds after which a process that stopped reporting is "silent" (it reports every
-#: second or so; the launcher every few)
+#: seconds after which a process that stopped reporting is "silent" (it reports once
+#: something changed, at most every second, and at least every 4 s: esync.logs.live)
 STALE_S = 10.0
 #: seconds between two reloads of a page's live part
 REFRESH_S = 2

@@ -1,12 +1,15 @@
 """Reports to the live job page (the state server's /jobs/<job>/, stateserver/budgets/live.py).
 
 With ESYNC_LIVE_URL set (`http://HOST:PORT/jobs/<job>/`; the launchers set it for every
-process they start), a process of a job reports a few figures to it every INTERVAL_S
-seconds, from a daemon thread: a worker and the evaluator what their round records say
-(esync.logs.recorder hands each record to `add`: round, budget, samples and their rate, the
-round's time breakdown, bytes, loss, the metric), the launcher the job's state and its
-processes' (`update`). The last report, as the process ends (`close`), says it is no
-longer alive.
+process they start), a process of a job reports a few figures to it from a daemon
+thread: a worker and the evaluator what their round records say (esync.logs.recorder
+hands each record to `add`: round, budget, samples and their rate, the round's time
+breakdown, bytes, loss, the metric), the launcher the job's state and its processes'
+(`update`). A report goes once something changed, at most every INTERVAL_S seconds, and
+every KEEPALIVE_S seconds when nothing did (the page then still reads the process as
+running): a worker reports about once a round, not every second (at 16 workers, the
+state server answered 17 reports a second, a tenth of a core, for rounds of 6 s). The
+last report, as the process ends (`close`), says it is no longer alive.
 
 The page is an observer: a report that cannot be sent (the state server gone or
 refusing) is logged once and tried again at the next interval; training never waits
@@ -31,8 +34,11 @@ URL_ENV = "ESYNC_LIVE_URL"
 #: the job's id, given by a launcher to every process (the scheduler takes it as the
 #: job's, instead of drawing one), so that the live page and the budgets share a name
 JOB_ID_ENV = "ESYNC_JOB_ID"
-#: seconds between two reports of a process
+#: the least seconds between two reports of a process
 INTERVAL_S = 1.0
+#: the most seconds between two reports of a process that has nothing new: well under
+#: the page's STALE_S (10 s, stateserver/budgets/live.py), after which it reads "silent"
+KEEPALIVE_S = 4.0
 #: seconds a report may take (the page is not worth more of a worker's time)
 TIMEOUT_S = 3.0
 #: the metrics a round record may carry (esync.data.METRIC_RECORD's values)
@@ -70,14 +76,17 @@ class LiveReporter:
     """One process's reports: `identity` (role, rank, device, mode) goes with each."""
 
     def __init__(self, url: str, identity: Mapping[str, Any],
-                 token: Optional[str] = None, interval: float = INTERVAL_S):
+                 token: Optional[str] = None, interval: float = INTERVAL_S,
+                 keepalive: float = KEEPALIVE_S):
         self.url = url
         self.host, self.port, self.job = parse_url(url)
         self.path = f"/jobs/{self.job}/report/"
-        self.token, self.interval = token, interval
+        self.token, self.interval, self.keepalive = token, interval, keepalive
         self.figures: Dict[str, Any] = {k: v for k, v in identity.items() if v is not None}
         self._lock = threading.Lock()
         self._samples_sent_at = (0, time.monotonic())  # samples, when: the rate's start
+        self._changed = True  # figures not yet sent (the first report: it is alive)
+        self._sent_at = float("-inf")  # when the last report was sent (monotonic)
         self._complained: Any = None  # the kind of failure last said (None: none)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="esync-live", daemon=True)
@@ -95,6 +104,7 @@ class LiveReporter:
     def add(self, record: Mapping[str, Any]) -> None:
         """A round record (esync.logs.recorder's): its figures go into the next report."""
         with self._lock:
+            self._changed = True
             f = self.figures
             f["round"] = record.get("round", record.get("num_iters"))
             f["samples"] = f.get("samples", 0) + int(record.get("num_samples") or 0)
@@ -113,7 +123,9 @@ class LiveReporter:
     def update(self, **figures: Any) -> None:
         """Figures of the next report as they are given (the launcher's)."""
         with self._lock:
-            self.figures.update(figures)
+            if any(self.figures.get(k) != v for k, v in figures.items()):
+                self._changed = True
+                self.figures.update(figures)
 
     def close(self, state: Optional[str] = None) -> None:
         """The last report, now (it says the process is no longer alive; a launcher's
@@ -132,10 +144,12 @@ class LiveReporter:
     # --- sending ----------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._closed.wait(self.interval):
-            self._send()
+            if self._changed or time.monotonic() - self._sent_at >= self.keepalive:
+                self._send()
 
     def _report(self) -> Dict[str, Any]:
         with self._lock:
+            self._changed = False  # a failed send sets it again: tried next interval
             report = dict(self.figures)
             if "samples" in report:
                 samples, since = self._samples_sent_at
@@ -161,6 +175,7 @@ class LiveReporter:
         except (OSError, http.client.HTTPException) as e:
             self._complain("unreachable", f"cannot reach it ({e or type(e).__name__})")
             return
+        self._sent_at = time.monotonic()
         if status in (401, 403):
             self._complain(status, f"HTTP {status}: its token is not this process's "
                                    f"ESYNC_STATE_TOKEN")
@@ -171,7 +186,9 @@ class LiveReporter:
             self._complained = None  # sent again: a later failure is said again
 
     def _complain(self, kind, problem: str) -> None:
-        """A warning for the first failure of a kind in a row; training goes on."""
+        """A warning for the first failure of a kind in a row; training goes on, and the
+        report is tried again at the next interval."""
+        self._changed = True
         if kind != self._complained:
             self._complained = kind
             log.warning("live page %s: %s; training goes on, reports are tried again "
