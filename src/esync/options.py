@@ -258,8 +258,8 @@ class _MainFlags:
     slowdown: float = _opt(["--slowdown"], config.SLOWDOWN,
                            "act as a device F times slower: wait until each local "
                            "iteration's computing has lasted F times the recent "
-                           "iterations' median (their CPU time on a CPU with one torch "
-                           "thread, else wall time)",
+                           "iterations' lower quartile (their CPU time on a CPU with "
+                           "one torch thread, else wall time)",
                            type=_slowdown)
     bandwidth: Optional[float] = _opt(["--bandwidth"], config.BANDWIDTH,
                                       "Mbit/s of this worker's emulated link, each way: its "

@@ -2,17 +2,22 @@
 (Clock), and the wait that makes it act as a slower device (Slowdown)."""
 from __future__ import annotations
 
-import statistics
 import time
 from collections import deque
-from typing import Deque, Optional
+from typing import Deque, Iterable, Optional
+
+
+def lower_quartile(values: Iterable[float]) -> float:
+    """The value a quarter of the way up the sorted values (the least of up to 4)."""
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 4]
 
 
 class Slowdown:
     """Makes this process act as a device `factor` times slower: a local iteration whose
-    computing took `seconds` is made to last factor * m in all, m the median of its last
-    WINDOW iterations' computing (this one included): it waits factor * m - seconds (none
-    where the iteration alone took longer).
+    computing took `seconds` is made to last factor * m in all, m the lower quartile of
+    its last WINDOW iterations' computing (this one included): it waits factor * m -
+    seconds (none where the iteration alone took longer).
 
     m is measured in the process's CPU seconds where it computes on a CPU with one torch
     thread (`cpu_seconds`, the thread's time.thread_time()), else in wall seconds. On a
@@ -21,10 +26,14 @@ class Slowdown:
     turn for a core: 4x the iteration's CPU time), and a device that waited (F - 1)
     times that would be slower than F by the load, most of all a slow device, whose
     every iteration is a round's first. Its CPU time is what the iteration cost, as a
-    device of its own would run it. The median keeps the device's speed steady and
-    ignores the slow first iteration. The window holds iterations of one batch size: a
-    new size (speed-balanced DDP) starts it afresh, as a real device's time follows its
-    batch at once."""
+    device of its own would run it, less what the others' computing adds to some
+    iterations' CPU time on shared caches and a shared host: the lower quartile leaves
+    that out (the LM's fast device at 8x15: a median of 33.7-37.9 ms of CPU per
+    iteration beside 16 processes, 31.5 ms alone, the lowest tenth at 30.5-31.5 ms in
+    both), where the median, used until 2026-11-28, charged it to the device, made 2.875
+    times as long. The quartile also ignores the slow first iteration. The window holds
+    iterations of one batch size: a new size (speed-balanced DDP) starts it afresh, as a
+    real device's time follows its batch at once."""
 
     WINDOW = 15
 
@@ -44,7 +53,7 @@ class Slowdown:
             self.recent.clear()
             self.samples = samples
         self.recent.append(seconds if cpu_seconds is None else cpu_seconds)
-        waited = max(0.0, self.factor * statistics.median(self.recent) - seconds)
+        waited = max(0.0, self.factor * lower_quartile(self.recent) - seconds)
         time.sleep(waited)
         return waited
 
