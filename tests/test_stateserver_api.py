@@ -165,6 +165,29 @@ def test_a_device_sitting_out_measures_again_and_its_second_time_replaces_its_fi
     assert cpu["budget"] == 0 and cpu["rounds_out"] >= 5
 
 
+@pytest.mark.parametrize("slow, measured", [(0.08, [3, 5, 9, 17]),
+                                            (0.06, [3, 5, 9, 13, 17])])
+def test_a_device_far_too_slow_measures_again_ever_more_rarely_though_it_fits(client, slow,
+                                                                              measured):
+    """Beside a device of 0.01 s an iteration (rounds of 64), one at 1/8 of its speed
+    (0.08 s) is far below the least speed (0.2): though its iteration fits in the round
+    it measures again in its 2nd round out (its first time a warm-up), then its 4th, 8th
+    and 16th, not every 4th; one at 1/6 (0.06 s), close to it, every 4th."""
+    job = f"far{int(slow * 100)}"
+    post(client, f"/jobs/{job}/", {"workers": 2, "max_local_steps": 64, "least_speed": 0.2})
+    for rank in range(2):
+        report(client, rank, 1, None, job=job)
+    report(client, 0, 2, 0.01, job=job)
+    out = []
+    for round_ in range(2, 20):
+        computed = round_ == 2 or out[-1]["budget"] == 1
+        out.append(report(client, 1, round_, slow if computed else None, job=job).json())
+        report(client, 0, round_ + 1, 0.01, job=job)
+    measured_in = [k for k, o in enumerate(out, start=2) if o["budget"] == 1]
+    assert measured_in == measured, [(o["budget"], o["measuring"]) for o in out]
+    assert all(o["measuring"] for o in out if o["budget"] == 1)
+
+
 def test_a_device_whose_iteration_outlasts_the_round_measures_again_ever_more_rarely(client):
     """A device 1,000 times slower than the one that trains (its iteration 10 s, the
     round 16 x 0.01 s) would hold every round it measures in up: it measures again
@@ -193,6 +216,18 @@ def test_when_a_device_sitting_out_measures_again(rounds_out, fits, measures):
     # its only time its first iteration's (a warm-up): again in its 2nd round out too
     assert remeasures(rounds_out, fits, warm_up=True) is (measures or (rounds_out, fits) ==
                                                           (2, True))
+    # far below the least speed: at every doubling, fitting or not
+    assert remeasures(rounds_out, fits, far=True) is (rounds_out >= 4 and
+                                                      rounds_out & (rounds_out - 1) == 0)
+
+
+def test_a_device_far_below_the_least_speed_is_one_that_would_need_a_third_more():
+    from esync.algorithms.esync.budget import far_below
+
+    # least speed 0.2 of the fastest (0.1 s an iteration): far below 0.15, 2/3 s and up
+    assert far_below(0.8, [0.1, 0.8, None], 0.2)  # 1/8
+    assert not far_below(0.6, [0.1, 0.6], 0.2)  # 1/6: close to the least speed
+    assert not far_below(0.8, [0.1, 0.8], 0.0)  # no least speed: nobody sits out
 
 
 def test_a_device_s_first_time_and_its_first_after_sitting_out_are_taken_as_they_are():

@@ -394,8 +394,10 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
                 fits = device.smoothed_time <= budget_rule.round_computing(
                     times, found.max_local_steps, found.round_time, cost,
                     found.coordination_share, found.least_speed)
+                far = budget_rule.far_below(device.smoothed_time, times,
+                                            found.least_speed)
                 if budget_rule.remeasures(device.rounds_out, fits,
-                                          warm_up=device.times_reported == 1):
+                                          warm_up=device.times_reported == 1, far=far):
                     device.budget, device.measuring = 1, True
             device.round = round_
             device.reports += 1

@@ -32,11 +32,12 @@ nothing and its delta weighs nothing (with --average steps), and the round is se
 the devices that train; where only one device trains, nothing is averaged, and its
 rounds are as long as --max-local-steps allows, so that the others' synchronisation
 costs it little. A device that sits out keeps the speed it last measured, and measures
-again every 4 rounds out where its iteration fits in the round, else after 4, 8, 16, ...
-(one whose only time is its first iteration's, a warm-up, also in its 2nd round out
-where it fits: `remeasures`): its one iteration, not taken, its delta weightless; if it is fast
-enough now, it trains from the next round: that measurement replaces its average
-(`smooth`), which was of the device before it sat out. (On one
+again every 4 rounds out where its iteration fits in the round and it is not far below
+the least speed, else after 4, 8, 16, ... (one whose only time is its first iteration's,
+a warm-up, also in its 2nd round out where it fits: `remeasures`): its one iteration,
+not taken, its delta weightless; if it is fast enough now, it trains from the next
+round: that measurement replaces its average (`smooth`), which was of the device before
+it sat out. (On one
 H100 and 12 CPU workers, a job without this went at SSGD's pace on the same devices,
 its rounds as short as the CPU workers' would be: as if the GPU were not training at
 its pace, which a first iteration that measured the GPU's warm-up would cause;
@@ -99,6 +100,10 @@ INTERIM_AFTER = 2
 #: remeasures)
 REMEASURE_AFTER = 4
 
+#: a device below this share of the least speed (`far_below`) measures again at every
+#: doubling of its rounds out, even where its iteration fits
+FAR_BELOW = 0.75
+
 
 def smooth(previous: Optional[float], measured: float, weight: float,
            fresh: bool = False) -> float:
@@ -113,7 +118,8 @@ def smooth(previous: Optional[float], measured: float, weight: float,
     return (1.0 - weight) * previous + weight * measured
 
 
-def remeasures(rounds_out: int, fits: bool, warm_up: bool = False) -> bool:
+def remeasures(rounds_out: int, fits: bool, warm_up: bool = False,
+               far: bool = False) -> bool:
     """Whether a device that has sat out `rounds_out` rounds in a row (this one
     included) measures its speed again in this round: its one iteration, not taken
     (`measuring`), every REMEASURE_AFTER rounds out where its iteration `fits` in the
@@ -125,14 +131,27 @@ def remeasures(rounds_out: int, fits: bool, warm_up: bool = False) -> bool:
     again in its 2nd round out where it fits (its 1st is round 2, which the open rounds
     end as it starts). A device at 1/4 of the fast one's speed whose warm-up is 1.25
     times its later iterations, the fast one's 4 times (as at 16x7), looks at 1/5 of
-    it: at 4x7 it would sit out 4 of the fast device's rounds alone, 6.4 s each."""
+    it: at 4x7 it would sit out 4 of the fast device's rounds alone, 6.4 s each. One
+    `far` below the least speed (far_below) measures at every doubling, fitting or not:
+    at 8x15 fifteen devices at 1/8 of the fast one's speed measured every 4th round,
+    all at once, and the fast device computed those rounds 2-6% slower on the shared
+    cores."""
     if warm_up and rounds_out == 2 and fits:
         return True
     if rounds_out < REMEASURE_AFTER:
         return False
-    if fits:
+    if fits and not far:
         return rounds_out % REMEASURE_AFTER == 0
     return rounds_out & (rounds_out - 1) == 0
+
+
+def far_below(mine: float, everyone: Sequence[Optional[float]], least_speed: float) -> bool:
+    """Whether a device's measured speed (its time per iteration `mine`) is below
+    FAR_BELOW of the least speed, as a share of the fastest device's (`everyone`'s
+    least time): it would have to become a third faster to train."""
+    times = [t for t in everyone if t is not None]
+    return bool(least_speed) and bool(times) and \
+        min(times) < FAR_BELOW * least_speed * mine
 
 
 def living(device_round: int, job_round: int) -> bool:
@@ -169,9 +188,9 @@ def opens(mine: Optional[float], everyone: Sequence[Optional[float]], budget_: i
     iterations lasted 0.35 s, the slow devices' first iterations 1.2 s more: it
     waited 0.9 s idle. After INTERIM_AFTER iterations it reports its time so far
     (`interim`), which replaces its first, so that the devices that measure meanwhile
-    are weighed against its speed rather than its warm-up: weighed against its first iteration (0.2 s, 4 times
-    its next ones) two of seven devices 16 times slower looked fast enough, trained a
-    step in round 2 and held it 0.9 s."""
+    are weighed against its speed rather than its warm-up: weighed against its first
+    iteration (0.2 s, 4 times its next ones) two of seven devices 16 times slower looked
+    fast enough, trained a step in round 2 and held it 0.9 s."""
     return bool(least_speed) and bool(budget_) and mine is not None and \
         any(t is None for t in everyone)
 
