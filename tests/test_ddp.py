@@ -133,7 +133,7 @@ def test_a_slow_link_on_one_rank_slows_every_rank_s_all_reduce(unpaced, tmp_path
 def test_slowdown_scales_computing_not_the_all_reduce(tmp_path):
     """--slowdown 3 on rank 0: each step's computing (forward and backward + local update:
     not the batch's loading, a slower accelerator's data loads as fast) is made to last
-    3 times the median CPU time of the last 15 steps' computing (compute_cpu), never
+    3 times the lower quartile of the last 15 steps' computing CPU time (compute_cpu), never
     counting the time it spent waiting in the all-reduce: here that is long, as rank 1's
     link is slow."""
     job = DDPJob(tmp_path, [["--slowdown", "3"], ["--bandwidth", "10"]],  # 0.2 s a step
@@ -149,11 +149,13 @@ def test_slowdown_scales_computing_not_the_all_reduce(tmp_path):
         # (not bounded by `computed`: the thread's CPU during the all-reduce's window,
         # taken out of the wall time, stays in it: 10.3 ms against 8.9 in one run)
         assert cpu[-1] > 0
-        expected = max(0.0, 3 * statistics.median(cpu[-15:]) - computed)
+        recent = sorted(cpu[-15:])
+        basis = recent[(len(recent) - 1) // 4]  # the lower quartile
+        expected = max(0.0, 3 * basis - computed)
         assert phases["slowdown"] == pytest.approx(expected, abs=1e-4), (r["num_iters"], phases)
         waited.append(phases["slowdown"])
         # what counting the all-reduce would give: no wait at all
-        assert computed + phases["global aggregate"] > 3 * statistics.median(cpu[-15:])
+        assert computed + phases["global aggregate"] > 3 * basis
     assert sum(waited) > 0
     assert aggregate(rounds) > 0.1  # rank 0 did wait for rank 1 in the all-reduce
     assert all("slowdown" not in r["time"]["0"] for r in job.rounds(1))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Iterator, List
+from typing import Any, Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils.data import DataLoader, RandomSampler
@@ -145,6 +145,9 @@ class SampleLoader:
             _Batches(self.order, loader.batch_size, loader.drop_last, session,
                      endless=self.job_epochs)
         self.batch_size, self.drop_last = loader.batch_size, loader.drop_last
+        #: a batch fetched as the job's epoch ended while this device sat rounds out:
+        #: the next pass trains it first
+        self._held: Optional[Tuple[Any, Any, Optional[int]]] = None
         self.loader = DataLoader(
             TimedDataset(dataset), batch_sampler=sampler,
             num_workers=loader.num_workers, collate_fn=TimedCollate(loader.collate_fn),
@@ -185,11 +188,23 @@ class SampleLoader:
 
     def _pass(self, ends: int) -> Iterator[Any]:
         session = self.session
+        if self.job_epochs:
+            session.pass_ends = ends
+        try:
+            yield from self._batches(ends)
+        finally:
+            session.pass_ends = None
+
+    def _batches(self, ends: int) -> Iterator[Any]:
+        session = self.session
         started = time.perf_counter()  # starting the workers counts as the first wait
-        for batch, prep in self.loader:
-            count = samples_in(batch)
-            self._drawn(count or 0)
+        for batch, prep, count in self._fetched():
             session.batch_fetched(time.perf_counter() - started, count, prep=prep)
+            if self.job_epochs and session.job_samples() >= ends and not session.in_round:
+                # the job's epoch ended while this device sat rounds out: the batch is
+                # the next pass's first
+                self._held = (batch, prep, count)
+                return
             yield to_device(batch, session.device)
             if session.stop_reason is not None:
                 return
@@ -198,6 +213,17 @@ class SampleLoader:
             started = time.perf_counter()
         if self.shared or not self.job_epochs:
             self.order.next_epoch()  # a loader dropping its last batch: skip the rest
+
+    def _fetched(self) -> Iterator[Tuple[Any, Any, Optional[int]]]:
+        """(batch, prep, samples) of the pass: first a batch held from the last pass
+        (fetched as its epoch ended), then the loader's, each counted as drawn."""
+        if self._held is not None:
+            held, self._held = self._held, None
+            yield held
+        for batch, prep in self.loader:
+            count = samples_in(batch)
+            self._drawn(count or 0)
+            yield batch, prep, count
 
     def _drawn(self, count: int) -> None:
         """Count a batch handed out; where the order's epoch ends with fewer samples

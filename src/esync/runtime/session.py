@@ -108,6 +108,9 @@ class Session:
         #: the prepared loaders' passes: how many ended, and whether one is under way
         self.passes_done = 0
         self.in_pass = False
+        #: the job's samples at which the loader's pass under way ends (job epochs):
+        #: a device sitting rounds out stops there, as the others' passes end
+        self.pass_ends: Optional[int] = None
         self._empty_passes = 0  # passes asked for once the job had stopped
         self._reported_metric: Optional[float] = None  # esync.report(metric=...)
         self._scalars: Dict[str, float] = {}  # esync.report(name=value), for the record
@@ -374,7 +377,7 @@ class Session:
         next begins, until the algorithm gives a budget or the job stops; `sit_out`
         False (leaving) begins it and returns."""
         running = self.stop_reason is None
-        while not self._budget and self.stop_reason is None:
+        while not self._budget and self.stop_reason is None and not self._pass_ended():
             if self.model is None:
                 raise RuntimeError("call esync.prepare_model(model) before training")
             if self.kept.pending:
@@ -399,6 +402,15 @@ class Session:
                 self._end_round()
         if running and self.stop_reason is not None:
             self._stopped_unrounded = True
+
+    def _pass_ended(self) -> bool:
+        """Whether the job's samples have reached the end of the loader's pass under way
+        (`pass_ends`): a device sitting rounds out ends its waiting there, and the loader
+        its pass, the batch in hand untrained, after the same round as the others'
+        (it went on sitting out the next round, whose end the others, their pass over
+        and maybe their job, never pushed: one more round than theirs)."""
+        return self.pass_ends is not None and self.round > 0 and \
+            self.job_samples() >= self.pass_ends
 
     def _end_round(self, announce: Optional[str] = None) -> None:
         if not self._times:  # a round ended before its first local iteration
