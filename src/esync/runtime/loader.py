@@ -179,37 +179,31 @@ class SampleLoader:
         if session.stop_reason is not None:
             session.pass_after_stop()
             return
-        ends = (math.floor(self.epochs_done() + 1e-9) + 1) * self.epoch_samples
         if not self.primary:
-            yield from self._pass(ends)
+            yield from self._pass()
             return
-        with session.data_pass():
-            yield from self._pass(ends)
+        ends = (math.floor(self.epochs_done() + 1e-9) + 1) * self.epoch_samples
+        with session.data_pass(ends if self.job_epochs else None):
+            yield from self._pass()
 
-    def _pass(self, ends: int) -> Iterator[Any]:
+    def _epoch_trained(self) -> bool:
+        """Job epochs: the job's epoch is trained and no round is under way; every worker
+        ends its pass here (Session.pass_ended)."""
         session = self.session
-        if self.job_epochs:
-            session.pass_ends = ends
-        try:
-            yield from self._batches(ends)
-        finally:
-            session.pass_ends = None
+        return self.job_epochs and session.pass_ended() \
+            and not session.in_round
 
-    def _batches(self, ends: int) -> Iterator[Any]:
+    def _pass(self) -> Iterator[Any]:
         session = self.session
         started = time.perf_counter()  # starting the workers counts as the first wait
         for batch, prep, count in self._fetched():
             session.batch_fetched(time.perf_counter() - started, count, prep=prep)
-            if self.job_epochs and session.job_samples() >= ends and not session.in_round:
-                # the job's epoch ended while this device sat rounds out: the batch is
-                # the next pass's first
-                self._held = (batch, prep, count)
+            if self._epoch_trained():  # while this device sat rounds out: the batch is
+                self._held = (batch, prep, count)  # the next pass's first
                 return
             yield to_device(batch, session.device)
-            if session.stop_reason is not None:
+            if session.stop_reason is not None or self._epoch_trained():
                 return
-            if self.job_epochs and session.job_samples() >= ends and not session.in_round:
-                return  # the job's epoch is trained: every worker ends its pass here
             started = time.perf_counter()
         if self.shared or not self.job_epochs:
             self.order.next_epoch()  # a loader dropping its last batch: skip the rest

@@ -108,8 +108,7 @@ class Session:
         #: the prepared loaders' passes: how many ended, and whether one is under way
         self.passes_done = 0
         self.in_pass = False
-        #: the job's samples at which the loader's pass under way ends (job epochs):
-        #: a device sitting rounds out stops there, as the others' passes end
+        #: the job's samples at which the pass under way ends (job epochs: data_pass)
         self.pass_ends: Optional[int] = None
         self._empty_passes = 0  # passes asked for once the job had stopped
         self._reported_metric: Optional[float] = None  # esync.report(metric=...)
@@ -213,14 +212,15 @@ class Session:
         return self._epochs_done()
 
     @contextmanager
-    def data_pass(self) -> Iterator[None]:
+    def data_pass(self, ends: Optional[int] = None) -> Iterator[None]:
         """A pass of the training loader under way; counted in passes_done at its end
-        (a scheduler stepped once an epoch follows them: esync.runtime.api.prepare_scheduler)."""
-        self.in_pass = True
+        (a scheduler stepped once an epoch follows them: esync.runtime.api.prepare_scheduler);
+        `ends`: the job's samples at which it ends (job epochs: `pass_ended`)."""
+        self.in_pass, self.pass_ends = True, ends
         try:
             yield
         finally:
-            self.in_pass = False
+            self.in_pass, self.pass_ends = False, None
             self.passes_done += 1
 
     @property
@@ -377,7 +377,7 @@ class Session:
         next begins, until the algorithm gives a budget or the job stops; `sit_out`
         False (leaving) begins it and returns."""
         running = self.stop_reason is None
-        while not self._budget and self.stop_reason is None and not self._pass_ended():
+        while not self._budget and self.stop_reason is None and not self.pass_ended():
             if self.model is None:
                 raise RuntimeError("call esync.prepare_model(model) before training")
             if self.kept.pending:
@@ -403,14 +403,13 @@ class Session:
         if running and self.stop_reason is not None:
             self._stopped_unrounded = True
 
-    def _pass_ended(self) -> bool:
-        """Whether the job's samples have reached the end of the loader's pass under way
-        (`pass_ends`): a device sitting rounds out ends its waiting there, and the loader
-        its pass, the batch in hand untrained, after the same round as the others'
-        (it went on sitting out the next round, whose end the others, their pass over
-        and maybe their job, never pushed: one more round than theirs)."""
-        return self.pass_ends is not None and self.round > 0 and \
-            self.job_samples() >= self.pass_ends
+    def pass_ended(self) -> bool:
+        """Whether the job's samples have reached the end of the pass under way
+        (`pass_ends`): the loader ends its pass after that round, and a device sitting
+        rounds out stops sitting out there, after the same round as the others' (it went
+        on into the next round, whose end the others, their pass over and maybe their
+        job, never pushed: one more round than theirs)."""
+        return self.pass_ends is not None and self.job_samples() >= self.pass_ends
 
     def _end_round(self, announce: Optional[str] = None) -> None:
         if not self._times:  # a round ended before its first local iteration
