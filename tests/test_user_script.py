@@ -178,6 +178,18 @@ def test_max_rounds_means_exactly_that_many_rounds_and_scheduler_steps(tmp_path,
 
 
 @pytest.mark.slow
+def test_max_rounds_reached_while_a_device_sits_rounds_out(tmp_path):
+    """ESync with the slow device at 1/30 sitting rounds out (it measures in rounds 1 and
+    5): the job stops after round 4 while it sits out, at a round that most often ends
+    its loader's pass too (a round trains about an epoch). Its scheduler still comes to
+    round 4 (it was left at round 1: the loader ended the pass on the batch in hand
+    rather than yield it, so the script's scheduler.step() never ran again)."""
+    flags = ["-m", "esync", "--workers", "3", "--slowdown", "1,1,30", "--max-rounds", "4"]
+    _, seen = esync_run(tmp_path, flags, ["--epochs", "50", "--val-every", "2"])
+    _check_job(tmp_path, "esync", seen, rounds=4)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("least_speed", ["0.2", "0"])
 def test_esync_s_first_round_measures_speeds_and_moves_nothing(tmp_path, least_speed):
     """Round 1 (nobody has measured its speed) measures: each device runs one iteration

@@ -187,10 +187,12 @@ class SampleLoader:
             yield from self._pass()
 
     def _epoch_trained(self) -> bool:
-        """Job epochs: the job's epoch is trained and no round is under way; every worker
-        ends its pass here (Session.pass_ended)."""
+        """Job epochs: the job's epoch is trained, no round is under way and the job goes
+        on; every worker ends its pass here (Session.pass_ended). Once the job stopped the
+        batch in hand is yielded, as at any stop: its step is not taken, and the script's
+        scheduler.step() after it comes to the job's last round."""
         session = self.session
-        return self.job_epochs and session.pass_ended() \
+        return self.job_epochs and session.stop_reason is None and session.pass_ended() \
             and not session.in_round
 
     def _pass(self) -> Iterator[Any]:
