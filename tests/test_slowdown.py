@@ -1,6 +1,6 @@
 """--slowdown's wait (esync.infra.clock.Slowdown), in process: each local iteration's
 computing is made to last F times the lower quartile of the recent iterations' (CPU time
-where given, else wall time)."""
+where given, else wall time), less what earlier iterations overran."""
 import pytest
 
 from esync.infra.clock import Slowdown
@@ -13,10 +13,28 @@ def test_the_wait_tops_the_iteration_up_to_f_times_the_recent_lower_quartile():
     # the lower quartile of 1 ms and 2, 3, 3, 3 ms of CPU (the others' load in them) is
     # 2 ms: the iteration lasts 6 ms in all (the median, 3 ms, would make it 9)
     for cpu in (0.003, 0.003, 0.003):
-        slower.wait(0.004, 64, cpu_seconds=cpu)
+        slower.wait(0.001, 64, cpu_seconds=cpu)  # (within their share: nothing owed)
     assert slower.wait(0.0025, 64, cpu_seconds=0.002) == pytest.approx(0.006 - 0.0025)
     # an iteration that alone took longer than its share waits nothing, and is not cut
     assert slower.wait(0.050, 64, cpu_seconds=0.002) == 0.0
+
+
+def test_what_an_iteration_overran_comes_off_the_next_waits():
+    """An iteration that waited for a core (wall far above its CPU time) is not cut, and
+    its excess over its share comes off the next waits: the device keeps its speed."""
+    slower = Slowdown(3)
+    for _ in range(4):
+        assert slower.wait(0.001, 8, cpu_seconds=0.001) == pytest.approx(0.002)
+    # 5 ms where its share is 3: 2 ms owed, taken off the next wait
+    assert slower.wait(0.005, 8, cpu_seconds=0.001) == 0.0
+    assert slower.wait(0.001, 8, cpu_seconds=0.001) == pytest.approx(0.0)
+    assert slower.owed == pytest.approx(0.0)
+    assert slower.wait(0.001, 8, cpu_seconds=0.001) == pytest.approx(0.002)
+    # what is owed is at most one iteration's share (3 ms): a long stall is not made up
+    assert slower.wait(0.100, 8, cpu_seconds=0.001) == 0.0
+    assert slower.owed == pytest.approx(0.003)
+    assert slower.wait(0.001, 8, cpu_seconds=0.001) == 0.0
+    assert slower.wait(0.001, 8, cpu_seconds=0.001) == pytest.approx(0.001)
 
 
 def test_wall_time_is_the_measure_without_cpu_seconds():
