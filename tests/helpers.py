@@ -130,20 +130,3 @@ def assert_breakdown(records: Sequence[dict], waits: bool = False) -> None:
     if waits:
         assert sum(r["breakdown"]["wait"] for r in records) > 0
 
-
-class SlowdownRule:
-    """What --slowdown F's wait should be after each iteration, from its record: the
-    iteration lasts F times the lower quartile of the last 15 iterations' CPU time, less
-    what earlier ones overran (at most one iteration's share): esync.infra.clock.Slowdown
-    restated from its logs, one iteration at a time."""
-
-    def __init__(self, factor: float):
-        self.factor, self.cpu, self.owed = factor, [], 0.0
-
-    def expected(self, computed: float, cpu: float) -> float:
-        self.cpu.append(cpu)
-        recent = sorted(self.cpu[-15:])
-        lasts = self.factor * recent[(len(recent) - 1) // 4]
-        wait = lasts - computed - self.owed
-        self.owed = min(max(0.0, -wait), lasts)
-        return max(0.0, wait)

@@ -17,10 +17,8 @@ SAMPLES = 4800  # ids_script.SAMPLES
 ROUND_MOST = 2 * 64 * 16  # two devices' --max-local-steps batches of 16
 
 
-def drawn_by_rank(tmp_path, split, slowdown="2,6"):
-    """Every device slowed (2 and 6: 2/3 of a core together), so that on a loaded
-    machine the slow one is still measured at a third of the fast one's speed and
-    trains (at 1 and 3 it sometimes sat rounds out under CI's load)."""
+def drawn_by_rank(tmp_path, split, slowdown):
+    """ids_script.py's 3 epochs on two devices at `slowdown`: what each drew, by rank."""
     out = tmp_path / split
     out.mkdir()
     proc = subprocess.run(
@@ -51,8 +49,10 @@ def test_a_device_sitting_rounds_out_ends_its_passes_after_the_others_round(tmp_
 @pytest.mark.slow
 @pytest.mark.parametrize("split", ["static", "whole", "default"])  # default: whole
 def test_each_split_draws_what_it_says_and_ends_the_job_s_epochs_together(tmp_path, split):
-    # static at 2,6 (its slow device covers its whole share under load); whole at 1,3,
-    # where the slow device must train more than a half's samples
+    # static at 2,6: every device slowed (2/3 of a core together), the slow one still
+    # measures a third of the fast one's speed under CI's load and covers its share (at
+    # 1,3 it sometimes sat rounds out); whole at 1,3, where it must train more than a
+    # half's samples
     ranks = drawn_by_rank(tmp_path, split, "2,6" if split == "static" else "1,3")
     assert [r["passes"] for r in ranks] == [3, 3]
     assert ranks[0]["rounds"] == ranks[1]["rounds"]

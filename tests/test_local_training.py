@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from esync.cli import main
+from esync.infra.clock import Slowdown
 from esync.logs.recorder import Recorder
-from tests.helpers import (CLUSTER_VARIABLES, SlowdownRule, assert_breakdown, make_idx_dataset,
-                           run_main)
+from tests.helpers import CLUSTER_VARIABLES, assert_breakdown, make_idx_dataset, run_main
 
 
 @pytest.fixture
@@ -93,14 +93,14 @@ def test_slowdown_waits_in_proportion_to_compute(tmp_path, standalone):
     result = standalone(["--slowdown", "3", "--max-rounds", "5", "-ld", str(tmp_path)])
     assert result.returncode == 0, result.stderr
     rounds = _rounds(str(tmp_path))
-    waited, rule = 0.0, SlowdownRule(3)
+    waited, rule = 0.0, Slowdown(3)  # the rule, replayed on the logged iterations
     for record in rounds:
         phases = record["time"]["0"]
         computed = sum(phases[p] for p in PHASES - {"get_batch"})
         (cpu,) = record["compute_cpu"]  # one per local iteration
         assert 0 < cpu <= computed + 1e-3  # the thread's CPU time within the wall's
-        expected = rule.expected(computed, cpu)
-        assert abs(phases["slowdown"] - expected) < 1e-4, (phases, rule.cpu)
+        expected = rule.due(computed, cpu_seconds=cpu)
+        assert abs(phases["slowdown"] - expected) < 1e-4, (phases, list(rule.recent))
         waited += phases["slowdown"]
     assert waited > 0
     assert rounds[-1]["total_time"] >= waited  # the waits really happened

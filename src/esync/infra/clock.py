@@ -58,6 +58,14 @@ class Slowdown:
         (None with factor 1)."""
         if self.factor <= 1.0:
             return None
+        waited = self.due(seconds, samples, cpu_seconds)
+        time.sleep(waited)
+        return waited
+
+    def due(self, seconds: float, samples: Optional[int] = None,
+            cpu_seconds: Optional[float] = None) -> float:
+        """The wait after that iteration, without waiting (the window and what is owed
+        move on as in `wait`)."""
         if samples != self.samples:
             self.recent.clear()
             self.samples = samples
@@ -65,9 +73,7 @@ class Slowdown:
         lasts = self.factor * lower_quartile(self.recent)
         waited = lasts - seconds - self.owed
         self.owed = min(max(0.0, -waited), lasts)
-        waited = max(0.0, waited)
-        time.sleep(waited)
-        return waited
+        return max(0.0, waited)
 
 
 class Clock:
