@@ -56,7 +56,10 @@ def test_a_codec_trains_to_90_percent_sending_what_it_says(tmp_path, mode, backe
     args = ["-m", mode, "--backend", backend, "--workers", str(WORKERS),
             "--compress", codec]
     if mode == "esync":
-        args += ["--slowdown", "1,2"]
+        # at most 8 local steps a round: with the open round the fast device ran up to
+        # 64, and the job reached 0.90 within 4 rounds under CI's load, too few to see
+        # K=4 slices tile the weights
+        args += ["--slowdown", "1,2", "--max-local-steps", "8"]
     code, output = launch(tmp_path, args)
     assert code == 0, output[-2000:]
     assert evaluator_accuracy(tmp_path, mode) >= 0.90
