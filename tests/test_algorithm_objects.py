@@ -108,6 +108,30 @@ def test_a_round_lasts_long_enough_that_its_coordination_keeps_its_share():
     assert budget.budget(0.01, [0.01, 0.04], 64, 0.1, coordination=0.03, share=0.1) == 10
 
 
+def test_with_a_least_speed_the_fastest_device_computes_on_rather_than_wait():
+    """The nearest budgets leave the fastest device waiting for the slowest (4 of its
+    iterations, 40 ms, against 43 ms); with a least speed its budget is rounded up
+    where the round grows by at most a quarter, and the others run as many iterations
+    as fit in that round; where it would grow more (a device at 1/2.2 of the fast
+    one's speed would wait a third of its round), the budgets stay the nearest."""
+    times = [0.010, 0.043, 0.043]
+    assert [budget.budget(t, times, 64) for t in times] == [4, 1, 1]  # the paper's rule
+    assert [budget.budget(t, times, 64, least_speed=0.2) for t in times] == [5, 1, 1]
+    assert budget.whole_round(times, 0.043, 64) == pytest.approx(0.05)
+    # a device in between fills the longer round: 50 ms is 2 of its 24 ms iterations
+    assert [budget.budget(t, [0.010, 0.024, 0.043], 64, least_speed=0.2)
+            for t in (0.010, 0.024, 0.043)] == [5, 2, 1]
+    slower = [0.010, 0.022]  # rounded up: 30 ms for 22, a round 36% longer
+    assert budget.whole_round(slower, 0.022, 64) is None
+    assert [budget.budget(t, slower, 64, least_speed=0.2) for t in slower] == [2, 1]
+    # never past the cap, and nothing to round where one device trains or the user
+    # set the round's time
+    assert budget.whole_round(times, 0.043, 4) is None
+    assert budget.budget(0.010, times, 4, least_speed=0.2) == 4
+    assert budget.whole_round([0.010], 0.64, 64) is None
+    assert budget.budget(0.010, times, 64, round_time=0.043, least_speed=0.2) == 4
+
+
 def test_a_device_far_slower_than_the_fastest_sits_rounds_out():
     """With a least speed of 0.15, a device 8 times slower than the fastest gets budget 0
     and the round is the devices' that train; one 4 times slower trains; 0 is the
@@ -116,9 +140,10 @@ def test_a_device_far_slower_than_the_fastest_sits_rounds_out():
     assert budget.training(times, 0.15) == [0.01, 0.04]
     assert [budget.budget(t, times, 64, least_speed=0.15) for t in times] == [4, 1, 0, 0]
     assert [budget.budget(t, times, 64) for t in times] == [8, 2, 1, 1]
-    # the coordination's share is kept over the devices that train
+    # the coordination's share is kept over the devices that train (the slow device's
+    # 7 iterations last 280 ms: the fastest runs 28, not 27, and waits for nobody)
     assert [budget.budget(t, times, 64, coordination=0.03, share=0.1, least_speed=0.15)
-            for t in times] == [27, 7, 0, 0]
+            for t in times] == [28, 7, 0, 0]
     # the fastest alone trains: it runs as many as its round, here its cap, holds
     assert [budget.budget(t, [0.01, 0.2], 16, coordination=0.03, share=0.1,
                           least_speed=0.15) for t in (0.01, 0.2)] == [16, 0]

@@ -84,6 +84,7 @@ data, stalled at 1.84. Devices at 1/2 of its speed gained (1.28x and 1.24x, one 
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence, Tuple
 
 #: a device whose last reported round is this many rounds behind the job's latest round
@@ -103,6 +104,10 @@ REMEASURE_AFTER = 4
 #: a device below this share of the least speed (`far_below`) measures again at every
 #: doubling of its rounds out, even where its iteration fits
 FAR_BELOW = 0.75
+
+#: with a least speed, the fastest device's budget is rounded up (`whole_round`) where
+#: that makes the round at most this share longer than its nearest budgets' round
+ROUND_UP_WITHIN = 0.25
 
 
 def smooth(previous: Optional[float], measured: float, weight: float,
@@ -286,4 +291,31 @@ def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
         # others still on their first iteration: no longer than one that would train
         # (at least least_speed of this device's speed) can take for it
         ratio = min(ratio, 1.0 / least_speed)
+    elif least_speed and round_time is None:
+        whole = whole_round(training(everyone, least_speed), ratio * mine, cap)
+        if whole is not None:
+            return max(1, min(cap, int(whole / mine + 1e-9)))
     return _iterations(ratio, cap)
+
+
+def whole_round(trained: Sequence[float], seconds: float, cap: int) -> Optional[float]:
+    """The round's computing in whole iterations of the fastest device, or None: with
+    the budgets nearest `seconds` (each device's within half an iteration of it), the
+    round lasts as long as the longest of the `trained` devices' budgets, and the
+    fastest device, its budget rounded down, would wait for the others; rounded up, it
+    computes on while they finish theirs, and every other device runs as many
+    iterations as fit in its round (at least as many as its nearest budget). Only where
+    that makes the round at most ROUND_UP_WITHIN longer (and the fastest's budget
+    within the `cap`): where a device at half the fast one's speed would wait a third
+    of its round, it is left as it was. In the LM's 4x7 cell
+    (docs/explanation/simulation.md), budget 4 of the fast device at 4.3 times a slow
+    one's speed, its wait at the aggregation was 38 ms a round of 342 ms computing
+    (the slowest of 7 devices sets the round): 10% of its time."""
+    if len(trained) < 2:
+        return None
+    fastest = min(trained)
+    longest = max(_iterations(seconds / t, cap) * t for t in trained)
+    iterations = math.ceil(longest / fastest - 1e-9)
+    if iterations > cap or iterations * fastest > (1.0 + ROUND_UP_WITHIN) * longest:
+        return None
+    return iterations * fastest
