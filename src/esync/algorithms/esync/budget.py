@@ -279,7 +279,8 @@ def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
     iterations (as long as a device that would train could take for its first).
     With a `least_speed`, 0 for a device slower than that fraction of the
     fastest's speed (it sits the round out), and the round from those that train (the
-    cap, where one device trains while others sit out)."""
+    cap, where one device trains while others sit out), in whole iterations of the
+    fastest where that costs the others little (`whole_round`: it does not wait)."""
     if mine is None or (not least_speed and unmeasured(mine, everyone)):
         return 1
     if mine > max(training(everyone, least_speed)):
