@@ -1,13 +1,13 @@
 """One fast device and N slow ones: is the job ever faster than its fast device alone?
 
-    python bench/mixed.py --out runs/mixed             (the whole matrix: 4-7.5 h here)
+    python bench/mixed.py --out runs/mixed             (the whole matrix: 5-9.5 h here)
     python bench/mixed.py --out runs/mixed --cells 2x3 --workloads charlm --seeds 1
-                                                        (a first look: 20-30 min here)
+                                                        (a first look: 25-35 min here)
     python bench/mixed.py --out runs/mixed --workloads quick --seeds 1
                                                         (the built-in LeNet: 6 min here)
     python bench/mixed.py --out runs/gpu \
         --devices gpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu,cpu
-                                                        (the GPU form: about 6 min)
+                                                        (the GPU form: about 7 min)
 
 The emulated matrix (issue 44). Each cell `RxN` is one fast device at `--slowdown 2`
 and N slow ones at `--slowdown 2R`, so that every device is slower than a real core and
@@ -16,8 +16,9 @@ The default cells are 2x3, 4x7, 8x15 and 16x7 (ideals 2.5, 2.75, 2.875, 1.4375);
 for 1.25, 1.375, 1.44 and 0.72 cores of computing. `--fast-slowdown F` puts the fast
 device at F (the slow ones at FR; the baseline alone at F, in folders named x<F>): at F =
 1 + N/R a cell's computing is one core's. Every
-method (`--methods`: esync-experiment's log folders, default DEFAULT_METHODS) runs once
-per cell and seed, on plain loopback. The baseline is the fast device alone (`-m local
+method (`--methods`: esync-experiment's log folders, or a VARIANTS name: `esync-paper`,
+ESync with the paper's rule, ESync.PAPER, beside its defaults; default DEFAULT_METHODS)
+runs once per cell and seed, on plain loopback. The baseline is the fast device alone (`-m local
 --slowdown 2`), run at every learning rate of `--lr-grid` (multiples of the workload's
 own, default 1,2,4); for each target the multiplier with the lowest median time is its
 best, and the speed-ups are over that. The methods run at the workload's learning rate:
@@ -64,14 +65,15 @@ for a second or to its time limit, plus about 5-10 s of start and summary. In th
 cell 2x3 (one seed), the fast device alone at x2 reached 1.65 after 247 s (its job: 270
 s) and ESync after 148 s (its job: 162 s); the two jobs took 7.3 min. The LM's and the
 ResNet's jobs thus take 2.5-5 min each, and the whole matrix, 2 workloads x (3 learning
-rates x 3 seeds alone + 4 cells x 3 methods x 3 seeds) = 90 jobs, 4-7.5 hours (each
-method more: 24 jobs, up to 2 hours). A first look at one LM cell with one seed is 6
-jobs, 20-30 min. The quick workload's cell 2x3, one seed, three methods and the grid
+rates x 3 seeds alone + 4 cells x 4 methods x 3 seeds) = 114 jobs, 5-9.5 hours (each
+method more: 24 jobs, up to 2 hours). A first look at one LM cell with one seed is 7
+jobs, 25-35 min. The quick workload's cell 2x3, one seed, three methods and the grid
 (6 jobs) took 48 s, its four cells (15 jobs) about 6 min; the GPU form's test (`--devices cpu,cpu`, one method, one learning
 rate) about 15 s. On one H100 with 16 cores (2026-11-28) the GPU form's 3 jobs alone took
 0.6, 0.9 and 1.0 min (each GPU job spends about 12 s before its first round) and each
-job on the GPU and 12 CPU workers about 1.0 min: about 6 minutes, plus the machine's
-start (that run's balanced DDP hung at its start; fixed since, not measured there).
+job on the GPU and 12 CPU workers about 1.0 min: about 6 minutes with three methods
+(7 with the paper's ESync, added since), plus the machine's start (that run's balanced
+DDP hung at its start; fixed since, not measured there).
 """
 from __future__ import annotations
 
@@ -90,6 +92,7 @@ sys.path.insert(0, REPO)
 from bench import evidence  # noqa: E402
 from bench.evidence import Workload  # noqa: E402
 from esync import config, options, registry  # noqa: E402
+from esync.algorithms.esync import ESync  # noqa: E402
 from esync.algorithms.policy import flag_spellings  # noqa: E402
 from esync.data import METRIC_RECORD  # noqa: E402
 from esync.errors import UserError, command_main  # noqa: E402
@@ -99,7 +102,7 @@ from esync.logs_tools import compare, speedup, summary  # noqa: E402
 
 PROG = "bench/mixed.py"
 #: the log folders (esync-experiment's modes) compared with the fast device alone
-DEFAULT_METHODS = "esync,sync,ddp-balanced"
+DEFAULT_METHODS = "esync,esync-paper,sync,ddp-balanced"
 #: R x N: one fast device and N devices R times slower
 DEFAULT_CELLS = "2x3,4x7,8x15,16x7"
 #: the fast device's --slowdown in the emulated matrix (the slow ones: R times it)
@@ -111,6 +114,20 @@ QUICK = "quick"
 GPU_FORM = {"workloads": "charlm", "seeds": 1, "time_limit": 45.0, "eval_interval": 2.0}
 #: esync-experiment's flags this bench sets for each job itself (a cell, the methods)
 SET_HERE = ("--modes", "--workers", "--slowdown", "--configs")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A method of this bench that is another's log folder with its settings changed;
+    its jobs go to OUT/<workload>/<cell>/<its name>/."""
+    folder: str            # esync-experiment's log folder (its mode)
+    flags: Tuple[str, ...]  # its settings, after any flag of the bench's command line
+    display: str
+
+
+#: the paper's ESync (ESync.PAPER) beside ESync's defaults
+VARIANTS = {"esync-paper": Variant("esync", tuple(ESync.paper_flags()),
+                                   "ESync (the paper's rule)")}
 
 
 @dataclass(frozen=True)
@@ -242,7 +259,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                         help="comma-separated: charlm, resnet, quick (default charlm,resnet; "
                              "with --devices charlm)")
     parser.add_argument("--methods", default=DEFAULT_METHODS,
-                        help=f"esync-experiment's log folders (default {DEFAULT_METHODS})")
+                        help=f"esync-experiment's log folders, or {', '.join(VARIANTS)} "
+                             f"(default {DEFAULT_METHODS})")
     parser.add_argument("--seeds", type=int, default=None,
                         help="runs of each job, seeds 0..N-1 (default 3; with --devices 1)")
     parser.add_argument("--lr-grid", default="1,2,4",
@@ -284,7 +302,7 @@ def plan(argv: Sequence[str], prog: str = PROG) -> Plan:
     names = parse_names("--workloads", args.workloads or
                         (GPU_FORM["workloads"] if gpu else "charlm,resnet"), list(known))
     methods = parse_names("--methods", args.methods,
-                          [f for f in experiment.jobs() if f != ALONE])
+                          [f for f in experiment.jobs() if f != ALONE] + list(VARIANTS))
     seeds = args.seeds if args.seeds is not None else GPU_FORM["seeds"] if gpu else 3
     time_limit = args.time_limit if args.time_limit is not None else \
         GPU_FORM["time_limit"] if gpu else None
@@ -303,9 +321,10 @@ def plan(argv: Sequence[str], prog: str = PROG) -> Plan:
 
 def experiment_argv(run: Plan, name: str, flags: Sequence[str], modes: Sequence[str],
                     out: str, multiplier: float = 1.0, skip_done: bool = False,
-                    seed: Optional[int] = None) -> List[str]:
+                    seed: Optional[int] = None, last: Sequence[str] = ()) -> List[str]:
     """esync-experiment's command line of one set of jobs of a workload (`skip_done`:
-    reuse the done ones, whatever --skip-done says; `seed`: that seed's jobs only)."""
+    reuse the done ones, whatever --skip-done says; `seed`: that seed's jobs only;
+    `last`: flags after the command line's own, a variant's settings)."""
     work = run.workloads[name]
     main_lr, script_lr = LEARNING_RATES[name].flags(multiplier) if multiplier != 1 \
         else ([], [])
@@ -316,7 +335,7 @@ def experiment_argv(run: Plan, name: str, flags: Sequence[str], modes: Sequence[
             "--modes", ",".join(modes), *flags,
             "--time-limit", f"{time_limit:g}", "--eval-interval", f"{eval_interval:g}",
             "--num-threads", "1", *(["--skip-done"] if run.skip_done or skip_done else []),
-            *main_lr, *taken_by(run.extra, modes), *work.script, *script_lr]
+            *main_lr, *taken_by(run.extra, modes), *last, *work.script, *script_lr]
 
 
 def taken_by(extra: Sequence[str], modes: Sequence[str]) -> List[str]:
@@ -360,6 +379,25 @@ def cell_out(run: Plan, name: str, cell: Cell) -> str:
     return os.path.join(run.out, name, cell.folder)
 
 
+def method_out(run: Plan, name: str, cell: Cell, method: str) -> str:
+    """Where a method's jobs go: the cell's folder, a variant's own inside it."""
+    out = cell_out(run, name, cell)
+    return os.path.join(out, method) if method in VARIANTS else out
+
+
+def folder_of(method: str) -> str:
+    """A method's log folder (a variant's: the one it changes)."""
+    return VARIANTS[method].folder if method in VARIANTS else method
+
+
+def method_argv(run: Plan, name: str, cell: Cell, method: str,
+                seed: Optional[int] = None) -> List[str]:
+    """esync-experiment's command line of a method's jobs on the cell's devices."""
+    last = VARIANTS[method].flags if method in VARIANTS else ()
+    return experiment_argv(run, name, cell.job_flags, [folder_of(method)],
+                           method_out(run, name, cell, method), seed=seed, last=last)
+
+
 def run_cell(run: Plan, name: str, cell: Cell, alone_done: set,
              so_far: Callable[[List[str]], None] = lambda done: None) -> List[int]:
     """Seed by seed: the fast device alone at every learning rate (once per workload
@@ -381,14 +419,15 @@ def run_cell(run: Plan, name: str, cell: Cell, alone_done: set,
             if codes[-1] == 130:
                 return codes
         for k, method in enumerate(run.methods):
-            codes.append(run_experiment(experiment_argv(
-                run, name, cell.job_flags, [method], out, seed=seed), out))
+            codes.append(run_experiment(method_argv(run, name, cell, method, seed),
+                                        method_out(run, name, cell, method)))
             if codes[-1] == 130:
                 return codes
             if seed + 1 == run.seeds and k + 1 < len(run.methods):
                 so_far(run.methods[:k + 1])
-    if len(run.methods) > 1:
-        run_experiment(experiment_argv(run, name, cell.job_flags, run.methods, out,
+    together = [m for m in run.methods if m not in VARIANTS]  # one folder's
+    if len(together) > 1:
+        run_experiment(experiment_argv(run, name, cell.job_flags, together, out,
                                        skip_done=True), out)
     return codes
 
@@ -437,10 +476,10 @@ def measure(run: Plan, name: str, cell: Cell, read: Reading,
     `methods_done`, default every method)."""
     alone = speedup.alone({m: summaries(alone_out(run, name, cell, m), read, ALONE, run.seeds)
                            for m in run.grid}, read.targets, read.metric)
-    out = cell_out(run, name, cell)
-    methods = {folder: speedup.job(summaries(out, read, folder, run.seeds), alone,
-                                   read.targets, read.metric)
-               for folder in (run.methods if methods_done is None else methods_done)}
+    methods = {method: speedup.job(summaries(method_out(run, name, cell, method), read,
+                                             folder_of(method), run.seeds),
+                                   alone, read.targets, read.metric)
+               for method in (run.methods if methods_done is None else methods_done)}
     return {"title": cell.title, "nominal_ideal": cell.nominal_ideal, "alone": alone,
             "methods": methods}
 
@@ -460,8 +499,10 @@ def number_cell(value: Optional[float], spec: str = ".2f", unit: str = "x") -> s
     return "—" if value is None else f"{value:{spec}}{unit}"
 
 
-def display(folder: str) -> str:
-    algorithm, split = registry.from_folder(folder)
+def display(method: str) -> str:
+    if method in VARIANTS:
+        return VARIANTS[method].display
+    algorithm, split = registry.from_folder(method)
     return algorithm.display_name(split)
 
 

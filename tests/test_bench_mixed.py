@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from bench import mixed
+from esync.algorithms.esync import ESync
 from esync.errors import UserError
 from esync.logs_tools import speedup
 from tests.helpers import REPO
@@ -102,6 +103,34 @@ def test_a_method_s_own_flags_go_to_its_jobs_only_with_their_values():
         assert argv[argv.index("-b") + 1] == "16"
 
 
+def test_the_paper_s_esync_is_a_method_of_its_own_with_the_paper_s_settings_last():
+    """`esync-paper` runs ESync's mode with ESync.PAPER's flags after the command
+    line's own (a --least-speed given for ESync's defaults does not change it), in a
+    folder of its own, under a name of its own."""
+    run = mixed.plan(["--cells", "2x3", "--workloads", "quick", "--methods",
+                      "esync,esync-paper", "--least-speed", "0.3"])
+    (cell,) = run.cells
+    assert "esync-paper" in mixed.DEFAULT_METHODS.split(",")
+    assert ESync.paper_flags() == ["--average", "mean", "--coordination-share", "0",
+                                   "--least-speed", "0"]
+    ours = mixed.method_argv(run, "quick", cell, "esync")
+    paper = mixed.method_argv(run, "quick", cell, "esync-paper")
+    for argv in (ours, paper):
+        assert argv[argv.index("--modes") + 1] == "esync"
+    assert ours[ours.index("--least-speed") + 1] == "0.3" and "--average" not in ours
+    last = len(paper) - 1 - paper[::-1].index("--least-speed")
+    assert paper[last + 1] == "0" and last > paper.index("0.3")
+    assert paper[paper.index("--average") + 1] == "mean"
+    assert mixed.method_out(run, "quick", cell, "esync") == os.path.join(
+        run.out, "quick", "R2-N3")
+    assert mixed.method_out(run, "quick", cell, "esync-paper") == os.path.join(
+        run.out, "quick", "R2-N3", "esync-paper")
+    assert paper[paper.index("--out") + 1] == mixed.method_out(run, "quick", cell,
+                                                              "esync-paper")
+    assert (mixed.display("esync"), mixed.display("esync-paper")) == \
+        ("ESync", "ESync (the paper's rule)")
+
+
 def script_lr(path):
     """The default of a training script's --lr, read from its argparse call."""
     for node in ast.walk(ast.parse(open(os.path.join(REPO, path)).read())):
@@ -146,13 +175,15 @@ def test_the_table_names_the_baselines_learning_rate_and_shows_not_reached_as_a_
 
 @pytest.mark.slow
 def test_the_gpu_form_on_cpus_measures_the_speed_up_over_the_first_device_alone(tmp_path):
-    """The fast device alone, SSGD and ASGD on two CPUs, lenet on digits, two seeds,
+    """The fast device alone, SSGD, ASGD and the paper's ESync on two CPUs, lenet on
+    digits, two seeds,
     easy targets, run seed by seed (the alone and then each method, so that a drift in
     the machine's speed falls on all alike); SSGD's table is printed before ASGD's last
     job runs (a run cut short keeps it); run again with --skip-done, no job runs and the
     tables come back."""
     argv = [sys.executable, MIXED, "--out", str(tmp_path), "--devices", "cpu,cpu",
-            "--workloads", "quick", "--seeds", "2", "--methods", "sync,async", "--lr-grid", "1",
+            "--workloads", "quick", "--seeds", "2", "--methods", "sync,async,esync-paper",
+            "--lr-grid", "1",
             "--time-limit", "8", "--targets", "0.5,0.8", "--eval-interval", "0.5",
             "--hold", "0.5", "--skip-done"]
     first = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=240)
@@ -160,16 +191,19 @@ def test_the_gpu_form_on_cpus_measures_the_speed_up_over_the_first_device_alone(
     ran = [(line.split("--only-seed ")[1].split()[0], line.split("--modes ")[1].split()[0])
            for line in first.stderr.splitlines()
            if line.startswith("mixed: esync-experiment") and "--only-seed" in line]
-    assert ran == [(seed, mode) for seed in "01" for mode in ("local", "sync", "async")], ran
+    assert ran == [(seed, mode) for seed in "01"
+                   for mode in ("local", "sync", "async", "esync")], ran
     rows = {line.split(" | ")[0]: line for line in first.stdout.splitlines()
             if line.startswith("| ")}
     assert "| Fast device alone" in rows and "| SSGD" in rows, first.stdout
     assert re.search(r"\| [0-9]+\.[0-9]{2}x \|", rows["| SSGD"]), rows["| SSGD"]
     assert (tmp_path / "mixed.md").read_text().count("| SSGD") == 1
-    so_far = first.stdout.index("mixed: so far (sync of sync, async)")
-    table_so_far = first.stdout[so_far:first.stdout.rindex("## quick")]
+    so_far = first.stdout.index("mixed: so far (sync of sync, async, esync-paper)")
+    table_so_far = first.stdout[so_far:first.stdout.index("mixed: so far (sync, async of",
+                                                          so_far)]
     assert "| SSGD" in table_so_far and "| ASGD" not in table_so_far, first.stdout
     assert "| ASGD" in rows and "| ASGD" in (tmp_path / "mixed.md").read_text()
+    assert "| ESync (the paper's rule)" in rows, first.stdout
     doc = json.loads((tmp_path / "mixed.json").read_text())
     cell = doc["workloads"]["quick"]["cells"]["devices-cpu-cpu"]
     sync = cell["methods"]["sync"]
@@ -182,6 +216,12 @@ def test_the_gpu_form_on_cpus_measures_the_speed_up_over_the_first_device_alone(
     assert (alone / "Local.json").is_file()
     # each worker's command (its log's first line): its device and one torch thread
     sync_folder = tmp_path / "quick" / "devices-cpu-cpu" / "plain" / "seed0" / "lenet" / "sync"
+    paper = tmp_path / "quick" / "devices-cpu-cpu" / "esync-paper" / "plain" / "seed1" / \
+        "lenet" / "esync"
+    assert set(doc["workloads"]["quick"]["cells"]["devices-cpu-cpu"]["methods"]) == \
+        {"sync", "async", "esync-paper"}
+    (paper_log,) = paper.glob("*/w1/worker.log")
+    assert " --average mean " in paper_log.read_text().splitlines()[0]
     logs = [*alone.glob("*/w0/worker.log"), *sync_folder.glob("*/w1/worker.log")]
     assert len(logs) == 2, logs
     for log in logs:
@@ -192,6 +232,6 @@ def test_the_gpu_form_on_cpus_measures_the_speed_up_over_the_first_device_alone(
     assert again.returncode == 0, again.stderr[-3000:]
     # the fast device alone's and each method's jobs, seed by seed, and the
     # experiment's tables of both again
-    assert again.stderr.count("done before") == 10, again.stderr
+    assert again.stderr.count("done before") == 12, again.stderr
     assert "launch:" not in again.stderr
     assert json.loads((tmp_path / "mixed.json").read_text())["workloads"] == doc["workloads"]

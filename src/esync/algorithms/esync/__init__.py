@@ -9,7 +9,7 @@ that all reach the aggregation together, then the round's model deltas averaged.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, List, Optional
 
 from esync import config, registry
@@ -74,6 +74,11 @@ nothing)."""
                               "--average steps",
                               type=speed_share)
 
+    #: the paper's rule (Li et al.), beside the defaults that measured better: every
+    #: delta averaged the same, a round as long as the slowest device's one iteration,
+    #: every device training
+    PAPER = {"average": "mean", "coordination_share": 0.0, "least_speed": 0.0}
+
     key = "esync"
     FLAGS = {"max_local_steps": "max_local_steps", "average": "average",
              "global_lr": "global_lr", "outer_momentum": "outer_momentum",
@@ -101,6 +106,14 @@ nothing)."""
         (where a device's delta weighs as its steps, none for a device that sat out),
         else 0."""
         return self.least_speed if registry.AVERAGES[self.average].get("by_steps") else 0.0
+
+    @classmethod
+    def paper_flags(cls) -> List[str]:
+        """The command line's flags that select the paper's rule (PAPER)."""
+        spelled = {f.name: f.metadata["args"][0] for f in fields(cls)}
+        return [item for name, value in cls.PAPER.items()
+                for item in (spelled[name], f"{value:g}" if isinstance(value, float)
+                             else str(value))]
 
     @classmethod
     def flags_given(cls, opts: Any) -> List[str]:
