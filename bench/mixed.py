@@ -101,7 +101,8 @@ from esync.launch import experiment  # noqa: E402
 from esync.logs_tools import compare, speedup, summary  # noqa: E402
 
 PROG = "bench/mixed.py"
-#: the log folders (esync-experiment's modes) compared with the fast device alone
+#: the methods compared with the fast device alone: log folders (esync-experiment's modes)
+#: and VARIANTS
 DEFAULT_METHODS = "esync,esync-paper,sync,ddp-balanced"
 #: R x N: one fast device and N devices R times slower
 DEFAULT_CELLS = "2x3,4x7,8x15,16x7"
