@@ -283,20 +283,19 @@ def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
     fastest where that costs the others little (`whole_round`: it does not wait)."""
     if mine is None or (not least_speed and unmeasured(mine, everyone)):
         return 1
-    if mine > max(training(everyone, least_speed)):
+    trained = training(everyone, least_speed)
+    if mine > max(trained):
         return 0
-    # may overflow to inf for absurd times: then the cap
-    ratio = round_computing(everyone, cap, round_time, coordination, share,
-                            least_speed) / mine
+    seconds = round_computing(everyone, cap, round_time, coordination, share, least_speed)
     if least_speed and unmeasured(mine, everyone):
         # others still on their first iteration: no longer than one that would train
         # (at least least_speed of this device's speed) can take for it
-        ratio = min(ratio, 1.0 / least_speed)
-    elif least_speed and round_time is None:
-        whole = whole_round(training(everyone, least_speed), ratio * mine, cap)
-        if whole is not None:
-            return max(1, min(cap, int(whole / mine + 1e-9)))
-    return _iterations(ratio, cap)
+        return _iterations(min(seconds / mine, 1.0 / least_speed), cap)
+    whole = whole_round(trained, seconds, cap) if least_speed and round_time is None \
+        else None
+    if whole is not None:
+        return max(1, min(cap, int(whole / mine + 1e-9)))
+    return _iterations(seconds / mine, cap)  # may overflow to inf: then the cap
 
 
 def whole_round(trained: Sequence[float], seconds: float, cap: int) -> Optional[float]:
