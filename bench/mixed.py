@@ -119,16 +119,26 @@ SET_HERE = ("--modes", "--workers", "--slowdown", "--configs")
 
 @dataclass(frozen=True)
 class Variant:
-    """A method of this bench that is another's log folder with its settings changed;
-    its jobs go to OUT/<workload>/<cell>/<its name>/."""
+    """A method of this bench: an esync-experiment log folder as it is, or (one of
+    VARIANTS, `own_folder`) with its settings changed, its jobs then in
+    OUT/<workload>/<cell>/<its name>/."""
     folder: str            # esync-experiment's log folder (its mode)
     flags: Tuple[str, ...]  # its settings, after any flag of the bench's command line
     display: str
+    own_folder: bool = True
 
 
 #: the paper's ESync (ESync.PAPER) beside ESync's defaults
 VARIANTS = {"esync-paper": Variant("esync", tuple(ESync.paper_flags()),
                                    "ESync (the paper's rule)")}
+
+
+def variant(method: str) -> Variant:
+    """A method of --methods: a VARIANTS name's, or a log folder's as it is."""
+    if method in VARIANTS:
+        return VARIANTS[method]
+    algorithm, split = registry.from_folder(method)
+    return Variant(method, (), algorithm.display_name(split), own_folder=False)
 
 
 @dataclass(frozen=True)
@@ -383,20 +393,15 @@ def cell_out(run: Plan, name: str, cell: Cell) -> str:
 def method_out(run: Plan, name: str, cell: Cell, method: str) -> str:
     """Where a method's jobs go: the cell's folder, a variant's own inside it."""
     out = cell_out(run, name, cell)
-    return os.path.join(out, method) if method in VARIANTS else out
-
-
-def folder_of(method: str) -> str:
-    """A method's log folder (a variant's: the one it changes)."""
-    return VARIANTS[method].folder if method in VARIANTS else method
+    return os.path.join(out, method) if variant(method).own_folder else out
 
 
 def method_argv(run: Plan, name: str, cell: Cell, method: str,
                 seed: Optional[int] = None) -> List[str]:
     """esync-experiment's command line of a method's jobs on the cell's devices."""
-    last = VARIANTS[method].flags if method in VARIANTS else ()
-    return experiment_argv(run, name, cell.job_flags, [folder_of(method)],
-                           method_out(run, name, cell, method), seed=seed, last=last)
+    its = variant(method)
+    return experiment_argv(run, name, cell.job_flags, [its.folder],
+                           method_out(run, name, cell, method), seed=seed, last=its.flags)
 
 
 def run_cell(run: Plan, name: str, cell: Cell, alone_done: set,
@@ -426,7 +431,7 @@ def run_cell(run: Plan, name: str, cell: Cell, alone_done: set,
                 return codes
             if seed + 1 == run.seeds and k + 1 < len(run.methods):
                 so_far(run.methods[:k + 1])
-    together = [m for m in run.methods if m not in VARIANTS]  # one folder's
+    together = [m for m in run.methods if not variant(m).own_folder]  # one folder's
     if len(together) > 1:
         run_experiment(experiment_argv(run, name, cell.job_flags, together, out,
                                        skip_done=True), out)
@@ -478,7 +483,7 @@ def measure(run: Plan, name: str, cell: Cell, read: Reading,
     alone = speedup.alone({m: summaries(alone_out(run, name, cell, m), read, ALONE, run.seeds)
                            for m in run.grid}, read.targets, read.metric)
     methods = {method: speedup.job(summaries(method_out(run, name, cell, method), read,
-                                             folder_of(method), run.seeds),
+                                             variant(method).folder, run.seeds),
                                    alone, read.targets, read.metric)
                for method in (run.methods if methods_done is None else methods_done)}
     return {"title": cell.title, "nominal_ideal": cell.nominal_ideal, "alone": alone,
@@ -500,13 +505,6 @@ def number_cell(value: Optional[float], spec: str = ".2f", unit: str = "x") -> s
     return "—" if value is None else f"{value:{spec}}{unit}"
 
 
-def display(method: str) -> str:
-    if method in VARIANTS:
-        return VARIANTS[method].display
-    algorithm, split = registry.from_folder(method)
-    return algorithm.display_name(split)
-
-
 def table(result: dict, targets: Sequence[float]) -> str:
     """The cell's table: the fast device alone, then one row per method."""
     labels = [compare.target_label(t) for t in targets]
@@ -514,7 +512,7 @@ def table(result: dict, targets: Sequence[float]) -> str:
                      for part in ("Time to", "Speed-up at", "Of ideal at")),
             "Ideal (measured)", "Computing over alone", "Samples/s", "Throughput of ideal"]
     rows = [alone_row(result["alone"], labels),
-            *(method_row(display(folder), m, labels) for folder, m in result["methods"].items())]
+            *(method_row(variant(folder).display, m, labels) for folder, m in result["methods"].items())]
     return "\n".join([markdown_row(head), "|---|" + "---:|" * (len(head) - 1),
                       *map(markdown_row, rows)])
 
@@ -556,7 +554,8 @@ def learning_rate_line(alone: dict) -> str:
 def device_lines(result: dict) -> List[str]:
     """Per run, each device's samples per second of computing (median over its jobs)."""
     runs = [("Fast device alone", result["alone"]["device_rates"]),
-            *((display(folder), m["device_rates"]) for folder, m in result["methods"].items())]
+            *((variant(folder).display, m["device_rates"])
+              for folder, m in result["methods"].items())]
     return [f"- {name}: {device_rates(rates)}" for name, rates in runs]
 
 

@@ -127,7 +127,7 @@ def test_the_paper_s_esync_is_a_method_of_its_own_with_the_paper_s_settings_last
         run.out, "quick", "R2-N3", "esync-paper")
     assert paper[paper.index("--out") + 1] == mixed.method_out(run, "quick", cell,
                                                               "esync-paper")
-    assert (mixed.display("esync"), mixed.display("esync-paper")) == \
+    assert (mixed.variant("esync").display, mixed.variant("esync-paper").display) == \
         ("ESync", "ESync (the paper's rule)")
 
 
