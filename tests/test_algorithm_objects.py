@@ -118,6 +118,10 @@ def test_with_a_least_speed_the_fastest_device_computes_on_rather_than_wait():
     assert [budget.budget(t, times, 64) for t in times] == [4, 1, 1]  # the paper's rule
     assert [budget.budget(t, times, 64, least_speed=0.2) for t in times] == [5, 1, 1]
     assert budget.whole_round(times, 0.043, 64) == pytest.approx(0.05)
+    # the round is that long for the state server's other questions too (does a device
+    # that sits out fit in it?), not only for the budgets
+    assert budget.round_computing(times, 64, least_speed=0.2) == pytest.approx(0.05)
+    assert budget.round_computing(times, 64) == 0.043
     # a device in between fills the longer round: 50 ms is 2 of its 24 ms iterations
     assert [budget.budget(t, [0.010, 0.024, 0.043], 64, least_speed=0.2)
             for t in (0.010, 0.024, 0.043)] == [5, 2, 1]

@@ -251,13 +251,24 @@ def round_computing(everyone: Sequence[float], cap: int, round_time: Optional[fl
     """The seconds a round's computing lasts, from every living device's measured time
     per iteration: `round_time`, or the cap's iterations of a device that trains alone
     while others sit out (nothing to average: its rounds as long as allowed), or
-    round_seconds' of the devices that train."""
+    round_seconds' of the devices that train, with a least speed in whole iterations
+    of the fastest where whole_round says so (every device measured)."""
+    return _round(everyone, cap, round_time, coordination, share, least_speed)[0]
+
+
+def _round(everyone: Sequence[Optional[float]], cap: int, round_time: Optional[float],
+           coordination: Optional[float], share: float,
+           least_speed: float) -> Tuple[float, bool]:
+    """round_computing's seconds, and whether they are whole_round's."""
     trained = training(everyone, least_speed)
     if round_time is not None:
-        return round_time
+        return round_time, False
     if len(trained) == 1 and len(everyone) > 1:
-        return cap * trained[0]
-    return round_seconds(trained, coordination, share, cap)
+        return cap * trained[0], False
+    seconds = round_seconds(trained, coordination, share, cap)
+    whole = whole_round(trained, seconds, cap) \
+        if least_speed and not any(t is None for t in everyone) else None
+    return (seconds, False) if whole is None else (whole, True)
 
 
 def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
@@ -286,15 +297,13 @@ def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
     trained = training(everyone, least_speed)
     if mine > max(trained):
         return 0
-    seconds = round_computing(everyone, cap, round_time, coordination, share, least_speed)
+    seconds, whole = _round(everyone, cap, round_time, coordination, share, least_speed)
     if least_speed and unmeasured(mine, everyone):
         # others still on their first iteration: no longer than one that would train
         # (at least least_speed of this device's speed) can take for it
         return _iterations(min(seconds / mine, 1.0 / least_speed), cap)
-    whole = whole_round(trained, seconds, cap) if least_speed and round_time is None \
-        else None
-    if whole is not None:
-        return max(1, min(cap, int(whole / mine + 1e-9)))
+    if whole:  # as many as fit: the fastest's rounded up, none waits long
+        return max(1, min(cap, int(seconds / mine + 1e-9)))
     return _iterations(seconds / mine, cap)  # may overflow to inf: then the cap
 
 
