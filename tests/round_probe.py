@@ -28,6 +28,12 @@ from esync.transport.node import Node
 ROUNDS = 3
 
 
+def bn_model():
+    """A small network with BatchNorm (-n tests.round_probe:bn_model): buffers to average."""
+    from torch import nn
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
+
+
 class Probe(PushPull):
     steps = None
 

@@ -7,7 +7,7 @@ pushes a parameter server takes (esync.comm.server, esync.comm.compress).
    from the pushed delta_i / steps_i and `steps`; outer Nesterov momentum (DiLoCo) over
    several rounds matches torch.optim.SGD(lr, momentum=M, nesterov=True) stepping on the
    pseudo-gradient -mean(delta) (torch's own optimiser as the reference); buffers become
-   the workers' mean. SyncRule with momentum and weight decay matches torch's SGD on the
+   the workers' mean (averaged by steps, weighted by them). SyncRule with momentum and weight decay matches torch's SGD on the
    mean gradient.
 2. The all-reduce backend's path (`rule.steps = ...; rule.aggregate(key, sum, N)` on
    torch tensors) gives the same weights and buffers as the `add` path.
@@ -92,7 +92,10 @@ def run_aggregate(config: RuleConfig, rounds: List[Dict],
             k = torch.tensor(steps, dtype=torch.float32)[:, None]
             pushed = pushed * k if config.by_steps else pushed / k
         total = pushed.sum(0)
-        control = torch.from_numpy(data["buffers"].copy()).sum(0)
+        buffers = torch.from_numpy(data["buffers"].copy())
+        if config.by_steps:  # each worker's buffers times its steps (AllReduce.push_pull)
+            buffers = buffers * torch.tensor(steps, dtype=torch.float32)[:, None]
+        control = buffers.sum(0)
         rule.steps = [float(s) for s in (steps or [1] * N)]
         rule.aggregate((WEIGHTS, 0), total, N)
         rule.aggregate((BUFFERS, 0), control, N)
@@ -108,6 +111,14 @@ def weights_of(rule) -> np.ndarray:
 def buffers_of(rule) -> np.ndarray:
     b = rule.buffers
     return (b.numpy() if isinstance(b, torch.Tensor) else b).copy()
+
+
+def buffers_mean(data: Dict, config: RuleConfig, steps: Optional[Sequence[int]]):
+    """The buffers a round leaves: the workers' mean, averaged by steps weighted by them."""
+    if not config.by_steps:
+        return data["buffers"].mean(0)
+    k = np.array(steps, np.float64)[:, None]
+    return (k * data["buffers"]).sum(0) / k.sum()
 
 
 def torch_reference(rounds: List[Dict], lr: float, momentum: float, nesterov: bool,
@@ -181,6 +192,25 @@ def test_esync_weight_by_steps():
                     normalize_pushes=True)
     plain = run_add(RuleConfig("esync", N, lr=0.7), rounds)
     np.testing.assert_allclose(weights_of(equal), weights_of(plain), rtol=1e-6, atol=1e-6)
+
+
+def test_esync_by_steps_weighs_the_buffers_as_their_steps():
+    """Averaged by steps, BatchNorm's statistics are too: a worker that ran more local
+    steps (its statistics the fresher) counts more, one that sat the round out (0 steps,
+    its buffers the last round's) not at all, and a round every worker sat out leaves
+    them as they were."""
+    rounds = rounds_of(3, 2)
+    rule = run_add(RuleConfig("esync", N, lr=0.7, by_steps=True), rounds, steps=STEPS,
+                   normalize_pushes=True)
+    k = np.array(STEPS, np.float64)[:, None]
+    np.testing.assert_allclose(buffers_of(rule), (k * rounds[-1]["buffers"]).sum(0) / k.sum(),
+                               rtol=1e-5, atol=1e-6)
+    one_trains = run_add(RuleConfig("esync", N, lr=0.7, by_steps=True, anchored=True),
+                         rounds[:1], steps=[0, 64, 0], normalize_pushes=True)
+    np.testing.assert_allclose(buffers_of(one_trains), rounds[0]["buffers"][1], rtol=1e-6)
+    none = run_add(RuleConfig("esync", N, lr=0.7, by_steps=True), rounds[:1],
+                   steps=[0, 0, 0], normalize_pushes=True)
+    np.testing.assert_array_equal(buffers_of(none), start()[1])
 
 
 def test_esync_anchored_keeps_the_fastest_device_s_length():
@@ -303,8 +333,8 @@ def test_aggregate_on_tensors_matches_add(case):
     by_sum = run_aggregate(config, rounds, steps, normalize_pushes)
     assert isinstance(by_sum.weights, torch.Tensor)
     np.testing.assert_allclose(weights_of(by_sum), weights_of(by_add), rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(buffers_of(by_sum), buffers_of(by_add), rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(buffers_of(by_sum), rounds[-1]["buffers"].mean(0),
+    np.testing.assert_allclose(buffers_of(by_sum), buffers_of(by_add), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(buffers_of(by_sum), buffers_mean(rounds[-1], config, steps),
                                rtol=1e-5, atol=1e-6)
 
 

@@ -67,8 +67,12 @@ def probe(tmp_path, backend, flags):
     # (the probe gives sync's rule -m's momentum, 0.9 by default, which real jobs keep
     # on the workers: with a momentum of its own the rule would move the other slices)
     (["-m", "sync", "--compress", "partial:3", "--momentum", "0"], 1e-6, 0.9),
-    (["-m", "esync", "--compress", "partial:2", "--average", "normalized"], 1e-6, 0.9)],
-    ids=["sync", "esync-options", "fp16", "topk", "threshold", "partial", "partial-esync"])
+    (["-m", "esync", "--compress", "partial:2", "--average", "normalized"], 1e-6, 0.9),
+    # averaged by steps, BatchNorm's buffers weigh as their worker's steps too: the
+    # servers weigh each worker's, the all-reduce's workers their own
+    (["-m", "esync", "--average", "steps", "-n", "tests.round_probe:bn_model"], 1e-6, 0.9)],
+    ids=["sync", "esync-options", "fp16", "topk", "threshold", "partial", "partial-esync",
+         "esync-steps-batchnorm"])
 def test_a_round_gives_the_same_weights_with_either_backend(tmp_path, flags, tolerance,
                                                             moved):
     (start, ps), (start_too, allreduce) = probe(tmp_path, "ps", flags), \

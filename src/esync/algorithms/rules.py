@@ -17,7 +17,11 @@ answer chunk i while chunk i+1 is still on the wire.
   once; buffers move 1/N of the way towards each worker's (tracking the workers' mean
   without waiting for anyone).
 - `esync` (ESync, Li et al.): as `sync`, with the round's model deltas averaged and
-  scaled by `-gl` (its rule is ESync's own: esync.algorithms.esync.rule).
+  scaled by `-gl` (its rule is ESync's own: esync.algorithms.esync.rule); averaged by
+  steps (`by_steps`), the buffers too: each worker's weighs as its local steps of the
+  round, so that a device that sat it out (0 steps, its buffers the last round's) does
+  not hold the statistics back, and one that ran more steps (its statistics the
+  fresher) counts more.
 - `dcasgd` (DC-ASGD, Zheng et al. 2017): as async, with the gradient compensated for
   delay: g + lamda * g * g * (w - w_backup[worker]), w_backup[worker] being the weights
   that worker last received.
@@ -267,9 +271,11 @@ class SyncRule(Rule):
         length = len(parts[0])
         if self.sums is None:
             self.sums = (np.empty_like(self.weights), np.empty_like(self.buffers))
-        total = self._sum(parts, self.sums[section][offset:offset + length])
-        if section == WEIGHTS:
+        if section == WEIGHTS or self.config.by_steps:
             self.steps = [float(self.round_steps.get(w, 1)) for w in sorted(self.members)]
+        out = self.sums[section][offset:offset + length]
+        total = _weighted_sum(parts, self.steps, out) \
+            if section == BUFFERS and self.config.by_steps else self._sum(parts, out)
         self.aggregate(key, total, len(parts))
         self.completed += length
         if self.completed == len(self.weights) + len(self.buffers):
@@ -296,8 +302,11 @@ class SyncRule(Rule):
         if section == WEIGHTS:
             self._update_weights(offset, total)
             self.updates += offset == 0
-        else:
+        elif not self.config.by_steps:
             torch.mul(total, 1.0 / self.config.num_workers,
+                      out=_t(self.buffers)[offset:offset + len(total)])
+        elif self.mean_steps:  # the sum of buffers * steps: their steps-weighted mean
+            torch.mul(total, 1.0 / (self.config.num_workers * self.mean_steps),
                       out=_t(self.buffers)[offset:offset + len(total)])
 
     def leave(self, worker):
@@ -345,6 +354,14 @@ class SyncRule(Rule):
         for part in parts[2:]:
             total.add_(_t(part))
         return total
+
+
+def _weighted_sum(parts, weights: List[float], out: np.ndarray) -> torch.Tensor:
+    """sum(w * part) into `out`."""
+    total = torch.mul(_t(parts[0]), weights[0], out=_t(out))
+    for part, weight in zip(parts[1:], weights[1:]):
+        total.add_(_t(part), alpha=weight)
+    return total
 
 
 class AsyncRule(Rule):

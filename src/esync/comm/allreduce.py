@@ -194,7 +194,9 @@ class AllReduce:
         # the buffers, each worker's stop flag, its sparse count, its steps; the samples
         control = torch.zeros(len(buffers) + world + counts + world + 1,
                               dtype=torch.float32, device=pushed.device)
-        control[:len(buffers)] = buffers
+        control[:len(buffers)] = buffers  # by steps: weighted by them (rules.py)
+        if self.rule.config.by_steps and len(buffers):
+            control[:len(buffers)].mul_(float(1 if steps is None else steps))
         control[len(buffers) + self.rank] = 1.0 if stop is not None else 0.0
         if sparse:
             at = len(buffers) + world + 2 * self.rank  # exact in float32 below 2**44

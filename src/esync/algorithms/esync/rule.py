@@ -16,6 +16,9 @@ the slow ones' deltas add what they learnt, each weighing s_i s_max / sum(s^2). 
 (`--outer-momentum M`): the mean delta is a pseudo-gradient g = -mean(delta) for SGD
 with Nesterov momentum (DiLoCo's outer optimiser): v <- M v + g; w <- w - lr (g + M v).
 The worker's half of `--average` is esync.algorithms.esync.worker's `push_scale`.
+Averaged by steps (`steps`, `anchored`), BatchNorm's buffers are the steps-weighted mean
+of the workers' (SyncRule.aggregate): a device that sat the round out does not pull the
+statistics back towards the last round's.
 """
 from __future__ import annotations
 
