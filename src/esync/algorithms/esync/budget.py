@@ -109,6 +109,11 @@ FAR_BELOW = 0.75
 #: that makes the round at most this share longer than its nearest budgets' round
 ROUND_UP_WITHIN = 0.25
 
+#: a device that trains alone while the others sit out synchronises at most this share
+#: of its time: its rounds last coordination * (1 - LONE_SHARE) / LONE_SHARE (at most
+#: the cap's iterations, all of them while the coordination is not measured yet)
+LONE_SHARE = 0.01
+
 
 def smooth(previous: Optional[float], measured: float, weight: float,
            fresh: bool = False) -> float:
@@ -249,8 +254,9 @@ def round_computing(everyone: Sequence[float], cap: int, round_time: Optional[fl
                     coordination: Optional[float] = None, share: float = 0.0,
                     least_speed: float = 0.0) -> float:
     """The seconds a round's computing lasts, from every living device's measured time
-    per iteration: `round_time`, or the cap's iterations of a device that trains alone
-    while others sit out (nothing to average: its rounds as long as allowed), or
+    per iteration: `round_time`, or, for a device that trains alone while others sit
+    out (nothing to average), rounds long enough that its synchronisation costs it at
+    most LONE_SHARE of its time (the cap's iterations until that is measured), or
     round_seconds' of the devices that train, with a least speed in whole iterations
     of the fastest where whole_round says so (every device measured)."""
     return _round(everyone, cap, round_time, coordination, share, least_speed)[0]
@@ -263,8 +269,10 @@ def _round(everyone: Sequence[Optional[float]], cap: int, round_time: Optional[f
     trained = training(everyone, least_speed)
     if round_time is not None:
         return round_time, False
-    if len(trained) == 1 and len(everyone) > 1:
-        return cap * trained[0], False
+    if len(trained) == 1 and len(everyone) > 1:  # nothing to average: long rounds
+        if coordination is None:
+            return cap * trained[0], False
+        return round_seconds(trained, coordination, LONE_SHARE, cap), False
     seconds = round_seconds(trained, coordination, share, cap)
     whole = whole_round(trained, seconds, cap) \
         if least_speed and not any(t is None for t in everyone) else None
@@ -289,8 +297,8 @@ def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
     as sitting out until they have, its round no longer than 1/least_speed of its
     iterations (as long as a device that would train could take for its first).
     With a `least_speed`, 0 for a device slower than that fraction of the
-    fastest's speed (it sits the round out), and the round from those that train (the
-    cap, where one device trains while others sit out), in whole iterations of the
+    fastest's speed (it sits the round out), and the round from those that train (one
+    that trains alone: round_computing's), in whole iterations of the
     fastest where that costs the others little (`whole_round`: it does not wait)."""
     if mine is None or (not least_speed and unmeasured(mine, everyone)):
         return 1
