@@ -6,7 +6,8 @@ gradients must give the same result with either backend (tests/test_allreduce.py
     DMLC_ROLE=worker ... python -m tests.round_probe OUT.npy -m sync --backend ps ...
 
 OUT may hold `{rank}`, which becomes the worker's rank. Every flag after OUT is main.py's (esync.options); with ESync's rule averaging by steps
-(`--average steps` or `normalized`) worker k reports k+1 local steps.
+(`--average steps` or `normalized`) worker k reports k+1 local steps (by steps, 0 in
+the first round, as in a round that measures speeds).
 """
 from __future__ import annotations
 
@@ -62,6 +63,8 @@ def main(out: str, argv) -> int:
         algorithm.setup(model, torch.device("cpu"))
         start = np.concatenate([algorithm.flat.params.numpy(), algorithm.flat.buffers.numpy()])
         for round_ in range(1, ROUNDS + 1):
+            if rule.by_steps:  # round 1 as one that measures speeds: 0 steps everywhere
+                algorithm.steps = 0 if round_ == 1 else job.rank + 1
             g = torch.Generator().manual_seed(1000 * job.rank + round_)
             algorithm.begin_round(round_)
             with torch.no_grad():  # the round's local step

@@ -21,7 +21,8 @@ answer chunk i while chunk i+1 is still on the wire.
   steps (`by_steps`), the buffers too: each worker's weighs as its local steps of the
   round, so that a device that sat it out (0 steps, its buffers the last round's) does
   not hold the statistics back, and one that ran more steps (its statistics the
-  fresher) counts more.
+  fresher) counts more (where every worker ran 0 steps, a round that measured speeds,
+  their plain mean).
 - `dcasgd` (DC-ASGD, Zheng et al. 2017): as async, with the gradient compensated for
   delay: g + lamda * g * g * (w - w_backup[worker]), w_backup[worker] being the weights
   that worker last received.
@@ -275,7 +276,8 @@ class SyncRule(Rule):
             self.steps = [float(self.round_steps.get(w, 1)) for w in sorted(self.members)]
         out = self.sums[section][offset:offset + length]
         total = _weighted_sum(parts, self.steps, out) \
-            if section == BUFFERS and self.config.by_steps else self._sum(parts, out)
+            if section == BUFFERS and self.config.by_steps and any(self.steps) \
+            else self._sum(parts, out)
         self.aggregate(key, total, len(parts))
         self.completed += length
         if self.completed == len(self.weights) + len(self.buffers):
@@ -302,11 +304,11 @@ class SyncRule(Rule):
         if section == WEIGHTS:
             self._update_weights(offset, total)
             self.updates += offset == 0
-        elif not self.config.by_steps:
-            torch.mul(total, 1.0 / self.config.num_workers,
-                      out=_t(self.buffers)[offset:offset + len(total)])
-        elif self.mean_steps:  # the sum of buffers * steps: their steps-weighted mean
-            torch.mul(total, 1.0 / (self.config.num_workers * self.mean_steps),
+        else:  # by steps the sum of buffers * steps (their weighted mean), unless every
+            # worker ran 0 steps (a round that measured speeds): then their mean
+            weighted = self.config.by_steps and self.mean_steps
+            torch.mul(total, 1.0 / (self.config.num_workers *
+                                    (self.mean_steps if weighted else 1.0)),
                       out=_t(self.buffers)[offset:offset + len(total)])
 
     def leave(self, worker):

@@ -191,15 +191,20 @@ class AllReduce:
         buffers = self.rule.buffers
         sparse = self._sparse(pushed) if self.compression.sparse else None
         counts = 2 * world if sparse else 0  # each worker's count, in two parts
-        # the buffers, each worker's stop flag, its sparse count, its steps; the samples
-        control = torch.zeros(len(buffers) + world + counts + world + 1,
+        # the buffers (by steps: times them, then as they are: rules.py takes their
+        # weighted mean, or their mean where every worker ran 0 steps), each worker's
+        # stop flag, its sparse count, its steps; the samples
+        weighted = self.rule.config.by_steps and len(buffers) > 0
+        nb = len(buffers) * (2 if weighted else 1)
+        control = torch.zeros(nb + world + counts + world + 1,
                               dtype=torch.float32, device=pushed.device)
-        control[:len(buffers)] = buffers  # by steps: weighted by them (rules.py)
-        if self.rule.config.by_steps and len(buffers):
-            control[:len(buffers)].mul_(float(1 if steps is None else steps))
-        control[len(buffers) + self.rank] = 1.0 if stop is not None else 0.0
+        control[nb - len(buffers):nb] = buffers
+        if weighted:
+            torch.mul(buffers, float(1 if steps is None else steps),
+                      out=control[:len(buffers)])
+        control[nb + self.rank] = 1.0 if stop is not None else 0.0
         if sparse:
-            at = len(buffers) + world + 2 * self.rank  # exact in float32 below 2**44
+            at = nb + world + 2 * self.rank  # exact in float32 below 2**44
             control[at:at + 2] = torch.tensor(divmod(len(sparse[0]), COUNT_BASE))
         control[-1 - world + self.rank] = float(1 if steps is None else steps)
         control[-1] = float(samples)  # exact in float32: a round's samples are < 2**24
@@ -211,7 +216,7 @@ class AllReduce:
             self._all_reduce(control)
             self.waited = time.perf_counter() - started
             if sparse:
-                parts = control[len(buffers) + world:-1 - world].view(world, 2)
+                parts = control[nb + world:-1 - world].view(world, 2)
                 most = int((parts[:, 0] * COUNT_BASE + parts[:, 1]).max())
                 total = self._gather_sparse(*sparse, most, out=pushed)
             else:
@@ -220,10 +225,11 @@ class AllReduce:
         self.job_samples += int(control[-1])
         self.rule.aggregate((WEIGHTS, 0), total, world)
         if len(buffers):
-            self.rule.aggregate((BUFFERS, 0), control[:len(buffers)], world)
+            at = 0 if weighted and any(self.rule.steps) else nb - len(buffers)
+            self.rule.aggregate((BUFFERS, 0), control[at:at + len(buffers)], world)
         if self.on_host:
             flat.load_host_state()
-        flags = control[len(buffers):len(buffers) + world]
+        flags = control[nb:nb + world]
         if self.stop_reason is None and bool((flags > 0).any()):
             first = int(torch.nonzero(flags > 0)[0])
             self.stop_reason = self.store.get(STOP_KEY.format(rank=first)).decode()

@@ -110,9 +110,9 @@ FAR_BELOW = 0.75
 ROUND_UP_WITHIN = 0.25
 
 #: a device that trains alone while the others sit out synchronises at most this share
-#: of its time: its rounds last coordination * (1 - LONE_SHARE) / LONE_SHARE (at most
-#: the cap's iterations; while the coordination is not measured yet, the slowest living
-#: device's one iteration, the round as if every device trained)
+#: of its time: its rounds last coordination * (1 - LONE_SHARE) / LONE_SHARE, at least
+#: the slowest living device's one iteration (the round as if every device trained: one
+#: that measures again holds nobody up), at most the cap's iterations
 LONE_SHARE = 0.01
 
 
@@ -257,8 +257,7 @@ def round_computing(everyone: Sequence[float], cap: int, round_time: Optional[fl
     """The seconds a round's computing lasts, from every living device's measured time
     per iteration: `round_time`, or, for a device that trains alone while others sit
     out (nothing to average), rounds long enough that its synchronisation costs it at
-    most LONE_SHARE of its time (the slowest device's iteration until that is
-    measured), or
+    most LONE_SHARE of its time and a device that measures again fits in them, or
     round_seconds' of the devices that train, with a least speed in whole iterations
     of the fastest where whole_round says so (every device measured)."""
     return _round(everyone, cap, round_time, coordination, share, least_speed)[0]
@@ -274,9 +273,10 @@ def _round(everyone: Sequence[Optional[float]], cap: int, round_time: Optional[f
     if len(trained) == 1 and len(everyone) > 1:  # nothing to average: long rounds
         if any(t is None for t in everyone):  # others measuring: budget() bounds it
             return cap * trained[0], False
-        if coordination is None:  # not measured yet: as if every device trained
-            return min(max(everyone), cap * trained[0]), False
-        return round_seconds(trained, coordination, LONE_SHARE, cap), False
+        wanted = max(everyone)  # as if every device trained: one measuring fits in it
+        if coordination is not None:
+            wanted = max(wanted, coordination * (1.0 - LONE_SHARE) / LONE_SHARE)
+        return min(wanted, cap * trained[0]), False
     seconds = round_seconds(trained, coordination, share, cap)
     whole = whole_round(trained, seconds, cap) \
         if least_speed and not any(t is None for t in everyone) else None
