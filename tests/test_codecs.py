@@ -8,8 +8,9 @@ against the worker's own log (`bytes_sent`; the servers' pushes counted on the w
 the all-reduce's by the ring's estimate):
 - through the servers: 4 bytes per value of the round's slice (partial) or 8 per value
   sent (int32 index, float32 value), plus the buffers' float32 and the headers;
-- all-reduce: the control vector's ring all-reduce (buffers, a stop flag per worker,
-  the samples, the steps, and for the sparse codecs two count parts per worker), plus the slice's
+- all-reduce: the control vector's ring all-reduce (buffers, under ESync's average by
+  steps twice, a stop flag per worker, the samples, the steps, and for the sparse codecs
+  two count parts per worker), plus the slice's
   ring all-reduce (partial) or the ring all-gather of the most any worker sent that
   round, padded (sparse).
 A partial job synchronises every slice within K rounds: each worker's logged slices of
@@ -67,8 +68,10 @@ def test_a_codec_trains_to_90_percent_sending_what_it_says(tmp_path, mode, backe
     workers = rounds_by_worker(tmp_path, mode)
     rounds = {len(records) for records in workers.values()}
     assert len(rounds) == 1 and rounds.pop() > compression.slices, rounds
-    # the buffers, each worker's stop flag, sparse count (2) and steps, the samples
-    control = LENET_BUFFERS + 2 * WORKERS + 1 + (2 * WORKERS if compression.sparse else 0)
+    # the buffers (ESync averaging by steps, its default: also times the steps), each
+    # worker's stop flag, sparse count (2) and steps, the samples
+    control = LENET_BUFFERS * (2 if mode == "esync" else 1) + 2 * WORKERS + 1 + \
+        (2 * WORKERS if compression.sparse else 0)
     for name, records in workers.items():
         for round_, record in enumerate(records, 1):
             sent = record["bytes_sent"]

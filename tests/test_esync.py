@@ -158,9 +158,10 @@ def test_a_device_far_slower_than_the_fastest_sits_rounds_out(tmp_path):
     default --least-speed (0.2): once both have measured, it trains nothing (budget 0,
     no samples; budget 1 in the rounds it measures again, after 4 and 8 rounds out,
     its step not taken), the fast device trains every round on its own, not held to the slow
-    one's iteration but as many iterations as --max-local-steps allows (nothing to
-    average), and the job ends as the fast device's; with --least-speed 0 (the paper's
-    rule) the same devices both train every round."""
+    one's iteration but in rounds long enough that synchronising costs it 1% of its time
+    (budget.LONE_SHARE; at most --max-local-steps), at least the slow one's iteration
+    (8 to 16 of its own), and the job ends as the fast device's; with --least-speed 0
+    (the paper's rule) the same devices both train every round."""
     assert config.LEAST_SPEED > 1 / 8
     for least, rounds_wanted in ((None, "16"), ("0", "12")):
         args = ["--max-rounds", rounds_wanted, "-e", "4"]
@@ -190,8 +191,9 @@ def test_a_device_far_slower_than_the_fastest_sits_rounds_out(tmp_path):
             assert len(sat_out) >= 0.6 * len(slow[5:]), [r["budget"] for r in slow]
             assert 1 <= len(remeasured) <= 3 and all(r["budget"] == 1 for r in remeasured)
             assert all(r["num_samples"] == 0 and "compute_cpu" not in r for r in sat_out)
-            assert [r["budget"] for r in fast[5:]].count(config.MAX_LOCAL_STEPS) >= \
-                len(sat_out) - 2, [r["budget"] for r in fast]
+            alone = [f["budget"] for f, r in zip(fast[5:], slow[5:]) if r["budget"] == 0]
+            assert min(alone) >= 8 and sum(alone) >= 16 * len(alone), \
+                [r["budget"] for r in fast]
             evaluator = next(w for w, r in rank_of.items() if r == 0)
             accuracy = [r["accuracy"] for r in rounds[evaluator] if "accuracy" in r]
             assert accuracy[-1] >= 0.8, accuracy

@@ -14,7 +14,8 @@ backends do the same arithmetic and every worker holds the same weights.
 - *A round*: one all_reduce (sum) of the pushed weights vector (with `--compress fp16`
   in float16, divided by the number of workers first so that the sum cannot overflow,
   as DDP's fp16 hook does; with `partial:K` of the round's slice only), after one of a
-  small float32 vector holding the buffers (BatchNorm statistics), each worker's stop
+  small float32 vector holding the buffers (BatchNorm statistics; averaged by steps,
+  also each worker's times its steps, rules.py taking their weighted mean), each worker's stop
   flag, its samples of the round (the job's count of samples trained, `job_samples`)
   and its local steps, each worker's in its own slot (ESync with --average steps,
   normalized or anchored, which needs their largest and their squares). That small one
