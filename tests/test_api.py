@@ -99,12 +99,15 @@ def test_a_worker_that_leaves_after_its_first_iteration_ends_the_job_with_it(tmp
     for w in ("w0", "w1"):
         assert seen[w]["rounds"] == slow["rounds"], (seen[w], slow)
         assert seen[w]["stop"].startswith("the job ends"), seen[w]
-        assert seen[w]["iterations"] > 1  # round 2 trained, from the start
         np.testing.assert_allclose(seen[w]["weights"], slow["weights"], rtol=1e-6, atol=1e-7)
-    records = _records(tmp_path, "esync", "w0")
-    # round 2 trains (its budget follows whichever times reached the state server
-    # first: under load the others' may come before this device asks, budget 1 then)
-    assert records[0].get("measuring") and records[1]["budget"] >= 1
+    # round 2 trains, from the start, on a fast device at least: its budget follows
+    # whichever times reached the state server first (under load the others' may come
+    # before a device asks: budget 1 then), and one whose first iteration, its warm-up,
+    # took 5 times the other's interim time sits it out (budget 0; CI, 11-29)
+    assert max(seen[w]["iterations"] for w in ("w0", "w1")) > 1
+    records = {w: _records(tmp_path, "esync", w) for w in ("w0", "w1")}
+    assert all(r[0].get("measuring") for r in records.values())
+    assert max(r[1]["budget"] for r in records.values()) >= 1, records
 
 
 @pytest.mark.slow
