@@ -275,9 +275,8 @@ class SyncRule(Rule):
         if section == WEIGHTS or self.config.by_steps:
             self.steps = [float(self.round_steps.get(w, 1)) for w in sorted(self.members)]
         out = self.sums[section][offset:offset + length]
-        total = _weighted_sum(parts, self.steps, out) \
-            if section == BUFFERS and self.config.by_steps and any(self.steps) \
-            else self._sum(parts, out)
+        total = self._sum(parts, out, self.steps if section == BUFFERS and
+                          self.buffers_by_steps else None)
         self.aggregate(key, total, len(parts))
         self.completed += length
         if self.completed == len(self.weights) + len(self.buffers):
@@ -288,6 +287,13 @@ class SyncRule(Rule):
                     self.members.add(w)
                     del self.joining[w]
         return True
+
+    @property
+    def buffers_by_steps(self) -> bool:
+        """Whether the round's buffers are the steps-weighted mean (pushed, or summed,
+        times their steps): averaged by steps, unless every worker ran 0 steps (a round
+        that measured speeds: then their plain mean)."""
+        return self.config.by_steps and any(self.steps)
 
     @property
     def mean_steps(self) -> float:
@@ -304,11 +310,9 @@ class SyncRule(Rule):
         if section == WEIGHTS:
             self._update_weights(offset, total)
             self.updates += offset == 0
-        else:  # by steps the sum of buffers * steps (their weighted mean), unless every
-            # worker ran 0 steps (a round that measured speeds): then their mean
-            weighted = self.config.by_steps and self.mean_steps
+        else:  # their mean (buffers_by_steps: of buffers * steps, weighted)
             torch.mul(total, 1.0 / (self.config.num_workers *
-                                    (self.mean_steps if weighted else 1.0)),
+                                    (self.mean_steps if self.buffers_by_steps else 1.0)),
                       out=_t(self.buffers)[offset:offset + len(total)])
 
     def leave(self, worker):
@@ -349,21 +353,20 @@ class SyncRule(Rule):
         self.sgd.apply(offset, total)
 
     @staticmethod
-    def _sum(parts, out: np.ndarray) -> torch.Tensor:
+    def _sum(parts, out: np.ndarray, weights: Optional[List[float]] = None) -> torch.Tensor:
+        """The parts' sum (each times its weight, where given), in `out` (one part
+        unweighted: itself)."""
+        if weights is not None:
+            total = torch.mul(_t(parts[0]), weights[0], out=_t(out))
+            for part, weight in zip(parts[1:], weights[1:]):
+                total.add_(_t(part), alpha=weight)
+            return total
         if len(parts) == 1:
             return _t(parts[0])
         total = torch.add(_t(parts[0]), _t(parts[1]), out=_t(out))
         for part in parts[2:]:
             total.add_(_t(part))
         return total
-
-
-def _weighted_sum(parts, weights: List[float], out: np.ndarray) -> torch.Tensor:
-    """sum(w * part) into `out`."""
-    total = torch.mul(_t(parts[0]), weights[0], out=_t(out))
-    for part, weight in zip(parts[1:], weights[1:]):
-        total.add_(_t(part), alpha=weight)
-    return total
 
 
 class AsyncRule(Rule):

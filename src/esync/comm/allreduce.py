@@ -226,7 +226,7 @@ class AllReduce:
         self.job_samples += int(control[-1])
         self.rule.aggregate((WEIGHTS, 0), total, world)
         if len(buffers):
-            at = 0 if weighted and any(self.rule.steps) else nb - len(buffers)
+            at = 0 if self.rule.buffers_by_steps else nb - len(buffers)
             self.rule.aggregate((BUFFERS, 0), control[at:at + len(buffers)], world)
         if self.on_host:
             flat.load_host_state()

@@ -260,26 +260,27 @@ def round_computing(everyone: Sequence[float], cap: int, round_time: Optional[fl
     most LONE_SHARE of its time and a device that measures again fits in them, or
     round_seconds' of the devices that train, with a least speed in whole iterations
     of the fastest where whole_round says so (every device measured)."""
-    return _round(everyone, cap, round_time, coordination, share, least_speed)[0]
+    return _round(everyone, training(everyone, least_speed), cap, round_time,
+                  coordination, share, least_speed)[0]
 
 
-def _round(everyone: Sequence[Optional[float]], cap: int, round_time: Optional[float],
-           coordination: Optional[float], share: float,
+def _round(everyone: Sequence[Optional[float]], trained: Sequence[float], cap: int,
+           round_time: Optional[float], coordination: Optional[float], share: float,
            least_speed: float) -> Tuple[float, bool]:
-    """round_computing's seconds, and whether they are whole_round's."""
-    trained = training(everyone, least_speed)
+    """round_computing's seconds (`trained`: training's devices), and whether they are
+    whole_round's."""
     if round_time is not None:
         return round_time, False
+    measured = None not in everyone
     if len(trained) == 1 and len(everyone) > 1:  # nothing to average: long rounds
-        if any(t is None for t in everyone):  # others measuring: budget() bounds it
+        if not measured:  # others measuring: budget() bounds it
             return cap * trained[0], False
         wanted = max(everyone)  # as if every device trained: one measuring fits in it
         if coordination is not None:
             wanted = max(wanted, coordination * (1.0 - LONE_SHARE) / LONE_SHARE)
         return min(wanted, cap * trained[0]), False
     seconds = round_seconds(trained, coordination, share, cap)
-    whole = whole_round(trained, seconds, cap) \
-        if least_speed and not any(t is None for t in everyone) else None
+    whole = whole_round(trained, seconds, cap) if least_speed and measured else None
     return (seconds, False) if whole is None else (whole, True)
 
 
@@ -309,7 +310,8 @@ def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
     trained = training(everyone, least_speed)
     if mine > max(trained):
         return 0
-    seconds, whole = _round(everyone, cap, round_time, coordination, share, least_speed)
+    seconds, whole = _round(everyone, trained, cap, round_time, coordination, share,
+                            least_speed)
     if least_speed and unmeasured(mine, everyone):
         # others still on their first iteration: no longer than one that would train
         # (at least least_speed of this device's speed) can take for it
