@@ -82,6 +82,12 @@ def test_evaluator_started_before_the_servers_logs_the_global_model(tmp_path):
         for w in range(2):
             job.start(f"worker{w}", "worker", [*TRAIN, "--max-rounds", "40", "-e", "1",
                                                "--device-name", f"w{w}", "-ld", job.log_dir])
+        # it computes at a lower priority (niceness) than the workers, started as it was
+        job.wait_for_output(EVALUATOR, "[evaluator] evaluating")
+        niceness = {name: os.getpriority(os.PRIO_PROCESS, job.procs[name].pid)
+                    for name in (EVALUATOR, "worker0")}
+        assert niceness[EVALUATOR] == min(19, niceness["worker0"] + 10), niceness
+        assert f"at niceness {niceness[EVALUATOR]};" in job.output(EVALUATOR)
         codes = job.wait()
         assert codes == {name: 0 for name in job.procs}, \
             {n: job.output(n)[-800:] for n, c in codes.items() if c != 0}
