@@ -268,6 +268,24 @@ def test_with_a_least_speed_a_device_measured_trains_before_the_others_report(cl
     assert got == [2, 1, 0]  # the slowest (1/16) sits out; the round is the 0.02 s one's
 
 
+def test_a_device_that_has_not_asked_yet_is_starting_not_gone(client):
+    """Rank 0 measured its first iteration and asks for round 2 before rank 1 asked for
+    its round 1 (a process starting late, under load): rank 1 is counted, not measured
+    yet, so rank 0's round is open, as long as one that would train could take for its
+    first iteration (5 x 0.01 s); counted as gone, rank 0 trained alone: budget 1, the
+    round not open, and it waited for rank 1's first iteration. Once someone asks for
+    round 3, a device that has not asked for round 1 is gone."""
+    post(client, "/jobs/late/", {"workers": 2, "max_local_steps": 64, "least_speed": 0.2})
+    report(client, 0, 1, None, job="late")
+    fast = report(client, 0, 2, 0.01, job="late").json()
+    assert (fast["budget"], fast["open"]) == (5, True), fast
+    post(client, "/jobs/gone/", {"workers": 2, "max_local_steps": 64, "least_speed": 0.2})
+    report(client, 0, 1, None, job="gone")
+    report(client, 0, 2, 0.01, job="gone")
+    alone = report(client, 0, 3, 0.01, job="gone").json()
+    assert (alone["budget"], alone["open"]) == (1, False), alone
+
+
 def test_an_open_round_s_interim_time_weighs_the_devices_that_measure_after_it(client):
     """16x7 as it started once: the fast device's first iteration, a warm-up, measured
     0.2 s, a slow device's 1.0 s (16 times 0.045 s would be 0.72 s of computing; its

@@ -167,8 +167,12 @@ def far_below(mine: float, everyone: Sequence[Optional[float]], least_speed: flo
 
 def living(device_round: int, job_round: int) -> bool:
     """Whether a device that last asked for `device_round` counts, in a job whose latest
-    round is `job_round`."""
-    return device_round > job_round - GONE_AFTER_ROUNDS
+    round is `job_round`. One that has not asked yet (round 0) is starting, as one at
+    round 1: a device may ask for round 2 (as it pushes round 1) before another asked
+    for round 1, and nobody asks for round 3 before every delta of round 1 arrived.
+    (Counted as gone, a device still starting under load left the fast device a round
+    2 of 1 iteration, not open, and it waited for that device's first iteration.)"""
+    return max(device_round, 1) > job_round - GONE_AFTER_ROUNDS
 
 
 def training(everyone: Sequence[Optional[float]], least_speed: float = 0.0) -> list:
