@@ -397,8 +397,7 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
                 far = budget_rule.far_below(device.smoothed_time, times,
                                             found.least_speed)
                 if budget_rule.remeasures(device.rounds_out, fits,
-                                          warm_up=device.times_reported == 1, far=far,
-                                          rank=rank):
+                                          warm_up=device.times_reported == 1, far=far):
                     device.budget, device.measuring = 1, True
             device.round = round_
             device.reports += 1

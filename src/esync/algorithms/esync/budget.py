@@ -130,7 +130,7 @@ def smooth(previous: Optional[float], measured: float, weight: float,
 
 
 def remeasures(rounds_out: int, fits: bool, warm_up: bool = False,
-               far: bool = False, rank: int = 0) -> bool:
+               far: bool = False) -> bool:
     """Whether a device that has sat out `rounds_out` rounds in a row (this one
     included) measures its speed again in this round: its one iteration, not taken
     (`measuring`), every REMEASURE_AFTER rounds out where its iteration `fits` in the
@@ -146,13 +146,7 @@ def remeasures(rounds_out: int, fits: bool, warm_up: bool = False,
     `far` below the least speed (far_below) measures at every doubling, fitting or not:
     at 8x15 fifteen devices at 1/8 of the fast one's speed measured every 4th round,
     all at once, and the fast device computed those rounds 2-6% slower on the shared
-    cores. Devices that began sitting out together measure in turn: each `rank`
-    counts its rounds out from rank % REMEASURE_AFTER later (rank 0 as said above, rank
-    1 one round later, ...), so that a quarter of them computes at once. At 8x15 a
-    round in which the fifteen measured together (round 3, 5, 9) began with an
-    iteration of the fast device of 1.2-1.5 s instead of 0.14 s: their fifteen at once
-    on 2 cores, 1.1-1.4 s lost each time; at 16x7 seven together, 0.4-0.45 s."""
-    rounds_out -= rank % REMEASURE_AFTER
+    cores."""
     if warm_up and rounds_out == 2 and fits:
         return True
     if rounds_out < REMEASURE_AFTER:
