@@ -21,10 +21,10 @@ worker waits for an evaluation, and every mode is evaluated at the same pace.
 Its priority: lower than training's (`yield_to_training`: nice 10), so that where it
 competes with a training process for a core, the training process gets most of it.
 Measuring a job should not slow it: on the emulated bed (2 cores, the devices'
-computing about one) an evaluation of the ResNet every 4 s took 0.95 s of a core, and
-the fast device's forward and backward passes were 15% slower in the job than alone,
-whose evaluations pause its clock. Where every core trains, evaluations come later,
-never wrong: each is of the model the servers sent at `pulled`.
+computing about one) an evaluation of the ResNet every 4 s took 0.95 s of a core,
+beside a fast device computing on 0.7 of one (the fast device alone evaluates in its
+process, its clock paused). Where every core trains, evaluations come later, never
+wrong: each is of the model the servers sent at `pulled`.
 
 Its clock: each answer says how long training had run when the model was sent (the
 servers, or rank 0, count from when worker 0 said every worker had joined), so it logs
