@@ -57,15 +57,16 @@ def main() -> None:
     train_set, val_set = build_data()
     model = esync.prepare_model(build_model())
     opt = esync.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01))
-    loader = esync.prepare_data_loader(DataLoader(train_set, batch_size=args.batch_size, shuffle=True, drop_last=True,
-                                                  generator=torch.Generator().manual_seed(args.seed)))
+    loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, drop_last=True,
+                        generator=torch.Generator().manual_seed(args.seed))
+    loader = esync.prepare_data_loader(loader)
     val_loader = DataLoader(val_set, batch_size=128)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"train windows {len(train_set)} val windows {len(val_set)} params {n_params}", flush=True)
 
     start, cpu_start = time.perf_counter(), time.process_time()
     eval_time, step, done = 0.0, 0, False
-    if args.eval_every:
+    if args.eval_every and esync.get_session().rank == 0:  # validate on one worker
         print(f"step 0 time 0.0s val_loss {evaluate(model, val_loader, device):.3f}", flush=True)
     eval_time += time.perf_counter() - start
     while not done and not esync.should_stop():
@@ -78,7 +79,7 @@ def main() -> None:
             opt.step()
             step += 1
             done = time.perf_counter() - start >= args.seconds
-            if done or (args.eval_every and step % args.eval_every == 0):
+            if esync.get_session().rank == 0 and (done or (args.eval_every and step % args.eval_every == 0)):
                 t0 = time.perf_counter()
                 val = evaluate(model, val_loader, device)
                 eval_time += time.perf_counter() - t0

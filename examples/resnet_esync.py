@@ -68,8 +68,9 @@ def main() -> None:
     model = esync.prepare_model(build_model(num_classes=len(train_set.classes), width=args.width))
     opt = esync.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01))
     loss_fn = nn.CrossEntropyLoss()
-    loader = esync.prepare_data_loader(DataLoader(train_set, batch_size=args.batch_size, shuffle=True, drop_last=True,
-                                                  generator=torch.Generator().manual_seed(args.seed)))
+    loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, drop_last=True,
+                        generator=torch.Generator().manual_seed(args.seed))
+    loader = esync.prepare_data_loader(loader)
     test_loader = DataLoader(test_set, batch_size=256)
     print(f"train images {len(train_set)} test images {len(test_set)} classes {train_set.classes}", flush=True)
 
@@ -86,7 +87,7 @@ def main() -> None:
             opt.step()
             step += 1
         epoch += 1
-        if not args.eval_every or epoch % args.eval_every:
+        if not args.eval_every or epoch % args.eval_every or esync.get_session().rank != 0:  # test on one worker
             continue
         acc = accuracy(model, test_loader, device)
         elapsed = time.perf_counter() - start
@@ -96,7 +97,7 @@ def main() -> None:
             reached = elapsed
             print(f"reached test_accuracy >= {args.target} at {elapsed:.1f}s (epoch {epoch})", flush=True)
     elapsed = time.perf_counter() - start
-    if not args.eval_every:
+    if not args.eval_every and esync.get_session().rank == 0:
         print(f"epoch {epoch} step {step} time {elapsed:.1f}s test_accuracy "
               f"{accuracy(model, test_loader, device):.3f}", flush=True)
     print(f"done: {epoch} epochs, {step * args.batch_size / elapsed:.0f} samples/s (training and testing), "
