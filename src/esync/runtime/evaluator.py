@@ -86,13 +86,15 @@ NICENESS = 10
 def yield_to_training() -> int:
     """Lower this thread (and those it starts later: torch's) by NICENESS on the OS's
     scale (at most 19); its niceness now. Competing with a training process for a core
-    it gets about a tenth of it; the lowest priority (SCHED_IDLE, or nice 19) starved it
-    on a machine whose cores were all busy: a job of 40 rounds ended before the
-    evaluator had logged its first line."""
+    it gets about a tenth of it; the lowest priority, Linux's SCHED_IDLE, starved it on
+    a machine whose cores were all busy: a job of 40 rounds ended before the evaluator
+    had logged its first line."""
+    if not hasattr(os, "nice"):  # not on this OS
+        return 0
     try:
         return os.nice(min(NICENESS, 19 - os.nice(0)))
-    except (AttributeError, OSError):  # not on this OS, or refused: as it is
-        return 0
+    except OSError:  # refused: as it is
+        return os.nice(0)
 
 
 def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
