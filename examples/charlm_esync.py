@@ -79,7 +79,7 @@ def main() -> None:
             opt.step()
             step += 1
             done = time.perf_counter() - start >= args.seconds
-            if esync.get_session().rank == 0 and (done or (args.eval_every and step % args.eval_every == 0)):
+            if (done or (args.eval_every and step % args.eval_every == 0)) and esync.get_session().rank == 0:
                 t0 = time.perf_counter()
                 val = evaluate(model, val_loader, device)
                 eval_time += time.perf_counter() - t0
