@@ -144,7 +144,7 @@ def test_slowdown_scales_computing_not_the_all_reduce(tmp_path):
     job.check_ok()
     rounds = job.rounds(0)
     assert len(rounds) == 10
-    rule, waited = Slowdown(10), []  # the rule, replayed on the logged steps
+    rule, waited = Slowdown(10, seed=0), []  # the rule, replayed on the logged steps
     for r in rounds:
         phases = r["time"]["0"]
         computed = sum(phases[p] for p in COMPUTE)
@@ -152,6 +152,8 @@ def test_slowdown_scales_computing_not_the_all_reduce(tmp_path):
         # (not bounded by `computed`: the thread's CPU during the all-reduce's window,
         # taken out of the wall time, stays in it: 10.3 ms against 8.9 in one run)
         assert cpu > 0
+        # part of the wait came before the computing, as rank 0's draws make it
+        assert r["slowdown_ahead"] == [pytest.approx(rule.ahead_of_computing(), abs=1e-5)]
         expected = rule.due(computed, cpu_seconds=cpu)
         assert phases["slowdown"] == pytest.approx(expected, abs=1e-4), (r["num_iters"], phases)
         waited.append(phases["slowdown"])

@@ -89,20 +89,26 @@ def test_stop_criteria(tmp_path, standalone):
 def test_slowdown_waits_in_proportion_to_compute(tmp_path, standalone):
     """--slowdown 3 on a CPU with one thread: each local iteration lasts 3 times the
     lower quartile of the recent iterations' CPU time computing (its record's
-    compute_cpu; not the batch's loading) in all: it waits that less its own computing."""
+    compute_cpu; not the batch's loading) in all: it waits that less its own computing,
+    part of it (slowdown_ahead) before the computing, from the second iteration on (none
+    where the first iteration's overrun is still owed)."""
     result = standalone(["--slowdown", "3", "--max-rounds", "5", "-ld", str(tmp_path)])
     assert result.returncode == 0, result.stderr
     rounds = _rounds(str(tmp_path))
-    waited, rule = 0.0, Slowdown(3)  # the rule, replayed on the logged iterations
+    waited, rule, aheads = 0.0, Slowdown(3, seed=0), []  # the rule, replayed on the records
     for record in rounds:
         phases = record["time"]["0"]
         computed = sum(phases[p] for p in PHASES - {"get_batch"})
         (cpu,) = record["compute_cpu"]  # one per local iteration
         assert 0 < cpu <= computed + 1e-3  # the thread's CPU time within the wall's
+        # part of the wait came before the computing, as rank 0's draws make it
+        (ahead,) = record["slowdown_ahead"]
+        assert ahead == pytest.approx(rule.ahead_of_computing(), abs=1e-5)
+        aheads.append(ahead)
         expected = rule.due(computed, cpu_seconds=cpu)
         assert abs(phases["slowdown"] - expected) < 1e-4, (phases, list(rule.recent))
         waited += phases["slowdown"]
-    assert waited > 0
+    assert waited > 0 and aheads[0] == 0.0 and any(a > 0 for a in aheads[1:])
     assert rounds[-1]["total_time"] >= waited  # the waits really happened
 
 

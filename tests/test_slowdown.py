@@ -3,7 +3,7 @@ computing is made to last F times the lower quartile of the recent iterations' (
 where given, else wall time), less what earlier iterations overran."""
 import pytest
 
-from esync.infra.clock import Slowdown
+from esync.infra.clock import Slowdown, lower_quartile
 
 
 def test_the_wait_tops_the_iteration_up_to_f_times_the_recent_lower_quartile():
@@ -63,3 +63,49 @@ def test_the_window_forgets_old_iterations():
 
 def test_factor_one_never_waits():
     assert Slowdown(1.0).wait(0.5, 64, cpu_seconds=0.1) is None
+
+
+def test_part_of_the_wait_comes_before_the_computing_and_the_whole_is_unchanged():
+    """A share of the expected wait, (F - 1) m less what is owed, drawn uniformly, is
+    waited before the computing (`before`), so that the computing falls anywhere in
+    the iteration; the wait after it is the rest, the iteration as long as before."""
+    spread, plain = Slowdown(3, seed=1), Slowdown(3)
+    shares = []
+    for cpu in (0.001, 0.002, 0.001, 0.001, 0.0015, 0.001, 0.001, 0.001):
+        ahead = spread.ahead_of_computing()
+        if spread.recent:
+            expected = 2 * lower_quartile(spread.recent)  # (F - 1) m, nothing owed
+            assert 0.0 <= ahead <= expected
+            shares.append(ahead / expected)
+        else:
+            assert ahead == 0.0  # nothing measured yet: nothing to expect
+        # the whole wait is the plain rule's, however it is split
+        assert spread.due(0.001, 8, cpu_seconds=cpu) == pytest.approx(
+            plain.due(0.001, 8, cpu_seconds=cpu))
+        assert spread.ahead == 0.0  # taken into the iteration's whole wait
+    assert len(set(shares)) == len(shares) and max(shares) - min(shares) > 0.3
+
+
+def test_a_wait_before_that_outlasts_the_whole_wait_is_an_overrun():
+    """The computing ran long after a wait before it: the iteration waits nothing more,
+    and its excess over its share, the early wait included, comes off the next waits."""
+    slower = Slowdown(3, seed=2)
+    for _ in range(4):
+        slower.wait(0.001, 8, cpu_seconds=0.001)
+    ahead = slower.ahead_of_computing()
+    assert 0.0 < ahead <= 0.002
+    # computing of 3 ms - ahead / 2: the iteration, its early wait in, lasts 3 + ahead / 2
+    assert slower.due(0.003 - ahead / 2, 8, cpu_seconds=0.001) == pytest.approx(ahead)
+    assert slower.owed == pytest.approx(ahead / 2)
+
+
+def test_the_waits_before_the_computing_follow_the_seed():
+    """The draws follow the seed (the worker's rank), so a run's waits replay."""
+    runs = []
+    for _ in range(2):
+        slower, run = Slowdown(2, seed=7), []
+        for _ in range(5):
+            run.append(slower.ahead_of_computing())
+            slower.due(0.001, 8, cpu_seconds=0.001)
+        runs.append(run)
+    assert runs[0] == runs[1] and runs[0][0] == 0.0 and all(a > 0 for a in runs[0][1:])

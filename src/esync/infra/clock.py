@@ -2,6 +2,7 @@
 (Clock), and the wait that makes it act as a slower device (Slowdown)."""
 from __future__ import annotations
 
+import random
 import time
 from collections import deque
 from typing import Deque, Iterable, Optional
@@ -41,39 +42,75 @@ class Slowdown:
     the next waits: the device keeps its speed over a few iterations as a device of its
     own would, where before it lost the excess every round (the LM's fast device at
     4x7: a median of 41 ms of computing an iteration, a mean of 67 against 36 alone,
-    its iterations 15% longer than alone's)."""
+    its iterations 15% longer than alone's).
+
+    Part of the wait comes before the computing (`before`): a share drawn uniformly
+    from [0, 1) of the wait the window expects, (factor - 1) * m less what is owed, so
+    that the iteration's computing falls anywhere in it, as a slower device's computing
+    is spread over all of its iteration, rather than all at its start. Devices that
+    begin a round together (every one after the pull) otherwise all computed at once and
+    then all slept: on 2 cores shared by 8 or 16 simulated devices, whose computing
+    together fits in one core, the fast device's first iteration of a round in which
+    the slow ones computed lasted 4-10 times its others (0.54-0.58 s for 0.14 s at
+    16x7, 1.2-1.5 s at 8x15), a contention a machine whose devices each have their own
+    core does not have. What the waits add up to is unchanged: the wait after computing
+    is the rest, and one before that turned out longer than the whole wait (the
+    computing ran long) counts as an overrun (`owed`). The draws follow `seed` (the
+    worker's rank), so that a run's waits can be replayed from its records."""
 
     WINDOW = 15
 
-    def __init__(self, factor: float):
+    def __init__(self, factor: float, seed: Optional[int] = None):
         self.factor = factor
         self.recent: Deque[float] = deque(maxlen=self.WINDOW)
         self.samples: Optional[int] = None  # the batch size of those in `recent`
         self.owed = 0.0  # seconds earlier iterations lasted beyond factor * m
+        self.ahead = 0.0  # seconds waited before this iteration's computing
+        self._draws = random.Random(seed)
+
+    def before(self) -> float:
+        """Wait before an iteration's computing (ahead_of_computing's share); returns
+        the wait."""
+        waited = self.ahead_of_computing()
+        if waited:
+            time.sleep(waited)
+        return waited
+
+    def ahead_of_computing(self) -> float:
+        """The wait before the next iteration's computing, without waiting (`before`):
+        a uniform share of (factor - 1) * m less what is owed; 0 with factor 1 or before
+        the first iteration (nothing measured to expect from)."""
+        self.ahead = 0.0
+        if self.factor > 1.0 and self.recent:
+            expected = (self.factor - 1.0) * lower_quartile(self.recent) - self.owed
+            self.ahead = self._draws.random() * max(0.0, expected)
+        return self.ahead
 
     def wait(self, seconds: float, samples: Optional[int] = None,
              cpu_seconds: Optional[float] = None) -> Optional[float]:
         """Wait after an iteration that computed for `seconds` (wall; its CPU time
-        `cpu_seconds` where that is the measure) on `samples` samples; returns the wait
-        (None with factor 1)."""
+        `cpu_seconds` where that is the measure) on `samples` samples; returns the
+        iteration's whole wait, `before`'s included (None with factor 1)."""
         if self.factor <= 1.0:
             return None
+        ahead = self.ahead
         waited = self.due(seconds, samples, cpu_seconds)
-        time.sleep(waited)
+        time.sleep(waited - ahead)
         return waited
 
     def due(self, seconds: float, samples: Optional[int] = None,
             cpu_seconds: Optional[float] = None) -> float:
-        """The wait after that iteration, without waiting (the window and what is owed
-        move on as in `wait`)."""
+        """The iteration's whole wait, without waiting: the one `before` it and the one
+        after (the window and what is owed move on as in `wait`)."""
         if samples != self.samples:
             self.recent.clear()
             self.samples = samples
         self.recent.append(seconds if cpu_seconds is None else cpu_seconds)
         lasts = self.factor * lower_quartile(self.recent)
-        waited = lasts - seconds - self.owed
+        ahead, self.ahead = self.ahead, 0.0
+        waited = lasts - seconds - self.owed - ahead
         self.owed = min(max(0.0, -waited), lasts)
-        return max(0.0, waited)
+        return ahead + max(0.0, waited)
 
 
 class Clock:

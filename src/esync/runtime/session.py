@@ -76,7 +76,7 @@ class Session:
         self._epochs_done: Callable[[], float] = lambda: 0.0
         self.model: Optional[nn.Module] = None
         self.clock = Clock()
-        self._slower = Slowdown(slowdown)
+        self._slower = Slowdown(slowdown, seed=rank)
         self._on_close = on_close
         self.round = 0            # the round in progress (or the last one)
         self.iterations = 0
@@ -288,6 +288,7 @@ class Session:
         self._stalls[0] += fetched
         self._stalls[1] += seconds - fetched
         self._prep_work += seconds - fetched if prep is None else prep
+        self._slower.before()  # --slowdown: its computing anywhere in the iteration
         self._mark_batch_ready()
 
     def report(self, loss: Optional[float] = None, samples: Optional[int] = None,
@@ -335,9 +336,11 @@ class Session:
         # scales the computing only, not the batch's fetch and prep
         computing = t3 - self._batch_ready - communicated
         cpu = time.thread_time() - self._batch_ready_cpu if self._cpu_measured() else None
+        ahead = self._slower.ahead  # (the part of the wait before the computing)
         waited = self._slower.wait(computing, self._samples, cpu)
         if waited is not None:
             phases["slowdown"] = waited
+            self._aheads.append(round(ahead, 6))
             if cpu is not None:
                 self._cpu_times.append(round(cpu, 6))
         self.algorithm.iteration_timed(computing + self._fetch + (waited or 0.0),
@@ -390,6 +393,7 @@ class Session:
             self._budget = budget
             self._times: Dict[int, Phases] = {}
             self._cpu_times: List[float] = []  # the slowdown's basis, where it is CPU time
+            self._aheads: List[float] = []  # the slowdown's waits before the computing
             self._loss_sum, self._losses, self._round_samples = 0.0, 0, 0
             self._stalls = [0.0, 0.0]  # seconds blocked on data: fetch, prep
             self._prep_work = 0.0
@@ -439,6 +443,8 @@ class Session:
         evaluated["prep_seconds"] = round(self._prep_work, 6)
         if self._cpu_times:
             evaluated["compute_cpu"] = self._cpu_times
+        if self._aheads:
+            evaluated["slowdown_ahead"] = self._aheads
         self.last_breakdown = evaluated["breakdown"]
         self._round_end = ended
         for fields in self._round_fields:
