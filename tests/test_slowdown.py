@@ -73,12 +73,12 @@ def test_part_of_the_wait_comes_before_the_computing_and_the_whole_is_unchanged(
     shares = []
     for cpu in (0.001, 0.002, 0.001, 0.001, 0.0015, 0.001, 0.001, 0.001):
         ahead = spread.ahead_of_computing()
-        if spread.recent:
+        if len(spread.recent) > 1:
             expected = 2 * lower_quartile(spread.recent)  # (F - 1) m, nothing owed
             assert 0.0 <= ahead <= expected
             shares.append(ahead / expected)
         else:
-            assert ahead == 0.0  # nothing measured yet: nothing to expect
+            assert ahead == 0.0  # nothing measured yet, or only the warm-up
         # the whole wait is the plain rule's, however it is split
         assert spread.due(0.001, 8, cpu_seconds=cpu) == pytest.approx(
             plain.due(0.001, 8, cpu_seconds=cpu))
@@ -108,4 +108,27 @@ def test_the_waits_before_the_computing_follow_the_seed():
             run.append(slower.ahead_of_computing())
             slower.due(0.001, 8, cpu_seconds=0.001)
         runs.append(run)
-    assert runs[0] == runs[1] and runs[0][0] == 0.0 and all(a > 0 for a in runs[0][1:])
+    assert runs[0] == runs[1] and runs[0][:2] == [0.0, 0.0] and all(a > 0 for a in runs[0][2:])
+
+
+def test_the_warm_up_alone_does_not_set_the_wait_before_the_computing():
+    """After the first iteration only (a warm-up, 3 times the next ones' CPU time),
+    nothing is waited before the second's computing: as much as 20 times the warm-up
+    would have been, for an iteration that is to last 21 times a third of it."""
+    slower = Slowdown(21, seed=3)
+    slower.due(0.9, 8, cpu_seconds=0.3)
+    assert slower.ahead_of_computing() == 0.0
+    slower.due(0.1, 8, cpu_seconds=0.1)
+    assert 0.0 < slower.ahead_of_computing() <= 20 * 0.1
+
+
+def test_a_device_that_sat_rounds_out_owes_nothing():
+    """What an iteration overran before the device sat rounds out does not shorten its
+    next iteration, which measures its speed again."""
+    slower = Slowdown(3)
+    for _ in range(4):
+        slower.due(0.001, 8, cpu_seconds=0.001)
+    slower.due(0.005, 8, cpu_seconds=0.001)
+    assert slower.owed == pytest.approx(0.002)
+    slower.rested()
+    assert slower.due(0.001, 8, cpu_seconds=0.001) == pytest.approx(0.002)

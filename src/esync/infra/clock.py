@@ -55,8 +55,16 @@ class Slowdown:
     16x7, 1.2-1.5 s at 8x15), a contention a machine whose devices each have their own
     core does not have. What the waits add up to is unchanged: the wait after computing
     is the rest, and one before that turned out longer than the whole wait (the
-    computing ran long) counts as an overrun (`owed`). The draws follow `seed` (the
-    worker's rank), so that a run's waits can be replayed from its records."""
+    computing ran long) counts as an overrun (`owed`). Only from the second iteration
+    on: the first, a warm-up (3 times the next ones' CPU time on the ResNet), would have
+    the second wait as if it were one (a device at --slowdown 23 waited 7.6 s before
+    computing an iteration that was to last 3.2 s). The draws follow `seed` (the
+    worker's rank), so that a run's waits can be replayed from its records.
+
+    A device that sat rounds out (`rested`) owes nothing: its next iteration measures
+    its speed afresh, where what it owed would have made it look several times faster
+    (the one after an overrun of 3.2 s lasted 0.32 s, and a device at 1/8 of the fast
+    one's speed was taken for one at its speed and trained)."""
 
     WINDOW = 15
 
@@ -76,12 +84,16 @@ class Slowdown:
             time.sleep(waited)
         return waited
 
+    def rested(self) -> None:
+        """The device sat rounds out: it owes nothing from before them."""
+        self.owed = 0.0
+
     def ahead_of_computing(self) -> float:
         """The wait before the next iteration's computing, without waiting (`before`):
         a uniform share of (factor - 1) * m less what is owed; 0 with factor 1 or before
-        the first iteration (nothing measured to expect from)."""
+        the second iteration (the first a warm-up)."""
         self.ahead = 0.0
-        if self.factor > 1.0 and self.recent:
+        if self.factor > 1.0 and len(self.recent) > 1:
             expected = (self.factor - 1.0) * lower_quartile(self.recent) - self.owed
             self.ahead = self._draws.random() * max(0.0, expected)
         return self.ahead

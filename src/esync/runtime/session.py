@@ -403,6 +403,7 @@ class Session:
             if not budget:
                 if not sit_out:
                     return
+                self._slower.rested()  # its next iteration measures it afresh
                 self._end_round()
         if running and self.stop_reason is not None:
             self._stopped_unrounded = True
