@@ -132,17 +132,3 @@ def test_a_device_that_sat_rounds_out_owes_nothing():
     assert slower.owed == pytest.approx(0.002)
     slower.rested()
     assert slower.due(0.001, 8, cpu_seconds=0.001) == pytest.approx(0.002)
-
-
-def test_the_wait_before_the_computing_comes_once_an_iteration():
-    """A batch fetched again for the same iteration (held over a pass's end while the
-    device sat rounds out) waits nothing more before it computes; the next iteration
-    draws its own."""
-    slower = Slowdown(200, seed=4)
-    for _ in range(2):
-        slower.due(0.0001, 8, cpu_seconds=0.0001)
-    first = slower.before()
-    assert 0.0 < first <= 199 * 0.0001
-    assert slower.before() == 0.0 and slower.ahead == first
-    slower.due(0.0001, 8, cpu_seconds=0.0001)
-    assert slower.before() > 0.0

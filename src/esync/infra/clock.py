@@ -74,17 +74,11 @@ class Slowdown:
         self.samples: Optional[int] = None  # the batch size of those in `recent`
         self.owed = 0.0  # seconds earlier iterations lasted beyond factor * m
         self.ahead = 0.0  # seconds waited before this iteration's computing
-        self._drawn = False  # `before` has waited for this iteration
         self._draws = random.Random(seed)
 
     def before(self) -> float:
         """Wait before an iteration's computing (ahead_of_computing's share); returns
-        the wait. Once an iteration: a batch fetched again for the same iteration (held
-        over a pass's end while the device sat rounds out) waits nothing more, where it
-        waited twice, unrecorded, 4 s of a 16x7 slow device's measuring round."""
-        if self._drawn:
-            return 0.0
-        self._drawn = True
+        the wait."""
         waited = self.ahead_of_computing()
         if waited:
             time.sleep(waited)
@@ -125,7 +119,7 @@ class Slowdown:
             self.samples = samples
         self.recent.append(seconds if cpu_seconds is None else cpu_seconds)
         lasts = self.factor * lower_quartile(self.recent)
-        ahead, self.ahead, self._drawn = self.ahead, 0.0, False
+        ahead, self.ahead = self.ahead, 0.0
         waited = lasts - seconds - self.owed - ahead
         self.owed = min(max(0.0, -waited), lasts)
         return ahead + max(0.0, waited)
