@@ -78,7 +78,11 @@ class Slowdown:
 
     def before(self) -> float:
         """Wait before an iteration's computing (ahead_of_computing's share); returns
-        the wait."""
+        the wait. Called in a round only (Session.batch_fetched): a device sitting
+        rounds out whose pass ends holds its fetched batch for the next pass, and a wait
+        then, rounds before its computing, left its measuring iteration 0.5 s for 3.7
+        (it trained at 1/16 of the fast device's speed, which waited 2-10 s a round for
+        it), or, drawn again with the batch, twice the wait (4 s unrecorded)."""
         waited = self.ahead_of_computing()
         if waited:
             time.sleep(waited)

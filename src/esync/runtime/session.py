@@ -288,7 +288,8 @@ class Session:
         self._stalls[0] += fetched
         self._stalls[1] += seconds - fetched
         self._prep_work += seconds - fetched if prep is None else prep
-        self._slower.before()  # --slowdown: its computing anywhere in the iteration
+        if self.in_round:  # --slowdown: its computing anywhere in the iteration; not
+            self._slower.before()  # for a batch held over a pass's end (Slowdown.before)
         self._mark_batch_ready()
 
     def report(self, loss: Optional[float] = None, samples: Optional[int] = None,
