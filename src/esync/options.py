@@ -259,8 +259,9 @@ class _MainFlags:
                            "act as a device F times slower: wait until each local "
                            "iteration's computing has lasted F times the recent "
                            "iterations' lower quartile (their CPU time on a CPU with "
-                           "one torch thread, else wall time); an iteration that took "
-                           "longer shortens the next waits",
+                           "one torch thread, else wall time), part of the wait before "
+                           "the computing so that it falls anywhere in the iteration; an "
+                           "iteration that took longer shortens the next waits",
                            type=_slowdown)
     bandwidth: Optional[float] = _opt(["--bandwidth"], config.BANDWIDTH,
                                       "Mbit/s of this worker's emulated link, each way: its "
