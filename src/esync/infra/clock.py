@@ -55,11 +55,14 @@ class Slowdown:
     16x7, 1.2-1.5 s at 8x15), a contention a machine whose devices each have their own
     core does not have. What the waits add up to is unchanged: the wait after computing
     is the rest, and one before that turned out longer than the whole wait (the
-    computing ran long) counts as an overrun (`owed`). Only from the second iteration
-    on: the first, a warm-up (3 times the next ones' CPU time on the ResNet), would have
-    the second wait as if it were one (a device at --slowdown 23 waited 7.6 s before
-    computing an iteration that was to last 3.2 s). The draws follow `seed` (the
-    worker's rank), so that a run's waits can be replayed from its records.
+    computing ran long) counts as an overrun (`owed`). Only once the window holds two
+    iterations (from the third on): the first, a warm-up (3 times the next ones' CPU
+    time on the ResNet), would have the second wait as if it were one (a device at
+    --slowdown 23 waited 7.6 s before computing an iteration that was to last 3.2 s).
+    The draws follow `seed` (the worker's rank), so that a run's waits can be replayed
+    from its records. Only esync's prepared loaders and the built-in loop call
+    `before` (Session.batch_fetched); with a script's own loader the whole wait comes
+    after the computing, as before.
 
     A device that sat rounds out (`rested`) owes nothing: its next iteration measures
     its speed afresh, where what it owed would have made it look several times faster
@@ -95,7 +98,7 @@ class Slowdown:
     def ahead_of_computing(self) -> float:
         """The wait before the next iteration's computing, without waiting (`before`):
         a uniform share of (factor - 1) * m less what is owed; 0 with factor 1 or before
-        the second iteration (the first a warm-up)."""
+        the third iteration (the window holding the warm-up alone or nothing)."""
         self.ahead = 0.0
         if self.factor > 1.0 and len(self.recent) > 1:
             expected = (self.factor - 1.0) * lower_quartile(self.recent) - self.owed
