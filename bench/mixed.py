@@ -45,8 +45,9 @@ those the bench sets (SET_HERE). `--skip-done` reuses the jobs that already have
 summary, so an interrupted run goes on where it stopped.
 
 The measure, per cell (printed, and written to OUT/mixed.md and OUT/mixed.json; see
-esync/logs_tools/speedup.py; the jobs run seed by seed, the fast device alone and then
-each method, so that the machine's drifts in speed fall on both; after each method's
+esync/logs_tools/speedup.py; the jobs run seed by seed, the fast device alone first in
+even seeds and last in odd ones, each method between, so that the machine's drifts in
+speed favour neither; after each method's
 last seed but the last method's the table of those done is printed, `mixed: so far`, so
 that a run cut short or hung keeps what it measured): per method and target the median [min-max] time over the
 seeds ("—": fewer than half of the seeds reached it; a seed that did not counts as
@@ -58,7 +59,11 @@ target (speed-up / ideal) and in throughput (the job's samples/s over the fast d
 alone's, divided by the ideal); the devices' summed computing rate over the fast device
 alone's (where it is well below the ideal, the devices slowed each other down: on 2
 cores the quick workload's 2x3 cell computes only about 1.1x the fast device alone, its
-ideal 2.7); and each device's computing rate.
+ideal 2.7); and each device's computing rate. Beside it, the paired speed-ups: seed by seed,
+the fast device alone's time over the method's of the same seed, from the first
+evaluations at the target and from the times interpolated between evaluations (finer than
+the evaluation interval: where a job is its fast device alone, the medians' ratio falls
+either side of 1.0x by an interval's chance, the paired interpolated one near 1.0x).
 
 How long it takes here (2 cores, measured): a job runs until the harder target has held
 for a second or to its time limit, plus about 5-10 s of start and summary. In the LM's
@@ -404,13 +409,21 @@ def method_argv(run: Plan, name: str, cell: Cell, method: str,
                            method_out(run, name, cell, method), seed=seed, last=its.flags)
 
 
+def seed_order(seed: int, grid: Sequence[float], methods: Sequence[str]) -> list:
+    """One seed's jobs in the order they run: the fast device alone at each learning
+    rate of grid (floats) first in even seeds and last in odd ones, the methods (names)
+    between, so that a drift of the machine's speed in a seed's jobs favours neither."""
+    alone = [float(m) for m in grid]
+    return [*alone, *methods] if seed % 2 == 0 else [*methods, *alone]
+
+
 def run_cell(run: Plan, name: str, cell: Cell, alone_done: set,
              so_far: Callable[[List[str]], None] = lambda done: None) -> List[int]:
-    """Seed by seed: the fast device alone at every learning rate (once per workload
-    and fast device: alone_done), then the methods on all the cell's devices, one at a
-    time, so that a drift in the machine's speed falls on the baseline and the methods
-    alike (on this 2-core VM one alone job, deterministic, ran 15% faster in one run than
-    in another 20 minutes later); `so_far` is called with the methods done after each
+    """Seed by seed (seed_order): the fast device alone at every learning rate (once per
+    workload and fast device: alone_done) and the methods on all the cell's devices, one
+    at a time, so that a drift in the machine's speed falls on the baseline and the
+    methods alike (on this 2-core VM one alone job, deterministic, ran 15% faster in one
+    run than in another 20 minutes later); `so_far` is called with the methods done after each
     method's last seed, so that a run cut short still leaves their table; then the
     experiment's own tables of them all (nothing run again); exit statuses."""
     codes = []
@@ -418,19 +431,19 @@ def run_cell(run: Plan, name: str, cell: Cell, alone_done: set,
     alone_done.add(cell.alone_folder)
     out = cell_out(run, name, cell)
     for seed in range(run.seeds):
-        for m in run.grid if alone else []:
-            folder = alone_out(run, name, cell, m)
-            codes.append(run_experiment(experiment_argv(
-                run, name, cell.alone_flags, [ALONE], folder, m, seed=seed), folder))
+        for job in seed_order(seed, run.grid if alone else [], run.methods):
+            if isinstance(job, float):
+                folder = alone_out(run, name, cell, job)
+                codes.append(run_experiment(experiment_argv(
+                    run, name, cell.alone_flags, [ALONE], folder, job, seed=seed), folder))
+            else:
+                codes.append(run_experiment(method_argv(run, name, cell, job, seed),
+                                            method_out(run, name, cell, job)))
+                k = run.methods.index(job)
+                if seed + 1 == run.seeds and k + 1 < len(run.methods):
+                    so_far(run.methods[:k + 1])
             if codes[-1] == 130:
                 return codes
-        for k, method in enumerate(run.methods):
-            codes.append(run_experiment(method_argv(run, name, cell, method, seed),
-                                        method_out(run, name, cell, method)))
-            if codes[-1] == 130:
-                return codes
-            if seed + 1 == run.seeds and k + 1 < len(run.methods):
-                so_far(run.methods[:k + 1])
     together = [m for m in run.methods if not variant(m).own_folder]  # one folder's
     if len(together) > 1:
         run_experiment(experiment_argv(run, name, cell.job_flags, together, out,
@@ -542,6 +555,35 @@ def method_row(name: str, m: dict, labels: Sequence[str]) -> List[str]:
             number_cell(m["throughput_fraction"], ".2f", "")]
 
 
+def seeds_cell(stats: dict) -> str:
+    """A paired speed-up's median and its seeds: '0.85x (0.99, 0.73, 0.85)' ("—": the
+    alone's seed did not reach the target; 0.00: the method's did not)."""
+    seeds = ", ".join("—" if v is None else f"{v:.2f}" for v in stats["per_seed"])
+    return f"{number_cell(stats['median'])} ({seeds})"
+
+
+def paired_table(result: dict, targets: Sequence[float]) -> str:
+    """Per method and target its paired speed-ups, from the evaluations and
+    interpolated."""
+    labels = [compare.target_label(t) for t in targets]
+    head = ["Run", *(f"{part} {label}" for label in labels
+                     for part in ("Paired at", "Interpolated at"))]
+    rows = [[variant(folder).display,
+             *(seeds_cell(m["targets"][label][key]) for label in labels
+               for key in ("paired", "paired_crossing"))]
+            for folder, m in result["methods"].items()]
+    return "\n".join([markdown_row(head), "|---|" + "---:|" * (len(head) - 1),
+                      *map(markdown_row, rows)])
+
+
+PAIRED_LEGEND = ("Paired: per seed, the fast device alone's time (at its best learning "
+                 "rate) over the method's of the same seed, the median and each seed's in "
+                 "brackets; 0.00: the method's seed did not reach the target, —: the "
+                 "alone's did not (left out). Interpolated: the same, each time taken "
+                 "where the metric crossed the target, linear between the evaluation "
+                 "short of it and the one at it.")
+
+
 def learning_rate_line(alone: dict) -> str:
     """The fast device alone's median time to each target at each learning rate (a best
     at the grid's edge says the grid is too narrow)."""
@@ -592,6 +634,8 @@ def section(name: str, result: dict, read: Reading, run: Plan) -> str:
             f"{', '.join(f'x{m:g}' for m in run.grid)}"
             + (f"; nominal ideal 1 + N/R = {nominal:.4g}" if nominal else "") + ".\n\n"
             + table(result, read.targets) + "\n\n" + LEGEND + "\n\n"
+            + "Paired, seed by seed:\n\n" + paired_table(result, read.targets) + "\n\n"
+            + PAIRED_LEGEND + "\n\n"
             + "The fast device alone's median time by learning rate: "
             + learning_rate_line(result["alone"]) + ".\n\n"
             + "Each device's samples per second of computing (median over seeds):\n\n"

@@ -97,7 +97,9 @@ def test_a_method_is_measured_against_the_alone_baseline_and_its_own_ideal():
     assert result["targets"]["0.95"]["speedup"] is None
     assert result["targets"]["0.95"]["fraction"] is None
     assert alone["targets"]["0.95"] == {"lr": None, "time": None,
-                                        "by_lr": alone["targets"]["0.95"]["by_lr"]}
+                                        "by_lr": alone["targets"]["0.95"]["by_lr"],
+                                        "by_seed": None, "crossing_by_seed": None}
+    assert result["targets"]["0.95"]["paired"]["median"] is None
 
 
 def test_a_method_reached_by_fewer_than_half_of_its_seeds_has_no_speed_up():
@@ -108,3 +110,42 @@ def test_a_method_reached_by_fewer_than_half_of_its_seeds_has_no_speed_up():
     at = speedup.job(method, alone, [0.9])["targets"]["0.90"]
     assert at["time"]["reached"] == 1 and at["time"]["median"] is None
     assert at["speedup"] is None
+
+
+def test_a_crossing_is_interpolated_between_the_evaluation_short_of_the_target_and_the_one_at_it():
+    summary = job([(2.0, 0.5), (4.0, 0.7), (6.0, 0.95)], (100, 0.1, [1]))
+    # 0.9 lies 0.2 / 0.25 of the way from 0.7 (4 s) to 0.95 (6 s)
+    assert speedup.crossing(summary, 0.9) == pytest.approx(5.6)
+    assert speedup.crossing(summary, 0.4) == 2.0          # reached at the first evaluation
+    assert speedup.crossing(summary, 0.99) is None
+    loss = {"host": {"evaluator": {"num_samples_list": [0, 0], "compute_time_list": [0.0, 0.0],
+                                   "elapsed_time_list": [5.0, 10.0],
+                                   "val_loss_list": [2.0, 1.0]}}}
+    # a loss falls: 1.8 lies 0.2 of the way from 2.0 to 1.0
+    assert speedup.crossing(loss, 1.8) == pytest.approx(6.0)
+    assert speedup.seed_times({"seed0": summary, "seed1": loss}, 0.9, "accuracy", True) == \
+        {"seed0": pytest.approx(5.6), "seed1": None}
+
+
+def test_the_paired_speed_up_compares_each_seed_with_the_alone_s_same_seed():
+    alone_times = {"seed0": 6.0, "seed1": 8.0, "seed2": None}
+    # seed0 twice as fast, seed1 not reached (0), seed2's alone not reached (left out)
+    spread = speedup.paired(alone_times, {"seed0": 3.0, "seed1": None, "seed2": 1.0,
+                                          "seed3": 2.0})
+    assert spread["per_seed"] == [2.0, 0.0, None, None]
+    assert spread["median"] == pytest.approx(1.0)
+    assert speedup.paired({}, {"seed0": 1.0})["median"] is None
+
+
+def test_a_method_s_paired_speed_ups_use_the_alone_s_seeds_at_its_best_learning_rate():
+    alone = speedup.alone(alone_runs(), [0.9])
+    # the best is x2: seeds at 4, never, 5 s (one evaluation each: no interpolation)
+    assert alone["targets"]["0.90"]["by_seed"] == {"seed0": 4.0, "seed1": None, "seed2": 5.0}
+    assert alone["targets"]["0.90"]["crossing_by_seed"] == alone["targets"]["0.90"]["by_seed"]
+    method = {f"seed{k}": job([(t / 2, 0.5), (t, 0.9)], (100, 0.1, [1]))
+              for k, t in enumerate([2.0, 4.0, 10.0])}
+    at = speedup.job(method, alone, [0.9])["targets"]["0.90"]
+    assert at["paired"]["per_seed"] == [2.0, None, 0.5]
+    # interpolated: 0.9 is reached at the second evaluation exactly
+    assert at["paired_crossing"]["per_seed"] == [2.0, None, 0.5]
+    assert at["speedup"] == pytest.approx(5.0 / 4.0)

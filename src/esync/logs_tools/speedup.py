@@ -17,7 +17,13 @@ fastest device would alone. This module measures that from summaries (summary.py
   samples per second over the fast device alone's, divided by the ideal; `fraction`);
 * the devices' computing against the fast device alone's (`sum(v_i)` in the job over
   `v` alone): near the ideal where the devices compute as fast together as apart,
-  lower where they slow each other down (shared cores: an emulation to distrust).
+  lower where they slow each other down (shared cores: an emulation to distrust);
+* the paired speed-up (`paired`): seed by seed, the alone's time (at its best learning
+  rate) over the job's of the same seed, the two run one after the other; and the same
+  with each time interpolated between the evaluation short of the target and the one at
+  it (`crossing`), finer than the evaluation interval. Where a job is its fast device
+  alone, a median of three seeds' first evaluations at the target falls either side of
+  1.0x by an interval's chance; the paired, interpolated ratio shows it near 1.0x.
 
 Medians over seeds are compare.py's: a seed that did not reach a target counts as slower
 than every seed that did (never as the time limit), and the median is None ("not
@@ -29,6 +35,42 @@ from __future__ import annotations
 from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 from esync.logs_tools import compare, drawer
+
+
+def crossing(summary: dict, target: float, metric: Optional[str] = None) -> Optional[float]:
+    """When the job's evaluated metric crossed target: linear between the last evaluation
+    short of it and the first at it (that one's time if it is the first evaluation or
+    its neighbour has the same value); None if never reached."""
+    metric = metric or drawer.metric_of(summary)
+    times, values = drawer.metric_curve(summary, metric)
+    for k, (t, v) in enumerate(zip(times, values)):
+        if drawer.reached(v, target, metric):
+            if k == 0 or values[k - 1] == v:
+                return t
+            return times[k - 1] + (t - times[k - 1]) * (target - values[k - 1]) \
+                / (v - values[k - 1])
+    return None
+
+
+def seed_times(summaries: Mapping[str, dict], target: float, metric: Optional[str] = None,
+               interpolate: bool = False) -> Dict[str, Optional[float]]:
+    """{seed: time to target} (None: not reached): the first evaluation at it, or with
+    `interpolate` its crossing."""
+    at = crossing if interpolate else drawer.time_to_target
+    return {seed: at(s, target, metric) for seed, s in summaries.items()}
+
+
+def paired(alone_times: Mapping[str, Optional[float]],
+           job_times: Mapping[str, Optional[float]]) -> dict:
+    """compare.spread of the job's seeds' speed-ups over the alone's same seed: t_alone /
+    t_job; 0 where the alone reached the target and the job did not; None where the alone
+    did not (or has no such seed)."""
+    def one(seed: str, job_time: Optional[float]) -> Optional[float]:
+        alone_time = alone_times.get(seed)
+        if alone_time is None:
+            return None
+        return 0.0 if job_time is None else alone_time / job_time
+    return compare.spread([one(seed, t) for seed, t in job_times.items()])
 
 
 def device_rate(record: dict) -> Optional[float]:
@@ -94,16 +136,20 @@ def alone(runs: Mapping[float, Mapping[str, dict]], targets: Sequence[float],
     (multipliers in order, then seeds), "computing_samples_per_s": the median of its
     device's rate, "targets": {label: {"lr": the
     best multiplier (None: no multiplier reached it), "time": its time_stats,
-    "by_lr": {multiplier: time_stats}}}}."""
+    "by_lr": {multiplier: time_stats}, "by_seed" and "crossing_by_seed": its seeds'
+    seed_times at the best multiplier (None without one)}}}."""
     by_target = {}
     for target in targets:
         by_lr = {lr: compare.time_to_target(seeds, target, metric)
                  for lr, seeds in runs.items()}
         best = best_learning_rate(by_lr)
+        seeds = runs[best[0]] if best else None
         by_target[compare.target_label(target)] = {
             "lr": best[0] if best else None,
             "time": best[1] if best else None,
-            "by_lr": {f"{lr:g}": stats for lr, stats in by_lr.items()}}
+            "by_lr": {f"{lr:g}": stats for lr, stats in by_lr.items()},
+            "by_seed": seed_times(seeds, target, metric) if best else None,
+            "crossing_by_seed": seed_times(seeds, target, metric, True) if best else None}
     every = [s for seeds in runs.values() for s in seeds.values()]
     rates = [device_rates(s) for s in every]
     return {"samples_per_s": median([drawer.throughput(s) for s in every]),
@@ -118,7 +164,8 @@ def job(summaries: Mapping[str, dict], baseline: dict, targets: Sequence[float],
     {"ideal": spread of each seed's ideal, "device_rates": each seed's,
     "computing_over_alone": spread of each seed's sum(v_i) / the alone's v,
     "samples_per_s": spread, "throughput_fraction": (median samples/s / the alone's) /
-    median ideal, "targets": {label: {"time": time_stats, "speedup", "fraction"}}}."""
+    median ideal, "targets": {label: {"time": time_stats, "speedup", "fraction",
+    "paired" and "paired_crossing": the spreads of `paired`}}}."""
     rates = [device_rates(s) for s in summaries.values()]
     ideals = compare.spread([ideal(list(r.values())) for r in rates])
     throughput = compare.spread([drawer.throughput(s) for s in summaries.values()])
@@ -126,10 +173,13 @@ def job(summaries: Mapping[str, dict], baseline: dict, targets: Sequence[float],
     for target in targets:
         label = compare.target_label(target)
         stats = compare.time_to_target(summaries, target, metric)
-        best = baseline["targets"][label]["time"]
-        gain = speedup(best["median"] if best else None, stats["median"])
-        by_target[label] = {"time": stats, "speedup": gain,
-                            "fraction": fraction(gain, ideals["median"])}
+        at = baseline["targets"][label]
+        gain = speedup(at["time"]["median"] if at["time"] else None, stats["median"])
+        by_target[label] = {
+            "time": stats, "speedup": gain, "fraction": fraction(gain, ideals["median"]),
+            "paired": paired(at["by_seed"] or {}, seed_times(summaries, target, metric)),
+            "paired_crossing": paired(at["crossing_by_seed"] or {},
+                                      seed_times(summaries, target, metric, True))}
     return {"ideal": ideals, "device_rates": rates,
             "computing_over_alone": compare.spread(
                 [ratio(sum(r.values()) if r else None, baseline["computing_samples_per_s"])
