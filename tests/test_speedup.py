@@ -135,6 +135,7 @@ def test_the_paired_speed_up_compares_each_seed_with_the_alone_s_same_seed():
     assert spread["per_seed"] == [2.0, 0.0, None, None]
     assert spread["median"] == pytest.approx(1.0)
     assert speedup.paired({}, {"seed0": 1.0})["median"] is None
+    assert speedup.paired({"seed0": 1.0}, {"seed0": 0.0})["per_seed"] == [None]
 
 
 def test_a_method_s_paired_speed_ups_use_the_alone_s_seeds_at_its_best_learning_rate():

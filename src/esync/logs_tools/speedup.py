@@ -64,12 +64,12 @@ def paired(alone_times: Mapping[str, Optional[float]],
            job_times: Mapping[str, Optional[float]]) -> dict:
     """compare.spread of the job's seeds' speed-ups over the alone's same seed: t_alone /
     t_job; 0 where the alone reached the target and the job did not; None where the alone
-    did not (or has no such seed)."""
+    did not (or has no such seed) or the job's time is 0."""
     def one(seed: str, job_time: Optional[float]) -> Optional[float]:
         alone_time = alone_times.get(seed)
         if alone_time is None:
             return None
-        return 0.0 if job_time is None else alone_time / job_time
+        return 0.0 if job_time is None else ratio(alone_time, job_time)
     return compare.spread([one(seed, t) for seed, t in job_times.items()])
 
 
