@@ -123,7 +123,7 @@ def test_a_crossing_is_interpolated_between_the_evaluation_short_of_the_target_a
                                    "val_loss_list": [2.0, 1.0]}}}
     # a loss falls: 1.8 lies 0.2 of the way from 2.0 to 1.0
     assert speedup.crossing(loss, 1.8) == pytest.approx(6.0)
-    assert speedup.seed_times({"seed0": summary, "seed1": loss}, 0.9, "accuracy", True) == \
+    assert speedup.crossings({"seed0": summary, "seed1": loss}, 0.9, "accuracy") == \
         {"seed0": pytest.approx(5.6), "seed1": None}
 
 

@@ -39,25 +39,29 @@ from esync.logs_tools import compare, drawer
 
 def crossing(summary: dict, target: float, metric: Optional[str] = None) -> Optional[float]:
     """When the job's evaluated metric crossed target: linear between the last evaluation
-    short of it and the first at it (that one's time if it is the first evaluation or
-    its neighbour has the same value); None if never reached."""
+    short of it and the first at it (that one's time if it is the first evaluation);
+    None if never reached."""
     metric = metric or drawer.metric_of(summary)
     times, values = drawer.metric_curve(summary, metric)
     for k, (t, v) in enumerate(zip(times, values)):
         if drawer.reached(v, target, metric):
-            if k == 0 or values[k - 1] == v:
+            if k == 0:
                 return t
             return times[k - 1] + (t - times[k - 1]) * (target - values[k - 1]) \
                 / (v - values[k - 1])
     return None
 
 
-def seed_times(summaries: Mapping[str, dict], target: float, metric: Optional[str] = None,
-               interpolate: bool = False) -> Dict[str, Optional[float]]:
-    """{seed: time to target} (None: not reached): the first evaluation at it, or with
-    `interpolate` its crossing."""
-    at = crossing if interpolate else drawer.time_to_target
-    return {seed: at(s, target, metric) for seed, s in summaries.items()}
+def crossings(summaries: Mapping[str, dict], target: float,
+              metric: Optional[str] = None) -> Dict[str, Optional[float]]:
+    """{seed: crossing} (None: not reached)."""
+    return {seed: crossing(s, target, metric) for seed, s in summaries.items()}
+
+
+def by_seed(summaries: Mapping[str, dict], stats: dict) -> Dict[str, Optional[float]]:
+    """{seed: time} of the time_stats of summaries' times (compare.time_to_target, the
+    seeds in the dict's order)."""
+    return dict(zip(summaries, stats["per_seed"]))
 
 
 def paired(alone_times: Mapping[str, Optional[float]],
@@ -137,19 +141,18 @@ def alone(runs: Mapping[float, Mapping[str, dict]], targets: Sequence[float],
     device's rate, "targets": {label: {"lr": the
     best multiplier (None: no multiplier reached it), "time": its time_stats,
     "by_lr": {multiplier: time_stats}, "by_seed" and "crossing_by_seed": its seeds'
-    seed_times at the best multiplier (None without one)}}}."""
+    times and crossings at the best multiplier (None without one)}}}."""
     by_target = {}
     for target in targets:
         by_lr = {lr: compare.time_to_target(seeds, target, metric)
                  for lr, seeds in runs.items()}
         best = best_learning_rate(by_lr)
-        seeds = runs[best[0]] if best else None
+        lr, stats = best or (None, None)
         by_target[compare.target_label(target)] = {
-            "lr": best[0] if best else None,
-            "time": best[1] if best else None,
-            "by_lr": {f"{lr:g}": stats for lr, stats in by_lr.items()},
-            "by_seed": seed_times(seeds, target, metric) if best else None,
-            "crossing_by_seed": seed_times(seeds, target, metric, True) if best else None}
+            "lr": lr, "time": stats,
+            "by_lr": {f"{m:g}": at for m, at in by_lr.items()},
+            "by_seed": by_seed(runs[lr], stats) if best else None,
+            "crossing_by_seed": crossings(runs[lr], target, metric) if best else None}
     every = [s for seeds in runs.values() for s in seeds.values()]
     rates = [device_rates(s) for s in every]
     return {"samples_per_s": median([drawer.throughput(s) for s in every]),
@@ -177,9 +180,9 @@ def job(summaries: Mapping[str, dict], baseline: dict, targets: Sequence[float],
         gain = speedup(at["time"]["median"] if at["time"] else None, stats["median"])
         by_target[label] = {
             "time": stats, "speedup": gain, "fraction": fraction(gain, ideals["median"]),
-            "paired": paired(at["by_seed"] or {}, seed_times(summaries, target, metric)),
+            "paired": paired(at["by_seed"] or {}, by_seed(summaries, stats)),
             "paired_crossing": paired(at["crossing_by_seed"] or {},
-                                      seed_times(summaries, target, metric, True))}
+                                      crossings(summaries, target, metric))}
     return {"ideal": ideals, "device_rates": rates,
             "computing_over_alone": compare.spread(
                 [ratio(sum(r.values()) if r else None, baseline["computing_samples_per_s"])
