@@ -70,7 +70,11 @@ def test_each_split_draws_what_it_says_and_ends_the_job_s_epochs_together(tmp_pa
     else:
         # the one that trains more drew every sample, each once in its first epoch
         assert len(set(more["drawn"][:SAMPLES])) == SAMPLES
-        # and the other went on in its own order of every sample, not in a half
+        # and the other went on in its own order of every sample, not in a half: its
+        # draws, each once, meet the half the other drew first (a static share would
+        # be disjoint from it). Not by their count: under CI's load the slow device
+        # measured slower and drew 1,632, fewer than a half's 2,400.
         less = min(ranks, key=lambda r: len(r["drawn"]))
         first = less["drawn"][:SAMPLES]
-        assert len(set(first)) == len(first) > SAMPLES // 2
+        assert len(set(first)) == len(first) >= 64
+        assert set(first) & set(more["drawn"][:SAMPLES // 2])
