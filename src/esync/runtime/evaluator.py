@@ -49,6 +49,7 @@ import zmq
 from esync import registry
 from esync.data import METRIC_LINE, METRIC_RECORD
 from esync.errors import UserError
+from esync.infra.memory import keep_freed_memory
 from esync.options import Options
 from esync.comm.publish import STORE_ADDRESS, STORE_FINISHED
 from esync.transport.cluster import ClusterEnv, DDPEnv
@@ -108,6 +109,7 @@ def evaluate_loop(opts: Options, device: torch.device, servers, source: _Source,
     from esync.runtime.task import task_of
 
     priority = yield_to_training()  # before torch starts its threads
+    keep_freed_memory()
     if opts.num_threads:
         torch.set_num_threads(opts.num_threads)
     task = task_of(opts)

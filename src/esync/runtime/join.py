@@ -28,6 +28,7 @@ from esync.algorithms.policy import check_aggregation
 from esync.options import Options
 from esync.logs.recorder import MODEL_FILE, Recorder
 from esync.runtime.session import Session
+from esync.infra.memory import keep_freed_memory
 from esync.infra.stop import StopCriteria
 from esync.transport.cluster import REQUIRED, ClusterEnv, DDPEnv, advertised_address
 
@@ -101,6 +102,7 @@ def join(plan: WorkerPlan, env: Union[ClusterEnv, DDPEnv, None],
     Session; closing the session leaves the job. `settings`: what must agree with the
     job's other nodes (esync.runtime.startup.agreed_settings)."""
     opts = plan.opts
+    keep_freed_memory()
     if opts.num_threads:
         torch.set_num_threads(opts.num_threads)
     torch.manual_seed(opts.seed)
