@@ -35,6 +35,14 @@ print(applied, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 1
 """
 
 
+def huge_pages_always() -> bool:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return "[always]" in f.read()
+    except OSError:
+        return False
+
+
 def faults_per_iteration(how: str, **env) -> tuple:
     environ = {k: v for k, v in os.environ.items()
                if k not in memory.USER_SETTINGS and k != "LD_PRELOAD"}
@@ -50,6 +58,9 @@ def test_a_process_at_the_ceiling_stops_faulting_its_activations_in():
     if applied != "True":
         pytest.skip("the C library is not glibc")
     _, plain = faults_per_iteration("plain")
+    if plain <= 200 and huge_pages_always():
+        pytest.skip("transparent huge pages always: a fresh 4 MiB block faults in a few "
+                    "huge pages, too few to tell the two apart")
     assert plain > 200, plain  # glibc's defaults: the activations mapped afresh
     assert kept < plain / 10, (kept, plain)
 
