@@ -79,5 +79,8 @@ def test_what_counts_as_the_user_s_choice():
     assert memory.users_choice({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}) == \
         "LD_PRELOAD (jemalloc)"
     assert memory.users_choice({"LD_PRELOAD": "/opt/libfoo.so"}) is None
+    assert memory.users_choice({"GLIBC_TUNABLES": "glibc.cpu.x86_shstk=off"}) is None
+    assert memory.users_choice({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == \
+        "GLIBC_TUNABLES"
     assert memory.keep_freed_memory({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=1"}) \
         is False

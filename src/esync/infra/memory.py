@@ -31,7 +31,8 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20
 #: ... and the trim threshold it sets beside it (twice the mmap threshold)
 TRIM_THRESHOLD = 2 * MMAP_THRESHOLD
-#: the environment by which a user sets glibc's malloc, or replaces it
+#: the environment by which a user sets glibc's malloc (GLIBC_TUNABLES: where it names a
+#: glibc.malloc tunable), or replaces it
 USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
                  "MALLOC_MMAP_MAX_", "GLIBC_TUNABLES")
 ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
@@ -40,7 +41,8 @@ ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 def users_choice(environ: Mapping[str, str]) -> Optional[str]:
     """What in `environ` already chose how malloc behaves (None: nothing)."""
     for name in USER_SETTINGS:
-        if environ.get(name):
+        value = environ.get(name)
+        if value and (name != "GLIBC_TUNABLES" or "glibc.malloc." in value):
             return name
     preload = environ.get("LD_PRELOAD", "")
     for allocator in ALLOCATORS:
