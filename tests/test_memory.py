@@ -9,8 +9,6 @@ import pytest
 
 from esync.infra import memory
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 #: a small convolutional net's training iterations in a fresh process: the minor page
 #: faults an iteration after three to warm up (glibc's defaults unmap and fault in its
 #: activations, 1-4 MiB at batch 32, every iteration)
@@ -46,7 +44,7 @@ def huge_pages_always() -> bool:
 def faults_per_iteration(how: str, **env) -> tuple:
     environ = {k: v for k, v in os.environ.items()
                if k not in memory.USER_SETTINGS and k != "LD_PRELOAD"}
-    environ.update(env, PYTHONPATH=os.path.join(ROOT, "src"))
+    environ.update(env)
     out = subprocess.run([sys.executable, "-c", CHILD, how], env=environ, check=True,
                          capture_output=True, text=True, timeout=120).stdout.split()
     return out[0], float(out[1])
