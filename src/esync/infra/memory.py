@@ -31,18 +31,19 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20
 #: ... and the trim threshold it sets beside it (twice the mmap threshold)
 TRIM_THRESHOLD = 2 * MMAP_THRESHOLD
-#: the environment by which a user sets glibc's malloc (GLIBC_TUNABLES: where it names a
-#: glibc.malloc tunable), or replaces it
-USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
-                 "MALLOC_MMAP_MAX_", "GLIBC_TUNABLES")
+#: the environment by which a user sets glibc's malloc: each variable, and what its value
+#: must hold to be about malloc ("": any value; GLIBC_TUNABLES also sets other parts)
+USER_SETTINGS = {"MALLOC_MMAP_THRESHOLD_": "", "MALLOC_TRIM_THRESHOLD_": "",
+                 "MALLOC_TOP_PAD_": "", "MALLOC_MMAP_MAX_": "",
+                 "GLIBC_TUNABLES": "glibc.malloc."}
 ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 
 
 def users_choice(environ: Mapping[str, str]) -> Optional[str]:
     """What in `environ` already chose how malloc behaves (None: nothing)."""
-    for name in USER_SETTINGS:
+    for name, about_malloc in USER_SETTINGS.items():
         value = environ.get(name)
-        if value and (name != "GLIBC_TUNABLES" or "glibc.malloc." in value):
+        if value and about_malloc in value:
             return name
     preload = environ.get("LD_PRELOAD", "")
     for allocator in ALLOCATORS:
