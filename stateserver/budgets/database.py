@@ -2,10 +2,29 @@
 cannot, one line naming the setting and the file (instead of Django's traceback)."""
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from typing import Iterator
 
 from django.conf import settings
 from django.db import DatabaseError, transaction
+
+#: one writing transaction at a time in this process (runserver answers each connection
+#: in a thread of its own)
+_WRITER = threading.Lock()
+
+
+@contextlib.contextmanager
+def writing() -> Iterator[None]:
+    """A transaction that writes, one at a time in this process. SQLite lets one
+    transaction write; the others, on their first write, sleep in its busy handler
+    and try again (1, 2, 5 ... 100 ms): 16 workers asking for their budgets at once
+    got the last answer after 90-150 ms, against 4 ms for one request alone, and the
+    whole round waited for it. Queued here instead, they take their turns at once.
+    (Several server processes on one database still meet at the database's lock.)"""
+    with _WRITER, transaction.atomic():
+        yield
 
 
 def check_writable() -> None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional
 
-from django.db import transaction
+from budgets.database import writing
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -74,7 +74,7 @@ def report(request: HttpRequest, job: str) -> JsonResponse:
         raise BadRequest(str(e)) from None
     role, rank = figures["role"], figures.get("rank", 0)
     now = timezone.now()
-    with transaction.atomic():
+    with writing():
         live, _ = LiveJob.objects.get_or_create(name=name)
         if figures.get("mode") and live.mode != figures["mode"]:
             live.mode = figures["mode"]

@@ -28,10 +28,10 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from django.conf import settings
-from django.db import transaction
+from budgets.database import writing
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 
@@ -249,7 +249,7 @@ def job(request: HttpRequest, job: str) -> JsonResponse:
     round_time = _round_time(body)
     share = _share(body, "coordination_share", high_open=True)
     least = _share(body, "least_speed", high_open=False)
-    with transaction.atomic():
+    with writing():
         existing = Job.objects.select_for_update().filter(name=name).first()
         if existing is not None:
             if (existing.num_workers, existing.max_local_steps, existing.round_time,
@@ -304,7 +304,8 @@ def _rewind(job: Job, resume: int) -> None:
     rewound = Device.objects.filter(job=job, round__gt=last).update(round=last)
     if job.round > last:
         job.round = last
-        job.save(update_fields=["round", "updated_at"])
+        job.planned_round = 0  # the rounds asked again are planned again
+        job.save(update_fields=["round", "planned_round", "updated_at"])
     log.info("job %s resumed at round %d (%d devices rewound)", job.name, resume, rewound)
 
 
@@ -316,6 +317,24 @@ def _check_ahead(job: Job, round_: int) -> None:
         raise BadRequest(f"field 'round' must be an integer in 1..{job.round + MAX_ROUNDS_AHEAD}"
                          f" (at most {MAX_ROUNDS_AHEAD} beyond round {job.round}, the latest "
                          f"any worker of job {job.name!r} asked for), got {_shown(round_)}")
+
+
+def _planned(job: Job, round_: int, ranks: List[int], times, cost: Optional[float]):
+    """The round's length, the same for every device of the round: fixed by its first
+    request once every device has measured, kept while the same devices (`ranks`, in the
+    order of `times`) train (esync.algorithms.esync.budget.plan)."""
+    planned = budget_rule.plan(times, job.max_local_steps, job.round_time, cost,
+                               job.coordination_share, job.least_speed)
+    if planned is None:
+        return None
+    trainers = ",".join(str(ranks[i]) for i in planned.trainers)
+    if job.planned_round == round_ and job.planned_trainers == trainers:
+        return budget_rule.Plan(job.planned_seconds, job.planned_whole, planned.trainers)
+    job.planned_round, job.planned_trainers = round_, trainers
+    job.planned_seconds, job.planned_whole = planned.seconds, planned.whole
+    job.save(update_fields=["planned_round", "planned_trainers", "planned_seconds",
+                            "planned_whole", "updated_at"])
+    return planned
 
 
 @api("POST")
@@ -330,7 +349,7 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
     interim = body.get("interim", False)
     if not isinstance(interim, bool):
         raise BadRequest(f"field 'interim' must be true or false, got {_shown(interim)}")
-    with transaction.atomic():
+    with writing():
         found = _find(job, lock=True)
         if rank >= found.num_workers:
             raise BadRequest(f"field 'rank' {rank} is outside job {found.name!r}, which has "
@@ -373,7 +392,8 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
             cost = max(costs) if costs else None
             device.budget = budget_rule.budget(
                 device.smoothed_time, times, found.max_local_steps, found.round_time,
-                cost, found.coordination_share, found.least_speed)
+                cost, found.coordination_share, found.least_speed,
+                planned=_planned(found, round_, [d.rank for d in counted], times, cost))
             if device.budget and device.reports == 1 and found.least_speed:
                 # its first round after measuring itself: one that others measured before
                 # it began, as long as they were told, ends with theirs (budget.filling)
