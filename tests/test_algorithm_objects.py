@@ -136,6 +136,24 @@ def test_with_a_least_speed_the_fastest_device_computes_on_rather_than_wait():
     assert budget.budget(0.010, times, 64, round_time=0.043, least_speed=0.2) == 4
 
 
+def test_devices_of_one_speed_measured_a_little_apart_get_one_budget():
+    """Devices within SAME_SPEED of the fastest's speed count as equally fast: the round
+    is whole iterations of the slowest of them, and each runs as many as fit, the same
+    number; rounded up to the very fastest's, some were given one iteration fewer and
+    waited most of it."""
+    times = [0.140 + 0.0005 * i for i in range(16)]  # one speed, 5% apart
+    for seconds in (0.3, 0.45, 0.66, 0.9):
+        planned = budget.plan(times, 64, coordination=seconds / 9, share=0.1,
+                              least_speed=0.2)
+        got = {budget.budget(t, times, 64, coordination=seconds / 9, share=0.1,
+                             least_speed=0.2, planned=planned) for t in times}
+        assert len(got) == 1, (seconds, got)
+        assert planned.whole and abs(planned.seconds - seconds) <= 0.25 * seconds
+    # a device 4.3 times slower is not of the fastest's speed: the fast one's budget is
+    # still rounded up to its own iterations
+    assert budget.whole_round([0.010, 0.043], 0.043, 64) == pytest.approx(0.05)
+
+
 def test_a_device_training_alone_synchronises_a_hundredth_of_its_time():
     """Where the others sit out, the device that trains alone runs rounds long enough
     that its synchronisation (20 ms) costs it 1% of its time (1.98 s; 36 of the LM's 55

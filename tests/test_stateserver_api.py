@@ -487,3 +487,30 @@ def test_bad_job_ids_unknown_jobs_methods_and_urls(client, job):
     response = client.get("/no/such/page")
     assert response.status_code == 404 and "no such endpoint" in response.json()["error"]
     assert [j["job"] for j in client.get("/").json()["jobs"]] == ["job1"]
+
+
+def test_every_device_of_a_round_gets_the_round_length_its_first_request_fixed(client):
+    """Once every device has measured, a round's length is fixed by its first request
+    and given to each device of the round, though the reports that come meanwhile move
+    the slowest time and the most coordination: equal devices get equal budgets. (Asked
+    device by device, 16 equal devices got budgets of 1 and 3 in one round and those
+    given 1 waited two iterations.)"""
+    created = post(client, "/jobs/planned/", {"workers": 3, "max_local_steps": 32,
+                                              "coordination_share": 0.1})
+    assert created.status_code == 201
+    for rank in range(3):
+        post(client, "/jobs/planned/budget/", {"rank": rank, "round": 2,
+                                               "time_per_iteration": 0.03,
+                                               "coordination": 0.01})
+    # round 3: rank 0 asks first (0.09 s of computing: 3 iterations); rank 1 then
+    # reports a spike of coordination and a slower iteration
+    got = [post(client, "/jobs/planned/budget/",
+                {"rank": rank, "round": 3, "time_per_iteration": seconds,
+                 "coordination": cost}).json()["budget"]
+           for rank, seconds, cost in ((0, 0.03, 0.01), (1, 0.031, 0.05), (2, 0.03, 0.01))]
+    assert got == [3, 3, 3]
+    # the next round's first request takes what came in: the spike lengthens it for all
+    got = [post(client, "/jobs/planned/budget/",
+                {"rank": rank, "round": 4, "time_per_iteration": 0.03,
+                 "coordination": 0.01}).json()["budget"] for rank in (2, 1, 0)]
+    assert len(set(got)) == 1 and got[0] > 3, got

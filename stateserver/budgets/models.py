@@ -22,6 +22,13 @@ class Job(models.Model):
     # trains (--least-speed): slower ones get budget 0; 0: every device trains
     least_speed = models.FloatField(default=0.0)
     round = models.PositiveIntegerField(default=0)  # the latest round any worker asked for
+    # the round whose length was fixed by its first request, every device measured, the
+    # ranks that train in it (comma-separated) and that length
+    # (esync.algorithms.esync.budget.plan): every device of the round gets it
+    planned_round = models.PositiveIntegerField(default=0)
+    planned_trainers = models.TextField(default="", blank=True)
+    planned_seconds = models.FloatField(null=True)
+    planned_whole = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -85,7 +85,7 @@ data, stalled at 1.84. Devices at 1/2 of its speed gained (1.28x and 1.24x, one 
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 #: a device whose last reported round is this many rounds behind the job's latest round
 #: (or more) is taken for dead and left out of the slowest
@@ -108,6 +108,16 @@ FAR_BELOW = 0.75
 #: with a least speed, the fastest device's budget is rounded up (`whole_round`) where
 #: that makes the round at most this share longer than its nearest budgets' round
 ROUND_UP_WITHIN = 0.25
+
+#: devices whose speeds are within this share of the fastest's count as equally fast
+#: where a round is made of whole iterations (`whole_round`): its measured times move by
+#: a few percent from round to round
+SAME_SPEED = 0.1
+
+#: a planned whole round (`plan`) gives a device the iterations that fit in it, to within
+#: this share of one: the fastest device, whose iterations the plan counted whole, may
+#: have measured itself a little slower since the round was planned
+PLANNED_SLACK = 0.1
 
 #: a device that trains alone while the others sit out synchronises at most this share
 #: of its time: its rounds last coordination * (1 - LONE_SHARE) / LONE_SHARE, at least
@@ -179,10 +189,16 @@ def training(everyone: Sequence[Optional[float]], least_speed: float = 0.0) -> l
     """The times per iteration of the devices that train (every one of `everyone`, or,
     with a `least_speed`, those at least that fraction of the fastest's speed; one not
     measured yet, None, is not among them)."""
+    return [everyone[i] for i in trainers(everyone, least_speed)]
+
+
+def trainers(everyone: Sequence[Optional[float]], least_speed: float = 0.0) -> Tuple[int, ...]:
+    """Which of `everyone` train (training's devices), by their place in it."""
     if not least_speed:
-        return list(everyone)
+        return tuple(range(len(everyone)))
     fastest = min(t for t in everyone if t is not None)
-    return [t for t in everyone if t is not None and t * least_speed <= fastest]
+    return tuple(i for i, t in enumerate(everyone)
+                 if t is not None and t * least_speed <= fastest)
 
 
 def unmeasured(mine: Optional[float], everyone: Sequence[Optional[float]]) -> bool:
@@ -288,9 +304,37 @@ def _round(everyone: Sequence[Optional[float]], trained: Sequence[float], cap: i
     return (seconds, False) if whole is None else (whole, True)
 
 
+class Plan(NamedTuple):
+    """A round's computing `seconds`, whether they are whole_round's (`whole`), and which
+    devices train in it (`trainers`' places in the times it was planned from)."""
+    seconds: float
+    whole: bool
+    trainers: Tuple[int, ...]
+
+
+def plan(everyone: Sequence[Optional[float]], cap: int, round_time: Optional[float] = None,
+         coordination: Optional[float] = None, share: float = 0.0,
+         least_speed: float = 0.0) -> Optional[Plan]:
+    """A round's length, fixed once for every device of the round (`budget`'s
+    `planned`); None until every device has measured (the start-up's budgets follow
+    each device's own view). Asked device by device, the round's length moved while the
+    round's reports came in (the slowest device's time, the most coordination any
+    device reported): at 16 equal devices budgets of 1 and 3 in one round, and the
+    devices given 1 waited two iterations for the others (a fifth of their time, SSGD's
+    wait 6%). A plan holds while the same devices train: one that measured again and
+    trains now, or another that sits out, makes another round (the state server plans
+    it again)."""
+    if None in everyone:
+        return None
+    seconds, whole = _round(everyone, training(everyone, least_speed), cap, round_time,
+                            coordination, share, least_speed)
+    return Plan(seconds, whole, trainers(everyone, least_speed))
+
+
 def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
            round_time: Optional[float] = None, coordination: Optional[float] = None,
-           share: float = 0.0, least_speed: float = 0.0) -> int:
+           share: float = 0.0, least_speed: float = 0.0,
+           planned: Optional[Plan] = None) -> int:
     """Local iterations for a device with smoothed time per iteration `mine`, given every
     living device's (its own included; `None`: not measured yet). As many as fit in the
     slowest device's time, or in round_seconds' longer round where the job's
@@ -308,25 +352,28 @@ def budget(mine: Optional[float], everyone: Sequence[Optional[float]], cap: int,
     With a `least_speed`, 0 for a device slower than that fraction of the
     fastest's speed (it sits the round out), and the round from those that train (one
     that trains alone: round_computing's), in whole iterations of the
-    fastest where that costs the others little (`whole_round`: it does not wait)."""
+    fastest where that costs the others little (`whole_round`: it does not wait).
+    With `planned` (`plan`'s), the round's length is the one every device of the round
+    is given, whoever asked first."""
     if mine is None or (not least_speed and unmeasured(mine, everyone)):
         return 1
     trained = training(everyone, least_speed)
     if mine > max(trained):
         return 0
-    seconds, whole = _round(everyone, trained, cap, round_time, coordination, share,
-                            least_speed)
+    seconds, whole = planned[:2] if planned else _round(
+        everyone, trained, cap, round_time, coordination, share, least_speed)
     if least_speed and unmeasured(mine, everyone):
         # others still on their first iteration: no longer than one that would train
         # (at least least_speed of this device's speed) can take for it
         return _iterations(min(seconds / mine, 1.0 / least_speed), cap)
-    if whole:  # as many as fit: the fastest's rounded up, none waits long
-        return max(1, min(cap, int(seconds / mine + 1e-9)))
+    if whole:  # as many as fit: the fastest's rounded up, none waits long (a planned
+        # round's fastest device may have measured itself a little slower since)
+        return max(1, min(cap, int(seconds / mine + (PLANNED_SLACK if planned else 1e-9))))
     return _iterations(seconds / mine, cap)  # may overflow to inf: then the cap
 
 
 def whole_round(trained: Sequence[float], seconds: float, cap: int) -> Optional[float]:
-    """The round's computing in whole iterations of the fastest device, or None: with
+    """The round's computing in whole iterations of the fastest devices, or None: with
     the budgets nearest `seconds` (each device's within half an iteration of it), the
     round lasts as long as the longest of the `trained` devices' budgets, and the
     fastest device, its budget rounded down, would wait for the others; rounded up, it
@@ -337,12 +384,18 @@ def whole_round(trained: Sequence[float], seconds: float, cap: int) -> Optional[
     of its round, it is left as it was. In the LM's 4x7 cell
     (docs/explanation/simulation.md), budget 4 of the fast device at 4.3 times a slow
     one's speed, its wait at the aggregation was 38 ms a round of 342 ms computing
-    (the slowest of 7 devices sets the round): 10% of its time."""
+    (the slowest of 7 devices sets the round): 10% of its time. Devices within
+    SAME_SPEED of the fastest's speed count as the fastest, the round in whole
+    iterations of the slowest of them: rounded up to the very fastest's, 16 devices
+    of one speed, measured 5% apart, were given 4 and 5 iterations, and those given 4
+    waited most of an iteration a round."""
     if len(trained) < 2:
         return None
     fastest = min(trained)
+    pace = max(t for t in trained if t <= (1.0 + SAME_SPEED) * fastest)
     longest = max(_iterations(seconds / t, cap) * t for t in trained)
-    iterations = math.ceil(longest / fastest - 1e-9)
-    if iterations > cap or iterations * fastest > (1.0 + ROUND_UP_WITHIN) * longest:
+    iterations = math.ceil(longest / pace - 1e-9)
+    if int(iterations * pace / fastest + 1e-9) > cap or \
+            iterations * pace > (1.0 + ROUND_UP_WITHIN) * longest:
         return None
-    return iterations * fastest
+    return iterations * pace
