@@ -354,6 +354,17 @@ def test_budget_is_capped_and_at_least_one(client):
     assert state(client, "default-cap")["max_local_steps"] == config.MAX_LOCAL_STEPS
 
 
+def test_a_device_s_second_time_replaces_its_first_a_warm_up(client, job):
+    """A device's first time is of its first iteration alone, a warm-up: its second
+    is taken as it is, later ones averaged in."""
+    for rank in range(4):
+        report(client, rank, 1, None)
+    for round_, seconds in ((2, 0.03), (3, 0.01), (4, 0.02)):
+        report(client, 0, round_, seconds)
+    smoothed = state(client)["devices"][0]["smoothed_time_per_iteration"]
+    assert smoothed == pytest.approx(0.7 * 0.01 + 0.3 * 0.02)
+
+
 def test_one_noisy_round_does_not_swing_the_budget(client, job):
     for round_ in range(1, 6):  # steady: 4x
         for rank, seconds in enumerate([0.01, 0.01, 0.04, 0.04]):
@@ -498,19 +509,20 @@ def test_every_device_of_a_round_gets_the_round_length_its_first_request_fixed(c
     created = post(client, "/jobs/planned/", {"workers": 3, "max_local_steps": 32,
                                               "coordination_share": 0.1})
     assert created.status_code == 201
-    for rank in range(3):
-        post(client, "/jobs/planned/budget/", {"rank": rank, "round": 2,
-                                               "time_per_iteration": 0.03,
-                                               "coordination": 0.01})
-    # round 3: rank 0 asks first (0.09 s of computing: 3 iterations); rank 1 then
+    for round_ in (2, 3):
+        for rank in range(3):
+            post(client, "/jobs/planned/budget/", {"rank": rank, "round": round_,
+                                                   "time_per_iteration": 0.03,
+                                                   "coordination": 0.01})
+    # round 4: rank 0 asks first (0.09 s of computing: 3 iterations); rank 1 then
     # reports a spike of coordination and a slower iteration
     got = [post(client, "/jobs/planned/budget/",
-                {"rank": rank, "round": 3, "time_per_iteration": seconds,
+                {"rank": rank, "round": 4, "time_per_iteration": seconds,
                  "coordination": cost}).json()["budget"]
            for rank, seconds, cost in ((0, 0.03, 0.01), (1, 0.031, 0.05), (2, 0.03, 0.01))]
     assert got == [3, 3, 3]
     # the next round's first request takes what came in: the spike lengthens it for all
     got = [post(client, "/jobs/planned/budget/",
-                {"rank": rank, "round": 4, "time_per_iteration": 0.03,
+                {"rank": rank, "round": 5, "time_per_iteration": 0.03,
                  "coordination": 0.01}).json()["budget"] for rank in (2, 1, 0)]
     assert len(set(got)) == 1 and got[0] > 3, got

@@ -374,10 +374,11 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
             if measured is not None:  # null: it computed nothing (sat out)
                 device.times_reported += 1
                 device.last_time = measured
-                # measured again after rounds out: its average is of the device before
-                device.smoothed_time = budget_rule.smooth(device.smoothed_time, measured,
-                                                          settings.BUDGET_SMOOTHING,
-                                                          fresh=device.rounds_out > 0)
+                # measured again after rounds out: its average is of the device before;
+                # its second time: its first was one iteration, a warm-up
+                device.smoothed_time = budget_rule.smooth(
+                    device.smoothed_time, measured, settings.BUDGET_SMOOTHING,
+                    fresh=device.rounds_out > 0 or device.times_reported == 2)
             if coordination is not None:
                 device.last_coordination = coordination
                 device.smoothed_coordination = budget_rule.smooth(
