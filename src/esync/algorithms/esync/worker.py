@@ -7,8 +7,9 @@ times faster about k, so that all reach the aggregation together. It also report
 its last synchronisation cost (`coordination`: the push and pull less the wait for the
 others, plus its wait for the budget); where that would take more than
 --coordination-share of a round, the rounds are made longer (budget.py). (Round t's request is
-sent at the end of round t-1, as soon as the time is measured, and runs while the delta
-is being averaged: the HTTP round trip costs the round nothing. Round 1's is sent at
+sent as round t-1's last local iteration begins, its time measured over the others (at
+the end of a round of one iteration), and runs while that iteration computes and the
+delta is averaged: the HTTP round trip costs the round nothing. Round 1's is sent at
 its start, with nothing measured: every device gets 1; with a least speed that round
 measures, and its weightless push is answered while the next round computes, on the
 parameter servers: `_answers_later`; a device that measured before others did computes
@@ -170,10 +171,24 @@ class ESyncWorker(PushPull):
         budget.INTERIM_AFTER iterations: the devices that measure meanwhile are weighed
         against it rather than against this device's first iteration, a warm-up."""
         super().iteration_timed(computing, samples)  # the round's samples
+        if self._asks_early():
+            self._next = self._request(self._round + 1, (time.perf_counter() -
+                                                         self._computing_since) / self._steps)
         if self._open and self._steps == INTERIM_AFTER and self._interim is None:
             self._interim = self.state.budget_later(
                 self.rank, self._round, (time.perf_counter() - self._computing_since)
                 / self._steps, self.max_local_steps, interim=True)
+
+    def _asks_early(self) -> bool:
+        """Whether the next round's budget is asked for now, as the round's last
+        iteration begins (its time per iteration measured over the others), rather than
+        as the round ends: the state server then has an iteration's time to answer every
+        device, off the synchronisation's path. Asked as the push began, 16 workers'
+        requests met the state server at once, the last answered after the round's
+        bytes had moved (in clear, 38 ms), and the round waited for it. Not in a round
+        that measures, or an open one: those ask as they end."""
+        return self._steps == self.budget - 1 and self._next is None and \
+            not (self._open or self.measuring or self._answers_later(self._round))
 
     def round_over(self) -> bool:
         """An open round (budget.opens) ends once the first round's pushes are answered:
@@ -194,7 +209,8 @@ class ESyncWorker(PushPull):
             except StateServerRefusal as e:
                 log.warning("[esync] worker %d: %s", self.rank, e)
             self._interim = None
-        self._next = self._request(round_ + 1, self.time_per_iteration)
+        if self._next is None:  # not asked early (_asks_early)
+            self._next = self._request(round_ + 1, self.time_per_iteration)
         if self._open:  # logged as the iterations it ran
             self.budget = self._steps
         if self._answers_later(round_):

@@ -1,0 +1,73 @@
+"""bench/scale.py: a round's cost beyond computing against the number of workers. Its
+model and its reading of the workers' records in process; one small real run."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from bench import scale
+from tests.helpers import REPO
+
+SCALE = os.path.join(REPO, "bench", "scale.py")
+
+
+def test_the_ballast_model_has_the_size_asked_and_sleeps_its_step_only_in_training(
+        monkeypatch):
+    monkeypatch.setenv(scale.MB_ENV, "0.4")
+    monkeypatch.setenv(scale.STEP_ENV, "0.05")
+    model = scale.ballast(num_classes=10)
+    assert sum(p.numel() for p in model.parameters()) == scale.values_of(0.4)
+    assert model.step == 0.05
+    model.eval()
+    import torch
+    assert model(torch.zeros(3, 1, 8, 8)).shape == (3, 10)
+
+
+def _record(folder, worker, n, total_time, compute, wait, communication, state=0.0,
+            other=0.0):
+    path = folder / "net" / "esync" / "host" / worker
+    path.mkdir(parents=True, exist_ok=True)
+    (path / f"iter-{n}.json").write_text(json.dumps({
+        "total_time": total_time,
+        "breakdown": {"fetch": 0.0, "prep": 0.0, "compute": compute, "wait": wait,
+                      "communication": communication, "state_server": state,
+                      "other": other}}))
+
+
+def test_a_round_is_split_into_computing_waiting_bytes_and_the_rest(tmp_path):
+    """The start-up's rounds (the first WARMUP, and those that ended in the first
+    `settle` seconds) are left out; the bytes are the breakdown's communication (the
+    wait is already out of it); the figures are the median over workers of their mean
+    round."""
+    for worker, wait in (("w0", 0.01), ("w1", 0.03), ("w2", 0.05)):
+        for n in range(1, 12):
+            early = n <= scale.WARMUP + 2  # rounds 6 and 7 end before `settle`
+            _record(tmp_path, worker, n, total_time=n, compute=9.0 if early else 0.5,
+                    wait=wait, communication=0.02, other=0.001)
+    parts = scale.round_parts(tmp_path, settle=7.5)
+    assert parts["rounds"] == 4
+    assert parts["compute"] == pytest.approx(0.5)
+    assert parts["wait"] == pytest.approx(0.03)
+    assert parts["bytes"] == pytest.approx(0.02)
+    assert parts["round"] == pytest.approx(0.5 + 0.03 + 0.02 + 0.001)
+    with pytest.raises(RuntimeError, match="no worker ran rounds"):
+        scale.round_parts(tmp_path, settle=100)
+
+
+def test_one_small_run_prints_its_table():
+    """Two SSGD workers, a 0.4 MB model, steps of 20 ms, one run: a row with the
+    round, its parts, the bare-ZeroMQ cost of the same bytes and the memory."""
+    done = subprocess.run(
+        [sys.executable, SCALE, "--workers", "2", "--modes", "sync", "--repeats", "1",
+         "--mb", "0.4", "--step", "0.02", "--time-limit", "5", "--settle", "1"],
+        capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| sync | 2 | 1 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    seconds, computing, bare = (float(cells[i].split()[0]) for i in (3, 4, 11))
+    assert 0.02 <= computing / 1e3 < seconds  # a round lasts its step and more
+    assert bare > 0
+    assert re.fullmatch(r"\d+ \[\d+-\d+\]", cells[13])  # a worker's memory, MiB
