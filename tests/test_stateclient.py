@@ -256,3 +256,27 @@ def test_values_out_of_range_from_the_state_server_are_refused(answer, message):
         client.close()
     finally:
         server.close()
+
+
+def test_budgets_asked_for_later_are_answered_in_order_by_one_thread(tmp_path, monkeypatch):
+    """budget_later's requests share the client's one connection: sent one at a time,
+    in the order asked, by one thread for the client's life; a refusal reaches the one
+    who waits for that answer, and the requests after it are answered."""
+    import threading
+    monkeypatch.delenv("ESYNC_STATE_TOKEN", raising=False)
+    with StateServer(tmp_path) as state:
+        client = StateClient("127.0.0.1", state.port, "myjob", patience=1)
+        client.init_job(2, 4)
+        before = threading.active_count()
+        asked = [client.budget_later(0, r, 0.01) for r in (1, 2, 3)]
+        past = client.budget_later(0, 2, 0.01)  # round 2 is past once round 3 is asked
+        after = client.budget_later(0, 4, 0.01)
+        assert [p.result().local_iterations >= 1 for p in asked] == [True] * 3
+        with pytest.raises(StateServerError, match="'round' 2 is in the past"):
+            past.result()
+        assert after.result().local_iterations >= 1
+        assert threading.active_count() == before + 1
+        requester = next(t for t in threading.enumerate() if t.name == "esync-budget")
+        client.close()
+        requester.join(timeout=5)
+        assert not requester.is_alive()

@@ -7,9 +7,10 @@ times faster about k, so that all reach the aggregation together. It also report
 its last synchronisation cost (`coordination`: the push and pull less the wait for the
 others, plus its wait for the budget); where that would take more than
 --coordination-share of a round, the rounds are made longer (budget.py). (Round t's request is
-sent as round t-1's last local iteration begins, its time measured over the others (at
-the end of a round of one iteration), and runs while that iteration computes and the
-delta is averaged: the HTTP round trip costs the round nothing. Round 1's is sent at
+sent as round t-1's last local iteration begins, its time measured over the others (in a
+round of one iteration, as the round begins, with the previous round's time), and runs
+while that iteration computes and the delta is averaged: the HTTP round trip costs the
+round nothing. Round 1's is sent at
 its start, with nothing measured: every device gets 1; with a least speed that round
 measures, and its weightless push is answered while the next round computes, on the
 parameter servers: `_answers_later`; a device that measured before others did computes
@@ -70,6 +71,9 @@ class ESyncWorker(PushPull):
         self.coordination: Optional[float] = None
         self._state_wait = 0.0  # this round's wait for its budget
         self.time_per_iteration: Optional[float] = None  # measured in the last round
+        #: the last round's time, not yet reported: it ran one iteration, and the next
+        #: round's budget was asked for as it began (`_asks_early`)
+        self._unreported: Optional[float] = None
         self.budget, self.request_seconds = 1, 0.0
         self.measuring = False  # this round measures speeds: its delta weighs nothing
         self._next: Optional[PendingBudget] = None  # the next round's budget, on its way
@@ -153,6 +157,8 @@ class ESyncWorker(PushPull):
         self._steps, self._computing_since = 0, time.perf_counter()
         # the time this round waited for its budget (usually none: it came meanwhile)
         self._state_wait = self._computing_since - start
+        if self._asks_early():  # one iteration: the last begins now
+            self._next, self._unreported = self._request(round_ + 1, self._unreported), None
         return self.budget, {"state server": self._state_wait}
 
     def local_update(self, model: nn.Module, step: Callable[[], Any]) -> Any:
@@ -186,7 +192,10 @@ class ESyncWorker(PushPull):
         device, off the synchronisation's path. Asked as the push began, 16 workers'
         requests met the state server at once, the last answered after the round's
         bytes had moved (in clear, 38 ms), and the round waited for it. Not in a round
-        that measures, or an open one: those ask as they end."""
+        that measures, or an open one: those ask as they end. A round of one iteration
+        asks as it begins, with the time of the round before (`_unreported`); asked as
+        it ended, the paper's rule's rounds (every device one iteration) waited 3 ms at
+        16 workers in clear for a budget answered after the round's bytes had moved."""
         return self._steps == self.budget - 1 and self._next is None and \
             not (self._open or self.measuring or self._answers_later(self._round))
 
@@ -211,6 +220,8 @@ class ESyncWorker(PushPull):
             self._interim = None
         if self._next is None:  # not asked early (_asks_early)
             self._next = self._request(round_ + 1, self.time_per_iteration)
+        elif self.budget == 1:  # asked as the round began: its time goes with the next
+            self._unreported = self.time_per_iteration
         if self._open:  # logged as the iterations it ran
             self.budget = self._steps
         if self._answers_later(round_):
