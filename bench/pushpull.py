@@ -41,6 +41,7 @@ import numpy as np
 import zmq
 
 from esync.infra import ready
+from esync.transport.auth import Guard
 from esync.transport.message import CHUNK_VALUES
 from nodes import NodeRun, cluster_node
 
@@ -62,21 +63,23 @@ def framework_round(values: int, workers: int, servers: int, rounds: int,
 
 
 def bare_round(values: int, workers: int, servers: int, rounds: int,
-               streamed: bool = True) -> float:
-    """(b): the same bytes through bare ZeroMQ, echoed (one message) or streamed."""
+               streamed: bool = True, key: str = "") -> float:
+    """(b): the same bytes through bare ZeroMQ, echoed (one message) or streamed; with a
+    job `key`, every byte encrypted (CurveZMQ) and every peer admitted as a job's are."""
+    secrecy = {"ESYNC_JOB_KEY": key, "ESYNC_JOB_KEY_FILE": ""}
     bounds = np.linspace(0, values, servers + 1).astype(int)
     chunks = [len(range(0, b - a, CHUNK_VALUES)) for a, b in zip(bounds[:-1], bounds[1:])]
     kind = "bare-stream-server" if streamed else "bare-echo-server"
     with NodeRun(SCRIPT, "esync-pushpull-", TIMEOUT_S) as run:
         started = [run.start(f"server{s}", kind, ["--workers", str(workers), "--chunks",
                                                   str(n), "--rounds", str(rounds)],
-                             ready_=True)
+                             env=secrecy, ready_=True)
                    for s, n in enumerate(chunks)]
         ports = ",".join(str(run.port(child)) for child in started)
         for w in range(workers):
             run.start(f"worker{w}", "bare-worker",
                       ["--ports", ports, "--values", str(values), "--rounds", str(rounds),
-                       *([] if streamed else ["--echo"])], result=True)
+                       *([] if streamed else ["--echo"])], env=secrecy, result=True)
         return statistics.mean(statistics.median(r) for r in run.results_after_wait())
 
 
@@ -119,17 +122,19 @@ def _chunks(array: np.ndarray):
 
 
 def _bound_router():
-    """A ROUTER socket on a free loopback port, reported to the supervisor."""
+    """A ROUTER socket on a free loopback port, reported to the supervisor; a CURVE
+    server of the job key, if ESYNC_JOB_KEY names one."""
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
+    guard = Guard.from_environ(ctx, warn=False)
+    sock = guard.serve(ctx.socket(zmq.ROUTER))
     ready.announce(sock.bind_to_random_port("tcp://127.0.0.1"))
-    return ctx, sock
+    return ctx, sock, guard
 
 
 def _bare_stream_server(workers: int, chunks: int, rounds: int) -> None:
     """Echo chunk k to every worker once all of them have sent their k-th chunk: the same
     messages and the same pipelining as the framework, minus headers and arithmetic."""
-    ctx, sock = _bound_router()
+    ctx, sock, guard = _bound_router()
     for _ in range(rounds + WARMUP):
         received: dict = {}
         for _ in range(workers * chunks):
@@ -141,26 +146,29 @@ def _bare_stream_server(workers: int, chunks: int, rounds: int) -> None:
                 for peer, frames in received.items():
                     sock.send_multipart([peer, frames[index]], copy=False)
     sock.close(linger=1000)
+    guard.close()
     ctx.term()
 
 
 def _bare_echo_server(workers: int, chunks: int, rounds: int) -> None:
     """Wait for every worker's whole shard (one multipart message), echo it back."""
-    ctx, sock = _bound_router()
+    ctx, sock, guard = _bound_router()
     for _ in range(rounds + WARMUP):
         arrived = [sock.recv_multipart(copy=False) for _ in range(workers)]
         for ident, *frames in arrived:
             sock.send_multipart([ident, *frames], copy=False)
     sock.close(linger=1000)
+    guard.close()
     ctx.term()
 
 
 def _bare_worker(ports: Sequence[int], values: int, rounds: int, result: str,
                  streamed: bool = True) -> None:
     ctx = zmq.Context()
+    guard = Guard.from_environ(ctx, warn=False)
     socks = []
     for port in ports:
-        s = ctx.socket(zmq.DEALER)
+        s = guard.connect(ctx.socket(zmq.DEALER))
         s.connect(f"tcp://127.0.0.1:{port}")
         socks.append(s)
     bounds = np.linspace(0, values, len(ports) + 1).astype(int)

@@ -1,6 +1,6 @@
 """What a round costs beyond its computing, against the workers, and against bare ZeroMQ.
 
-    python bench/scale.py [--workers 4,8,16] [--servers 1] [--modes esync,sync]
+    python bench/scale.py [--workers 4,8,16] [--servers 1] [--modes esync,esync-paper,sync]
                           [--mb 4] [--step 0.1] [--repeats 3] [--time-limit 30]
                           [--no-auth] [--keep DIR] [--json FILE]
     python bench/scale.py --plot before=A.json after=B.json --figure scale.png
@@ -19,9 +19,14 @@ bytes (communication less the wait), the state server (ESync's wait for a budget
 the rest; the *overhead* (a round's time beyond computing) in ms and as a share of the
 round; and the bare-ZeroMQ cost of the same bytes in the same topology and run
 (bench/pushpull.py's stream: each worker streams its shard to each server in chunks,
-the server echoes each chunk to every worker once all sent it), and the overhead over
-it. Memory: the largest proportional set size (PSS: resident pages, each shared page
-split among the processes that map it; torch's libraries are mapped by every process)
+the server echoes each chunk to every worker once all sent it), in clear and, when the
+jobs have a job key (the default), also encrypted by CurveZMQ as theirs are, and the
+overhead over each. Modes are esync-launch's -m and `esync-paper`, ESync with
+--coordination-share 0 (the paper's rule: the slowest device's one iteration sets the
+round, so equal devices run one local iteration per round, as SSGD does).
+
+Memory: the largest proportional set size (PSS: resident pages, each shared page split
+among the processes that map it; torch's libraries are mapped by every process)
 of any worker and of the whole job, sampled from /proc every half second. The rounds of
 a job's first --settle seconds of training (and at least its first WARMUP rounds) are
 left out: its start-up, where ESync measures speeds and its budgets settle. Every
@@ -45,8 +50,12 @@ from typing import Dict, List
 import torch
 from torch import nn
 
+from esync.transport import auth
+
 BENCH = os.path.dirname(os.path.abspath(__file__))
 WARMUP = 5
+# a mode of this benchmark that is not esync-launch's own -m: its flags
+MODES = {"esync-paper": ["-m", "esync", "--coordination-share", "0"]}
 MB_ENV = "ESYNC_SCALE_MB"
 STEP_ENV = "ESYNC_SCALE_STEP"
 
@@ -173,7 +182,7 @@ def round_parts(folder: Path, settle: float) -> Dict[str, float]:
 
 def run_job(mode: str, workers: int, servers: int, args, base: str) -> Dict[str, float]:
     from esync.launch import local
-    argv = ["-m", mode, "--workers", str(workers), "--servers", str(servers),
+    argv = [*MODES.get(mode, ["-m", mode]), "--workers", str(workers), "--servers", str(servers),
             "--no-evaluator", "--no-progress",
             "--out", base, "--time-limit", str(args.time_limit), "--num-threads", "1",
             "-n", "scale:ballast", "-b", "16", *(["--no-auth"] if args.no_auth else [])]
@@ -189,11 +198,12 @@ def run_job(mode: str, workers: int, servers: int, args, base: str) -> Dict[str,
     return parts
 
 
-def bare_cost(workers: int, servers: int, values: int) -> float:
-    """bench/pushpull.py's bare-ZeroMQ round (stream) of the same bytes and topology."""
+def bare_cost(workers: int, servers: int, values: int, key: str = "") -> float:
+    """bench/pushpull.py's bare-ZeroMQ round (stream) of the same bytes and topology;
+    with a job `key`, encrypted as a job's bytes are."""
     sys.path.insert(0, BENCH)
     import pushpull
-    return pushpull.bare_round(values, workers, servers, rounds=12, streamed=True)
+    return pushpull.bare_round(values, workers, servers, rounds=12, streamed=True, key=key)
 
 
 # --- the table -------------------------------------------------------------------------------
@@ -204,11 +214,17 @@ def spread(values: List[float], scale: float = 1.0, digits: int = 0) -> str:
 
 
 def table(results: Dict[tuple, List[Dict[str, float]]]) -> List[str]:
-    lines = ["| mode | workers | servers | s/round | computing | wait | bytes | state server | "
-             "other | overhead ms | overhead share | bare ZeroMQ ms | overhead / bare | "
-             "worker PSS MiB | job PSS MiB |", "|" + "---|" * 15]
+    keyed = all("bare_key" in r for runs in results.values() for r in runs)
+    columns = ["mode", "workers", "servers", "s/round", "computing", "wait", "bytes",
+               "state server", "other", "overhead ms", "overhead share", "bare ZeroMQ ms",
+               "overhead / bare", *(["bare CurveZMQ ms", "overhead / bare CurveZMQ"] * keyed),
+               "worker PSS MiB", "job PSS MiB"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for (mode, workers, servers), runs in sorted(results.items(), key=lambda kv: kv[0][1:]):
         ms = lambda part: spread([r[part] for r in runs], 1e3)  # noqa: E731
+        encrypted = (f"{spread([r['bare_key'] for r in runs], 1e3, 1)} | "
+                     f"{spread([r['overhead'] / r['bare_key'] for r in runs], 1, 1)} | "
+                     if keyed else "")
         lines.append(
             f"| {mode} | {workers} | {servers} | {spread([r['round'] for r in runs], 1, 3)} | "
             f"{ms('compute')} | {ms('wait')} | {ms('bytes')} | {ms('state_server')} | "
@@ -216,7 +232,8 @@ def table(results: Dict[tuple, List[Dict[str, float]]]) -> List[str]:
             f"{spread([r['overhead'] / r['round'] for r in runs], 100, 1)}% | "
             f"{spread([r['bare'] for r in runs], 1e3, 1)} | "
             f"{spread([r['overhead'] / r['bare'] for r in runs], 1, 1)} | "
-            f"{spread([r['rss_worker'] for r in runs])} | {spread([r['rss_job'] for r in runs])} |")
+            f"{encrypted}{spread([r['rss_worker'] for r in runs])} | "
+            f"{spread([r['rss_job'] for r in runs])} |")
     return lines
 
 
@@ -228,6 +245,7 @@ def plot(files: List[str], path: str) -> None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.2))
     bare: Dict[int, List[float]] = {}
+    encrypted: Dict[int, List[float]] = {}
     for index, item in enumerate(files):
         label, _, name = item.rpartition("=")
         style = ("-" if index == len(files) - 1 else ":")
@@ -238,14 +256,21 @@ def plot(files: List[str], path: str) -> None:
                             for key, runs in cells.items() if key.split()[0] == mode and runs)
             xs = [n for n, _ in points]
             mids = [statistics.median(r["overhead"] for r in runs) * 1e3 for _, runs in points]
-            lows = [m - min(r["overhead"] for r in runs) * 1e3 for m, (_, runs) in zip(mids, points)]
-            highs = [max(r["overhead"] for r in runs) * 1e3 - m for m, (_, runs) in zip(mids, points)]
+            lows = [m - min(r["overhead"] for r in runs) * 1e3
+                    for m, (_, runs) in zip(mids, points)]
+            highs = [max(r["overhead"] for r in runs) * 1e3 - m
+                     for m, (_, runs) in zip(mids, points)]
             ax.errorbar(xs, mids, yerr=[lows, highs], marker="o", capsize=3, linestyle=style,
                         label=f"{mode} {label}".strip())
             for n, runs in points:
                 bare.setdefault(n, []).extend(r["bare"] for r in runs)
+                encrypted.setdefault(n, []).extend(r["bare_key"] for r in runs if "bare_key" in r)
     xs = sorted(bare)
     ax.plot(xs, [statistics.median(bare[n]) * 1e3 for n in xs], "k--", label="bare ZeroMQ")
+    keyed = [n for n in xs if encrypted[n]]
+    if keyed:
+        ax.plot(keyed, [statistics.median(encrypted[n]) * 1e3 for n in keyed], "k-.",
+                label="bare ZeroMQ, CurveZMQ")
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs, [str(n) for n in xs])
     ax.set_xlabel("workers (one server)")
@@ -260,8 +285,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", default="4,8,16", help="numbers of workers (default: 4,8,16)")
     parser.add_argument("--servers", default="1", help="numbers of servers (default: 1)")
-    parser.add_argument("--modes", default="esync,sync",
-                        help="modes, as esync-launch's -m (default: esync,sync)")
+    parser.add_argument("--modes", default="esync,esync-paper,sync",
+                        help="modes, as esync-launch's -m, and esync-paper: esync with "
+                             "--coordination-share 0, the paper's rule (default: esync,esync-paper,sync)")
     parser.add_argument("--mb", type=float, default=4.0, help="model size in MB (default: 4)")
     parser.add_argument("--step", type=float, default=0.1,
                         help="seconds each local iteration sleeps (default: 0.1)")
@@ -293,16 +319,19 @@ def main() -> int:
     cells = [(mode, int(n), int(s)) for s in args.servers.split(",")
              for n in args.workers.split(",") for mode in args.modes.split(",")]
     results: Dict[tuple, List[Dict[str, float]]] = {c: [] for c in cells}
-    bare: Dict[tuple, float] = {}
+    bare: Dict[tuple, Dict[str, float]] = {}
     try:
         for rep in range(args.repeats):
             for mode, workers, servers in cells:
                 if (workers, servers, rep) not in bare:
-                    bare[workers, servers, rep] = bare_cost(workers, servers, values)
+                    bare[workers, servers, rep] = {"bare": bare_cost(workers, servers, values)}
+                    if not args.no_auth:
+                        bare[workers, servers, rep]["bare_key"] = bare_cost(
+                            workers, servers, values, auth.new_key())
                 folder = os.path.join(base, f"{mode}-{workers}x{servers}-r{rep}")
                 shutil.rmtree(folder, ignore_errors=True)
                 figures = run_job(mode, workers, servers, args, folder)
-                figures["bare"] = bare[workers, servers, rep]
+                figures.update(bare[workers, servers, rep])
                 results[mode, workers, servers].append(figures)
                 print(f"rep {rep}: {mode} {workers}x{servers}: {figures['round']:.3f} s/round, "
                       f"overhead {figures['overhead'] * 1e3:.0f} ms, bare "

@@ -58,16 +58,20 @@ def test_a_round_is_split_into_computing_waiting_bytes_and_the_rest(tmp_path):
 
 
 def test_one_small_run_prints_its_table():
-    """Two SSGD workers, a 0.4 MB model, steps of 20 ms, one run: a row with the
-    round, its parts, the bare-ZeroMQ cost of the same bytes and the memory."""
+    """Two workers of the paper's ESync, a 0.4 MB model, steps of 20 ms, one run: a row
+    with the round, its parts, the bare-ZeroMQ cost of the same bytes in clear and
+    encrypted as the job's are (a job key), and the memory."""
     done = subprocess.run(
-        [sys.executable, SCALE, "--workers", "2", "--modes", "sync", "--repeats", "1",
-         "--mb", "0.4", "--step", "0.02", "--time-limit", "5", "--settle", "1"],
+        [sys.executable, SCALE, "--workers", "2", "--modes", "esync-paper", "--repeats", "1",
+         "--mb", "0.4", "--step", "0.02", "--time-limit", "6", "--settle", "1"],
         capture_output=True, text=True, timeout=240, cwd=REPO)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    row = next(line for line in done.stdout.splitlines() if line.startswith("| sync | 2 | 1 |"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    seconds, computing, bare = (float(cells[i].split()[0]) for i in (3, 4, 11))
-    assert 0.02 <= computing / 1e3 < seconds  # a round lasts its step and more
-    assert bare > 0
-    assert re.fullmatch(r"\d+ \[\d+-\d+\]", cells[13])  # a worker's memory, MiB
+    lines = done.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("| mode |"))
+    row = next(line for line in lines if line.startswith("| esync-paper | 2 | 1 |"))
+    cell = dict(zip((c.strip() for c in header.strip("|").split("|")[1:]),
+                    (float(c.split()[0]) for c in row.strip("|").split("|")[1:])))
+    assert 0.02 <= cell["computing"] / 1e3 < cell["s/round"]  # a round: its step and more
+    assert cell["computing"] / 1e3 < 0.02 * 3  # the paper's rule: one local iteration
+    assert cell["bare ZeroMQ ms"] > 0 and cell["bare CurveZMQ ms"] > 0
+    assert re.fullmatch(r"\d+ \[\d+-\d+\]", row.strip("|").split("|")[-2].strip())  # MiB
