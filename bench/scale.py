@@ -287,7 +287,8 @@ def main() -> int:
     parser.add_argument("--servers", default="1", help="numbers of servers (default: 1)")
     parser.add_argument("--modes", default="esync,esync-paper,sync",
                         help="modes, as esync-launch's -m, and esync-paper: esync with "
-                             "--coordination-share 0, the paper's rule (default: esync,esync-paper,sync)")
+                             "--coordination-share 0, the paper's rule (default: "
+                             "esync,esync-paper,sync)")
     parser.add_argument("--mb", type=float, default=4.0, help="model size in MB (default: 4)")
     parser.add_argument("--step", type=float, default=0.1,
                         help="seconds each local iteration sleeps (default: 0.1)")
