@@ -237,31 +237,36 @@ def table(results: Dict[tuple, List[Dict[str, float]]]) -> List[str]:
     return lines
 
 
+def _errorbar(ax, points, figure, scale: float, style: str, label: str) -> None:
+    """One line: each point's median of `figure(run)`, its lowest-highest as the bar."""
+    values = [[figure(r) * scale for r in runs] for _, runs in points]
+    mids = [statistics.median(v) for v in values]
+    ax.errorbar([n for n, _ in points], mids,
+                yerr=[[m - min(v) for m, v in zip(mids, values)],
+                      [max(v) - m for m, v in zip(mids, values)]],
+                marker="o", capsize=3, linestyle=style, label=label)
+
+
 def plot(files: List[str], path: str) -> None:
-    """Overhead per round (median, lowest-highest) against workers, one line per file
-    (`label=file.json`, written by --json) and mode, and the bare-ZeroMQ cost."""
+    """Against workers, one line per file (`label=file.json`, written by --json) and
+    mode (median, lowest-highest): the overhead per round beside the bare-ZeroMQ cost
+    of its bytes (left), and its share of the round (right)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, (ax, share) = plt.subplots(1, 2, figsize=(11, 4.2))
     bare: Dict[int, List[float]] = {}
     encrypted: Dict[int, List[float]] = {}
     for index, item in enumerate(files):
         label, _, name = item.rpartition("=")
         style = ("-" if index == len(files) - 1 else ":")
         cells = json.loads(Path(name).read_text())
-        modes = sorted({key.split()[0] for key in cells})
-        for mode in modes:
+        for mode in sorted({key.split()[0] for key in cells}):
             points = sorted((int(key.split()[1].split("x")[0]), runs)
                             for key, runs in cells.items() if key.split()[0] == mode and runs)
-            xs = [n for n, _ in points]
-            mids = [statistics.median(r["overhead"] for r in runs) * 1e3 for _, runs in points]
-            lows = [m - min(r["overhead"] for r in runs) * 1e3
-                    for m, (_, runs) in zip(mids, points)]
-            highs = [max(r["overhead"] for r in runs) * 1e3 - m
-                     for m, (_, runs) in zip(mids, points)]
-            ax.errorbar(xs, mids, yerr=[lows, highs], marker="o", capsize=3, linestyle=style,
-                        label=f"{mode} {label}".strip())
+            line = f"{mode} {label}".strip()
+            _errorbar(ax, points, lambda r: r["overhead"], 1e3, style, line)
+            _errorbar(share, points, lambda r: r["overhead"] / r["round"], 100, style, line)
             for n, runs in points:
                 bare.setdefault(n, []).extend(r["bare"] for r in runs)
                 encrypted.setdefault(n, []).extend(r["bare_key"] for r in runs if "bare_key" in r)
@@ -271,12 +276,15 @@ def plot(files: List[str], path: str) -> None:
     if keyed:
         ax.plot(keyed, [statistics.median(encrypted[n]) * 1e3 for n in keyed], "k-.",
                 label="bare ZeroMQ, CurveZMQ")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(xs, [str(n) for n in xs])
-    ax.set_xlabel("workers (one server)")
     ax.set_ylabel("ms per round beyond computing")
+    share.set_ylabel("share of the round beyond computing, %")
+    for a in (ax, share):
+        a.set_xscale("log", base=2)
+        a.set_xticks(xs, [str(n) for n in xs])
+        a.set_xlabel("workers (one server)")
+        a.set_ylim(bottom=0)
+        a.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -75,3 +75,15 @@ def test_one_small_run_prints_its_table():
     assert cell["computing"] / 1e3 < 0.02 * 3  # the paper's rule: one local iteration
     assert cell["bare ZeroMQ ms"] > 0 and cell["bare CurveZMQ ms"] > 0
     assert re.fullmatch(r"\d+ \[\d+-\d+\]", row.strip("|").split("|")[-2].strip())  # MiB
+
+
+def test_the_figure_is_drawn_from_the_json_files(tmp_path):
+    """--plot: one line per file and mode, the bare costs, a PNG."""
+    run = {"overhead": 0.05, "round": 0.2, "bare": 0.01, "bare_key": 0.04}
+    for name, factor in (("a", 1.0), ("b", 0.5)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(
+            {f"{mode} {n}x1": [{k: v * factor * n for k, v in run.items()}] * 3
+             for mode in ("esync", "sync") for n in (4, 8)}))
+    figure = tmp_path / "scale.png"
+    scale.plot([f"before={tmp_path / 'a.json'}", f"after={tmp_path / 'b.json'}"], str(figure))
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
