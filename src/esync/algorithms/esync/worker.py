@@ -145,6 +145,12 @@ class ESyncWorker(PushPull):
         start = time.perf_counter()
         pending = self._next or self._request(round_, None)
         (self.budget, self.measuring, opened), self._next = self._budget(pending), None
+        # the time this round waited for its budget (usually none: it came meanwhile);
+        # not the copy of the round's first weights below: taken as the round began,
+        # when 16 workers on 2 cores all start at once, that copy sometimes waited
+        # 5-43 ms for a core, and was counted as the state server's although every
+        # budget had come before it was needed
+        self._state_wait = time.perf_counter() - start
         self.request_seconds, self._round = pending.seconds, round_
         self._open = False
         if round_ == 2 and self._carried:  # the delta is taken from the job's first
@@ -155,8 +161,6 @@ class ESyncWorker(PushPull):
             self._carried = 0
             super().begin_round(round_)  # the weights the round's delta is taken from
         self._steps, self._computing_since = 0, time.perf_counter()
-        # the time this round waited for its budget (usually none: it came meanwhile)
-        self._state_wait = self._computing_since - start
         if self._asks_early():  # one iteration: the last begins now
             self._next, self._unreported = self._request(round_ + 1, self._unreported), None
         return self.budget, {"state server": self._state_wait}
