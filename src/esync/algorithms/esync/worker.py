@@ -197,9 +197,9 @@ class ESyncWorker(PushPull):
         requests met the state server at once, the last answered after the round's
         bytes had moved (in clear, 38 ms), and the round waited for it. Not in a round
         that measures, or an open one: those ask as they end. A round of one iteration
-        asks as it begins, with the time of the round before (`_unreported`); asked as
-        it ended, the paper's rule's rounds (every device one iteration) waited 3 ms at
-        16 workers in clear for a budget answered after the round's bytes had moved."""
+        asks as it begins, with the time of the round before (`_unreported`): asked as
+        it ended, its request had only the moving of the round's bytes to be answered
+        in, as in the paper's rule, where every device runs one iteration a round."""
         return self._steps == self.budget - 1 and self._next is None and \
             not (self._open or self.measuring or self._answers_later(self._round))
 
