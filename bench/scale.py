@@ -27,7 +27,11 @@ round, so equal devices run one local iteration per round, as SSGD does).
 
 Memory: the largest proportional set size (PSS: resident pages, each shared page split
 among the processes that map it; torch's libraries are mapped by every process)
-of any worker and of the whole job, sampled from /proc every half second. The rounds of
+of any worker and of the whole job, sampled from /proc every half second. CPU: the
+seconds of CPU (user and system, from /proc) that the workers together, the servers,
+the state server (Django's runserver: ESync's budgets and every job's live page) and the
+scheduler used per round over the rounds counted, so that what one mode adds to the
+cores' work beside the others shows. The rounds of
 a job's first --settle seconds of training (and at least its first WARMUP rounds) are
 left out: its start-up, where ESync measures speeds and its budgets settle. Every
 figure is the median of --repeats runs, with its spread (lowest-highest); jobs of one
@@ -112,22 +116,44 @@ def _descendants(pid: int) -> List[int]:
     return out
 
 
-def _role_and_rss(pid: int):
+def _role(pid: int) -> str:
+    """A job's process by its DMLC_ROLE (worker, server, scheduler), the state server by
+    its command (Django's manage.py), anything else `other`."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        if b"manage.py" in f.read():
+            return "state"
+    return env.get(b"DMLC_ROLE", b"other").decode()
+
+
+def _pss_and_cpu(pid: int):
+    """Its proportional set size (MiB) and the CPU seconds it used so far (user and
+    system), or None where it has gone."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
         with open(f"/proc/{pid}/smaps_rollup") as f:  # proportional: shared pages split
-            rss = next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+            pss = next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
     except (OSError, StopIteration):
         return None
-    return env.get(b"DMLC_ROLE", b"other").decode(), rss / 1024.0
+    return pss / 1024.0, (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-class MemoryWatch:
-    """The largest PSS (MiB) of any worker, any server, and of the whole job."""
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+CPU_ROLES = ("worker", "server", "state", "scheduler")
+CPU_NAMES = ("workers", "servers", "state server", "scheduler")  # the table's, per round
+
+
+class ProcessWatch:
+    """Every half second, from /proc: the largest PSS (MiB) of any worker, any server,
+    and of the whole job; and the CPU seconds each role's processes used so far
+    (`cpu_between`)."""
 
     def __init__(self):
         self.peak = {"worker": 0.0, "server": 0.0, "job": 0.0}
+        self.samples: List[tuple] = []  # (time.time(), {role: CPU seconds so far})
+        self._cpu: Dict[int, tuple] = {}  # pid -> (role, CPU seconds when last seen)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -135,16 +161,36 @@ class MemoryWatch:
         while not self._stop.wait(0.5):
             total = 0.0
             for pid in _descendants(os.getpid()):
-                found = _role_and_rss(pid)
+                found = _pss_and_cpu(pid)
                 if found is None:
                     continue
-                role, rss = found
-                total += rss
+                pss, cpu = found
+                if pid not in self._cpu:
+                    try:
+                        self._cpu[pid] = (_role(pid), 0.0)
+                    except OSError:
+                        continue
+                role = self._cpu[pid][0]
+                self._cpu[pid] = (role, cpu)  # a process gone keeps its last figure
+                total += pss
                 if role in self.peak:
-                    self.peak[role] = max(self.peak[role], rss)
+                    self.peak[role] = max(self.peak[role], pss)
             self.peak["job"] = max(self.peak["job"], total)
+            used: Dict[str, float] = {}
+            for role, cpu in self._cpu.values():
+                used[role] = used.get(role, 0.0) + cpu
+            self.samples.append((time.time(), used))
 
-    def __enter__(self) -> "MemoryWatch":
+    def cpu_between(self, start: float, end: float) -> Dict[str, float]:
+        """CPU seconds each role used between the samples nearest to `start` and `end`
+        (wall-clock times)."""
+        if not self.samples:
+            return {}
+        near = lambda t: min(self.samples, key=lambda s: abs(s[0] - t))[1]  # noqa: E731
+        first, last = near(start), near(end)
+        return {role: last.get(role, 0.0) - first.get(role, 0.0) for role in last}
+
+    def __enter__(self) -> "ProcessWatch":
         self._thread.start()
         return self
 
@@ -163,16 +209,19 @@ def round_parts(folder: Path, settle: float) -> Dict[str, float]:
     per_worker = []
     for worker in sorted(p for p in folder.glob("*/*/*/*") if p.is_dir()):
         records = sorted(worker.glob("iter-*.json"), key=lambda p: int(p.stem.split("-")[1]))
-        loaded = [json.loads(p.read_text()) for p in records]
-        rounds = [r["breakdown"] for r in loaded[WARMUP:] if r["total_time"] > settle]
-        if not rounds:
+        loaded = [(json.loads(p.read_text()), p.stat().st_mtime) for p in records]
+        counted = [(r["breakdown"], at) for r, at in loaded[WARMUP:] if r["total_time"] > settle]
+        if not counted:
             continue
+        rounds = [r for r, _ in counted]
         mean = {part: statistics.fmean(r.get(key, 0.0) for r in rounds)
                 for part, key in zip(PARTS, ("compute", "wait", "communication",
                                              "state_server", "other"))}
         mean["other"] += statistics.fmean(r["fetch"] + r["prep"] for r in rounds)
         mean["round"] = sum(mean[p] for p in PARTS)
         mean["rounds"] = len(rounds)
+        # the wall-clock span of the counted rounds (records are written as rounds end)
+        mean["started"], mean["ended"] = counted[0][1], counted[-1][1]
         per_worker.append(mean)
     if not per_worker:
         raise RuntimeError(f"no worker ran rounds after its first {settle:g} s and "
@@ -186,14 +235,19 @@ def run_job(mode: str, workers: int, servers: int, args, base: str) -> Dict[str,
             "--no-evaluator", "--no-progress",
             "--out", base, "--time-limit", str(args.time_limit), "--num-threads", "1",
             "-n", "scale:ballast", "-b", "16", *(["--no-auth"] if args.no_auth else [])]
-    with MemoryWatch() as memory:
+    with ProcessWatch() as watch:
         started = time.perf_counter()
         if local.run(argv, progress=False) != 0:
             raise RuntimeError(f"the {mode} job of {workers} workers failed; see {base}")
         wall = time.perf_counter() - started
     parts = round_parts(Path(base), args.settle)
     parts["overhead"] = parts["round"] - parts["compute"]
-    parts.update({f"rss_{k}": v for k, v in memory.peak.items()})
+    parts.update({f"rss_{k}": v for k, v in watch.peak.items()})
+    # CPU seconds per round of each role's processes together, over the counted rounds
+    spanned = (parts["ended"] - parts["started"]) / parts["round"]
+    if spanned >= 1:
+        used = watch.cpu_between(parts["started"], parts["ended"])
+        parts.update({f"cpu_{role}": used.get(role, 0.0) / spanned for role in CPU_ROLES})
     parts["job_seconds"] = wall
     return parts
 
@@ -218,10 +272,12 @@ def table(results: Dict[tuple, List[Dict[str, float]]]) -> List[str]:
     columns = ["mode", "workers", "servers", "s/round", "computing", "wait", "bytes",
                "state server", "other", "overhead ms", "overhead share", "bare ZeroMQ ms",
                "overhead / bare", *(["bare CurveZMQ ms", "overhead / bare CurveZMQ"] * keyed),
-               "worker PSS MiB", "job PSS MiB"]
+               *(f"CPU {name} ms" for name in CPU_NAMES), "worker PSS MiB", "job PSS MiB"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for (mode, workers, servers), runs in sorted(results.items(), key=lambda kv: kv[0][1:]):
         ms = lambda part: spread([r[part] for r in runs], 1e3)  # noqa: E731
+        cpu = "".join(f"{ms(f'cpu_{role}') if all(f'cpu_{role}' in r for r in runs) else '—'} | "
+                      for role in CPU_ROLES)
         encrypted = (f"{spread([r['bare_key'] for r in runs], 1e3, 1)} | "
                      f"{spread([r['overhead'] / r['bare_key'] for r in runs], 1, 1)} | "
                      if keyed else "")
@@ -232,7 +288,7 @@ def table(results: Dict[tuple, List[Dict[str, float]]]) -> List[str]:
             f"{spread([r['overhead'] / r['round'] for r in runs], 100, 1)}% | "
             f"{spread([r['bare'] for r in runs], 1e3, 1)} | "
             f"{spread([r['overhead'] / r['bare'] for r in runs], 1, 1)} | "
-            f"{encrypted}{spread([r['rss_worker'] for r in runs])} | "
+            f"{encrypted}{cpu}{spread([r['rss_worker'] for r in runs])} | "
             f"{spread([r['rss_job'] for r in runs])} |")
     return lines
 
@@ -345,7 +401,10 @@ def main() -> int:
                 print(f"rep {rep}: {mode} {workers}x{servers}: {figures['round']:.3f} s/round, "
                       f"overhead {figures['overhead'] * 1e3:.0f} ms, bare "
                       f"{figures['bare'] * 1e3:.1f} ms, worker {figures['rss_worker']:.0f} MiB, "
-                      f"job {figures['job_seconds']:.0f} s", flush=True)
+                      f"job {figures['job_seconds']:.0f} s" + "".join(
+                          f", CPU {name} {figures[f'cpu_{role}'] * 1e3:.0f} ms/round"
+                          for role, name in zip(CPU_ROLES, CPU_NAMES)
+                          if f"cpu_{role}" in figures), flush=True)
     finally:
         if args.json:
             Path(args.json).write_text(json.dumps(

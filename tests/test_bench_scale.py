@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -57,6 +58,27 @@ def test_a_round_is_split_into_computing_waiting_bytes_and_the_rest(tmp_path):
         scale.round_parts(tmp_path, settle=100)
 
 
+def test_the_watch_counts_each_roles_cpu_and_memory():
+    """A child that computes for a while as a job's worker (DMLC_ROLE), another that
+    sleeps as its server: the worker's CPU seconds between two moments of its life, none
+    of the server's, and each one's memory."""
+    burn = "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end: pass"
+    with scale.ProcessWatch() as watch:
+        children = [subprocess.Popen([sys.executable, "-c", code],
+                                     env=dict(os.environ, DMLC_ROLE=role))
+                    for role, code in (("worker", burn), ("server", "import time; time.sleep(2)"))]
+        started = time.time()
+        for child in children:
+            child.wait(timeout=60)
+        ended = time.time()
+        while not watch.samples or watch.samples[-1][0] < ended + 0.5:  # a sample after
+            time.sleep(0.1)
+    used = watch.cpu_between(started, ended + 1)
+    assert 0.5 < used["worker"] <= 2.0
+    assert used.get("server", 0.0) < 0.2
+    assert watch.peak["worker"] > 1 and watch.peak["server"] > 1  # MiB
+
+
 def test_one_small_run_prints_its_table():
     """Two workers of the paper's ESync, a 0.4 MB model, steps of 20 ms, one run: a row
     with the round, its parts, the bare-ZeroMQ cost of the same bytes in clear and
@@ -74,6 +96,9 @@ def test_one_small_run_prints_its_table():
     assert 0.02 <= cell["computing"] / 1e3 < cell["s/round"]  # a round: its step and more
     assert cell["computing"] / 1e3 < 0.02 * 3  # the paper's rule: one local iteration
     assert cell["bare ZeroMQ ms"] > 0 and cell["bare CurveZMQ ms"] > 0
+    # CPU per round: the workers' steps, the server's sums, the state server's budgets
+    assert cell["CPU workers ms"] > 0 and cell["CPU servers ms"] > 0
+    assert cell["CPU state server ms"] > 0
     assert re.fullmatch(r"\d+ \[\d+-\d+\]", row.strip("|").split("|")[-2].strip())  # MiB
 
 
