@@ -49,7 +49,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -92,9 +92,11 @@ def values_of(mb: float) -> int:
     return int(mb * 1e6 / 4)
 
 
-# --- memory ------------------------------------------------------------------------------
-def _children(pid: int) -> List[int]:
-    found = []
+# --- memory and CPU ----------------------------------------------------------------------
+def _processes() -> Dict[int, Tuple[int, float]]:
+    """Every process: pid -> (its parent's pid, the CPU seconds it used so far, user and
+    system), in one pass over /proc."""
+    found = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -102,15 +104,18 @@ def _children(pid: int) -> List[int]:
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[1]) == pid:
-                found.append(int(entry))
+            found[int(entry)] = (int(fields[1]),
+                                 (int(fields[11]) + int(fields[12])) / CLOCK_TICKS)
     return found
 
 
-def _descendants(pid: int) -> List[int]:
+def _descendants(pid: int, processes: Dict[int, Tuple[int, float]]) -> List[int]:
+    children: Dict[int, List[int]] = {}
+    for child, (parent, _) in processes.items():
+        children.setdefault(parent, []).append(child)
     out, todo = [], [pid]
     while todo:
-        for child in _children(todo.pop()):
+        for child in children.get(todo.pop(), ()):
             out.append(child)
             todo.append(child)
     return out
@@ -119,25 +124,21 @@ def _descendants(pid: int) -> List[int]:
 def _role(pid: int) -> str:
     """A job's process by its DMLC_ROLE (worker, server, scheduler), the state server by
     its command (Django's manage.py), anything else `other`."""
-    with open(f"/proc/{pid}/environ", "rb") as f:
-        env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         if b"manage.py" in f.read():
             return "state"
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
     return env.get(b"DMLC_ROLE", b"other").decode()
 
 
-def _pss_and_cpu(pid: int):
-    """Its proportional set size (MiB) and the CPU seconds it used so far (user and
-    system), or None where it has gone."""
+def _pss(pid: int) -> Optional[float]:
+    """Its proportional set size (MiB), or None where it has gone."""
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:  # proportional: shared pages split
-            pss = next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+            return next(int(line.split()[1]) for line in f if line.startswith("Pss:")) / 1024.0
     except (OSError, StopIteration):
         return None
-    return pss / 1024.0, (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -160,18 +161,16 @@ class ProcessWatch:
     def _run(self) -> None:
         while not self._stop.wait(0.5):
             total = 0.0
-            for pid in _descendants(os.getpid()):
-                found = _pss_and_cpu(pid)
-                if found is None:
+            processes = _processes()
+            for pid in _descendants(os.getpid(), processes):
+                pss = _pss(pid)
+                if pss is None:
                     continue
-                pss, cpu = found
-                if pid not in self._cpu:
-                    try:
-                        self._cpu[pid] = (_role(pid), 0.0)
-                    except OSError:
-                        continue
-                role = self._cpu[pid][0]
-                self._cpu[pid] = (role, cpu)  # a process gone keeps its last figure
+                try:  # read each time: forked but not yet exec'd, it has its parent's
+                    role = _role(pid)
+                except OSError:
+                    continue
+                self._cpu[pid] = (role, processes[pid][1])  # one gone keeps its last
                 total += pss
                 if role in self.peak:
                     self.peak[role] = max(self.peak[role], pss)
@@ -244,7 +243,7 @@ def run_job(mode: str, workers: int, servers: int, args, base: str) -> Dict[str,
     parts["overhead"] = parts["round"] - parts["compute"]
     parts.update({f"rss_{k}": v for k, v in watch.peak.items()})
     # CPU seconds per round of each role's processes together, over the counted rounds
-    spanned = (parts["ended"] - parts["started"]) / parts["round"]
+    spanned = parts["rounds"] - 1  # the first counted round ended as the span began
     if spanned >= 1:
         used = watch.cpu_between(parts["started"], parts["ended"])
         parts.update({f"cpu_{role}": used.get(role, 0.0) / spanned for role in CPU_ROLES})
