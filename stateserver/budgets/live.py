@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional
 
-from budgets.database import writing
+from budgets.database import count, select, writing
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -74,16 +74,20 @@ def report(request: HttpRequest, job: str) -> JsonResponse:
         raise BadRequest(str(e)) from None
     role, rank = figures["role"], figures.get("rank", 0)
     now = timezone.now()
-    with writing():
-        live, _ = LiveJob.objects.get_or_create(name=name)
+    with writing():  # a worker's report, every second: database.select, not the ORM
+        live = next(iter(select(LiveJob, lock=True, name=name)), None) or \
+            LiveJob.objects.get_or_create(name=name)[0]
         if figures.get("mode") and live.mode != figures["mode"]:
             live.mode = figures["mode"]
-        live.save()  # reported_at
-        reporter, _ = Reporter.objects.get_or_create(job=live, role=role, rank=rank)
+        live.reported_at = now
+        live.save(update_fields=["mode", "reported_at"])
+        reporter = next(iter(select(Reporter, lock=True, job_id=live.pk, role=role,
+                                    rank=rank)), None) or \
+            Reporter.objects.get_or_create(job=live, role=role, rank=rank)[0]
         reporter.figures = json.dumps(figures)
         reporter.reports += 1
         reporter.reported_at = now
-        reporter.save()
+        reporter.save(update_fields=["figures", "reports", "reported_at"])
         if role != "launcher":
             _add_point(reporter, (now - live.created_at).total_seconds(), figures)
     return JsonResponse({"job": name, "role": role, "rank": rank,
@@ -93,7 +97,7 @@ def report(request: HttpRequest, job: str) -> JsonResponse:
 def _add_point(reporter: Reporter, seconds: float, figures: Dict[str, Any]) -> None:
     kept = {k: figures[k] for k in POINT_FIELDS if k in figures}
     Point.objects.create(reporter=reporter, seconds=seconds, figures=json.dumps(kept))
-    if Point.objects.filter(reporter=reporter).count() > MAX_POINTS:
+    if count(Point, reporter_id=reporter.pk) > MAX_POINTS:
         ids = list(Point.objects.filter(reporter=reporter).order_by("seconds")
                    .values_list("id", flat=True))
         # every other one of all but the newest: the whole run stays, at half the detail

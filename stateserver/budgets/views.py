@@ -28,10 +28,10 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from django.conf import settings
-from budgets.database import writing
+from budgets.database import select, writing
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 
@@ -63,6 +63,12 @@ STATUS_MAX_LIMIT = 500
 PAGE_DEVICES = 4096
 #: characters of a refused value or URL that an error message repeats
 SHOWN = 80
+
+
+#: what a budget request (not an interim one) changes in its device's row
+ANSWERED = ("times_reported", "last_time", "smoothed_time", "last_coordination",
+            "smoothed_coordination", "budget", "measuring", "rounds_out", "round", "reports",
+            "reported_at")
 
 
 class BadRequest(Exception):
@@ -168,6 +174,14 @@ def _find(job: str, lock: bool = False) -> Job:
     except Job.DoesNotExist:
         raise BadRequest(f"no job {job!r} here; its worker 0 initialises it with "
                          f"POST /jobs/{job}/", 404) from None
+
+
+def _for_budget(job: str) -> Tuple[Job, List[Device]]:
+    """The job and its devices in rank order, locked for the write (database.select)."""
+    jobs = select(Job, lock=True, name=_job_name(job))
+    if not jobs:
+        _find(job)  # its 404
+    return jobs[0], select(Device, order_by="rank", lock=True, job_id=jobs[0].pk)
 
 
 # --- answers ---------------------------------------------------------------------------
@@ -350,11 +364,10 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
     if not isinstance(interim, bool):
         raise BadRequest(f"field 'interim' must be true or false, got {_shown(interim)}")
     with writing():
-        found = _find(job, lock=True)
+        found, devices = _for_budget(job)
         if rank >= found.num_workers:
             raise BadRequest(f"field 'rank' {rank} is outside job {found.name!r}, which has "
                              f"ranks 0..{found.num_workers - 1}")
-        devices = list(found.devices.order_by("rank"))
         device = devices[rank]
         _check_ahead(found, round_)
         if round_ < device.round:
@@ -423,7 +436,7 @@ def budget(request: HttpRequest, job: str) -> JsonResponse:
             device.round = round_
             device.reports += 1
             device.reported_at = timezone.now()
-            device.save()
+            device.save(update_fields=ANSWERED)
             if round_ > found.round:
                 found.round = round_
                 found.save(update_fields=["round", "updated_at"])
