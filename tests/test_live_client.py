@@ -90,6 +90,41 @@ def test_a_quiet_process_reports_at_the_keepalive_and_news_at_once(server):
         reporter.close()
 
 
+def test_reports_share_one_connection_and_a_restarted_server_gets_the_next_quietly(
+        tmp_path, caplog, monkeypatch):
+    """Reports go over one kept-alive connection (a new one per report cost the state
+    server more CPU than the report); a server that closed it (restarted) gets the next
+    report over a new one, with no warning."""
+    monkeypatch.delenv("ESYNC_STATE_TOKEN", raising=False)
+    state = StateServer(tmp_path).start()
+    reporter = LiveReporter(page_url("127.0.0.1", state.port, "c6"),
+                            {"role": "worker", "rank": 0, "mode": "sync"}, interval=0.05,
+                            keepalive=600)  # nothing sent while the server restarts
+
+    def shown_round():
+        return ((live(state, "c6") or {"workers": [{}]})["workers"][0]
+                .get("figures", {}).get("round"))
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="esync.logs.live"):
+            reporter.add(record(1))
+            wait_until(lambda: shown_round() == 1, timeout=30, what="round 1 on the page")
+            local = reporter._http._conn.sock.getsockname()
+            reporter.add(record(2))
+            wait_until(lambda: shown_round() == 2, timeout=30, what="round 2 on the page")
+            assert reporter._http._conn.sock.getsockname() == local  # the same connection
+            state.stop()
+            state.start()  # same port, same database: it closed the connection
+            reporter.add(record(3))
+            wait_until(lambda: shown_round() == 3, timeout=30, what="round 3 on the page")
+            reporter.close()
+        assert [r.getMessage() for r in caplog.records] == []
+        assert live(state, "c6")["workers"][0]["state"] == "done"
+    finally:
+        reporter.close()
+        state.stop()
+
+
 def test_the_evaluators_metric(server):
     reporter = LiveReporter(page_url("127.0.0.1", server.port, "c2"),
                             {"role": "evaluator", "mode": "sync"}, token=TOKEN, interval=0.2)

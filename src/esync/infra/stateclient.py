@@ -30,7 +30,7 @@ import queue
 import re
 import threading
 import time
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
 
 from esync import config
 from esync.errors import UserError
@@ -123,6 +123,45 @@ def _json_object(raw: bytes) -> Optional[Dict]:
     return answer if isinstance(answer, dict) else None
 
 
+class KeptAlive:
+    """One kept-alive HTTP connection to host:port, for one thread at a time: `request`
+    sends a request and reads its whole answer. A kept-alive connection that the server
+    closed meanwhile (it closes idle ones, or restarted) is replaced once, at once;
+    other failures raise (OSError, http.client.HTTPException), the connection closed,
+    and the next request opens a new one."""
+
+    def __init__(self, host: str, port: int, timeout: float):
+        self.host, self.port, self.timeout = host, port, timeout
+        self._conn: Optional[http.client.HTTPConnection] = None
+
+    def request(self, method: str, path: str, body: Optional[bytes],
+                headers: Dict[str, str]) -> Tuple[int, bytes]:
+        replaced = False
+        while True:
+            reused = self._conn is not None
+            try:
+                if self._conn is None:
+                    self._conn = http.client.HTTPConnection(self.host, self.port,
+                                                            timeout=self.timeout)
+                self._conn.request(method, path, body=body, headers=headers)
+                response = self._conn.getresponse()
+                return response.status, response.read()
+            except ConnectionError:
+                self.close()
+                if reused and not replaced:
+                    replaced = True
+                    continue
+                raise
+            except (OSError, http.client.HTTPException):
+                self.close()
+                raise
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
 class StateClient:
     def __init__(self, host: str, port: int, job: str,
                  patience: float = config.STATE_SERVER_PATIENCE,
@@ -131,7 +170,7 @@ class StateClient:
         self.host, self.port, self.job = host, port, job
         self.patience, self.check = patience, check
         self.token = token_from_environ() if token is FROM_ENVIRON else token
-        self._conn: Optional[http.client.HTTPConnection] = None
+        self._http = KeptAlive(host, port, timeout=10)
         self._requests: "queue.SimpleQueue[Optional[PendingBudget]]" = queue.SimpleQueue()
         self._requester: Optional[threading.Thread] = None
 
@@ -144,31 +183,18 @@ class StateClient:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.token is not None:
             headers["Authorization"] = f"Bearer {self.token}"
-        deadline, warned, replaced = time.monotonic() + self.patience, False, False
+        deadline, warned = time.monotonic() + self.patience, False
         while True:
-            reused = self._conn is not None
             try:
-                if self._conn is None:
-                    self._conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
-                self._conn.request(method, path, body=payload, headers=headers)
-                response = self._conn.getresponse()
-                status, raw = response.status, response.read()
+                status, raw = self._http.request(method, path, payload, headers)
                 answer = _json_object(raw)
                 if status < 500 and answer is not None:
                     break
                 # a 5xx, or an answer cut short by a server going down: try again
                 problem = f"HTTP {status} with {raw[:100]!r}"
-            except ConnectionError as e:
-                if reused and not replaced:
-                    # the server closed the kept-alive connection while it was idle (or
-                    # restarted): once, try a new one at once, without a warning
-                    self.close()
-                    replaced = True
-                    continue
-                problem = str(e) or type(e).__name__
             except (OSError, http.client.HTTPException) as e:
                 problem = str(e) or type(e).__name__
-            self.close()  # a fresh connection for the next try
+            self._http.close()  # a fresh connection for the next try
             if time.monotonic() > deadline:
                 raise StateServerError(f"state server {self.url} unreachable for "
                                        f"{self.patience:g} s ({problem}); is it running, and "
@@ -278,9 +304,7 @@ class StateClient:
         if self._requester is not None:
             self._requests.put(None)
             self._requester = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._http.close()
 
 
 class PendingBudget:
