@@ -35,7 +35,9 @@ cores' work beside the others shows. The rounds of
 a job's first --settle seconds of training (and at least its first WARMUP rounds) are
 left out: its start-up, where ESync measures speeds and its budgets settle. Every
 figure is the median of --repeats runs, with its spread (lowest-highest); jobs of one
-repetition run in turn, modes and N interleaved.
+repetition run in turn, modes and N interleaved. With SSGD (`sync`) among the modes,
+"/ SSGD paired" is each run's overhead over that of the SSGD job of the same N and
+repetition: the machine's load drifts between repetitions more than the modes differ.
 """
 from __future__ import annotations
 
@@ -266,10 +268,24 @@ def spread(values: List[float], scale: float = 1.0, digits: int = 0) -> str:
     return f"{mid:.{digits}f} [{low:.{digits}f}-{high:.{digits}f}]"
 
 
+def paired(runs: List[Dict[str, float]], baseline: Optional[List[Dict[str, float]]]) -> str:
+    """Each run's overhead over that of the baseline's run of the same repetition (run
+    beside it, on the machine as loaded then), median [lowest-highest]; '—' without
+    the baseline's runs."""
+    if not baseline or len(baseline) != len(runs):
+        return "—"
+    return spread([r["overhead"] / b["overhead"] for r, b in zip(runs, baseline)], 1, 2)
+
+
 def table(results: Dict[tuple, List[Dict[str, float]]]) -> List[str]:
+    """The table's lines; with SSGD (`sync`) among the modes, each mode's overhead over
+    SSGD's of the same N and repetition ("/ SSGD paired": the machine's load drifts
+    between repetitions more than ESync's overhead differs from SSGD's)."""
     keyed = all("bare_key" in r for runs in results.values() for r in runs)
+    with_sync = any(mode == "sync" for mode, _, _ in results)
     columns = ["mode", "workers", "servers", "s/round", "computing", "wait", "bytes",
-               "state server", "other", "overhead ms", "overhead share", "bare ZeroMQ ms",
+               "state server", "other", "overhead ms", *(["/ SSGD paired"] * with_sync),
+               "overhead share", "bare ZeroMQ ms",
                "overhead / bare", *(["bare CurveZMQ ms", "overhead / bare CurveZMQ"] * keyed),
                *(f"CPU {name} ms" for name in CPU_NAMES), "worker PSS MiB", "job PSS MiB"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -284,6 +300,7 @@ def table(results: Dict[tuple, List[Dict[str, float]]]) -> List[str]:
             f"| {mode} | {workers} | {servers} | {spread([r['round'] for r in runs], 1, 3)} | "
             f"{ms('compute')} | {ms('wait')} | {ms('bytes')} | {ms('state_server')} | "
             f"{ms('other')} | {ms('overhead')} | "
+            f"{paired(runs, results.get(('sync', workers, servers))) + ' | ' if with_sync else ''}"
             f"{spread([r['overhead'] / r['round'] for r in runs], 100, 1)}% | "
             f"{spread([r['bare'] for r in runs], 1e3, 1)} | "
             f"{spread([r['overhead'] / r['bare'] for r in runs], 1, 1)} | "

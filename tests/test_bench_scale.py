@@ -102,6 +102,27 @@ def test_one_small_run_prints_its_table():
     assert re.fullmatch(r"\d+ \[\d+-\d+\]", row.strip("|").split("|")[-2].strip())  # MiB
 
 
+def test_with_ssgd_the_table_pairs_each_run_with_ssgds_of_the_same_repetition():
+    """'/ SSGD paired': each run's overhead over the SSGD run beside it, not the ratio of
+    the medians (3 runs where the machine's load doubled in the second)."""
+    def runs(overheads):
+        return [{"overhead": o, "round": 0.2, "bare": 0.05, "compute": 0.1, "wait": 0.0,
+                 "bytes": 0.0, "state_server": 0.0, "other": 0.0, "rss_worker": 270.0,
+                 "rss_job": 4500.0} for o in overheads]
+    lines = scale.table({("esync", 16, 1): runs([0.088, 0.220, 0.099]),
+                         ("sync", 16, 1): runs([0.080, 0.200, 0.090]),
+                         ("esync", 8, 1): runs([0.05, 0.05, 0.05])})
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {tuple(c.strip() for c in line.strip("|").split("|")[:3]):
+            dict(zip(header, (c.strip() for c in line.strip("|").split("|"))))
+            for line in lines[2:]}
+    assert rows["esync", "16", "1"]["/ SSGD paired"] == "1.10 [1.10-1.10]"
+    assert rows["esync", "16", "1"]["overhead ms"] == "99 [88-220]"
+    assert rows["sync", "16", "1"]["/ SSGD paired"] == "1.00 [1.00-1.00]"
+    assert rows["esync", "8", "1"]["/ SSGD paired"] == "—"  # no SSGD at 8 workers
+    assert "/ SSGD paired" not in scale.table({("esync", 16, 1): runs([0.1])})[0]
+
+
 def test_the_figure_is_drawn_from_the_json_files(tmp_path):
     """--plot: one line per file and mode, the bare costs, a PNG."""
     run = {"overhead": 0.05, "round": 0.2, "bare": 0.01, "bare_key": 0.04}
