@@ -9,7 +9,8 @@ import time
 import pytest
 
 from esync.errors import UserError
-from esync.infra.stateclient import StateClient, StateServerError, token_from_environ
+from esync.infra.stateclient import (KeptAlive, StateClient, StateServerError,
+                                     token_from_environ)
 from esync.launch.supervisor import free_port
 from tests.stateserver import StateServer
 
@@ -54,6 +55,44 @@ def test_a_server_that_is_not_the_state_server_is_named(tmp_path, caplog):
     finally:
         other.kill()
         other.wait()
+
+
+def test_an_endless_answer_is_not_read_whole(caplog):
+    """A server on the state server's port answering a body far longer than any of the
+    state server's: the client reads at most KeptAlive.MAX_ANSWER_BYTES of it, retries,
+    then names the server and the reason."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    huge = 64 * KeptAlive.MAX_ANSWER_BYTES
+
+    def answer():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # the test closed it
+                return
+            with conn:
+                try:
+                    conn.recv(65536)
+                    conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                 f"Content-Length: {huge}\r\n\r\n".encode())
+                    block = b" " * 65536
+                    for _ in range(huge // len(block)):
+                        conn.sendall(block)
+                except OSError:  # the client stopped reading and closed
+                    pass
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        client = StateClient("127.0.0.1", port, "myjob", patience=0.5)
+        with pytest.raises(StateServerError, match="answer longer than 1048576 bytes"):
+            client.init_job(2, 4)
+        client.close()
+    finally:
+        listener.close()
 
 
 def _status(port):

@@ -125,10 +125,14 @@ def _json_object(raw: bytes) -> Optional[Dict]:
 
 class KeptAlive:
     """One kept-alive HTTP connection to host:port, for one thread at a time: `request`
-    sends a request and reads its whole answer. A kept-alive connection that the server
-    closed meanwhile (it closes idle ones, or restarted) is replaced once, at once;
-    other failures raise (OSError, http.client.HTTPException), the connection closed,
-    and the next request opens a new one."""
+    sends a request and reads its whole answer (at most MAX_ANSWER_BYTES: a longer one
+    is an HTTPException). A kept-alive connection that the server closed meanwhile (it
+    closes idle ones, or restarted) is replaced once, at once; other failures raise
+    (OSError, http.client.HTTPException), the connection closed, and the next request
+    opens a new one."""
+
+    #: the longest answer read: the state server's are a few hundred bytes
+    MAX_ANSWER_BYTES = 1 << 20
 
     def __init__(self, host: str, port: int, timeout: float):
         self.host, self.port, self.timeout = host, port, timeout
@@ -145,7 +149,13 @@ class KeptAlive:
                                                             timeout=self.timeout)
                 self._conn.request(method, path, body=body, headers=headers)
                 response = self._conn.getresponse()
-                return response.status, response.read()
+                raw = response.read(self.MAX_ANSWER_BYTES + 1)
+                if len(raw) > self.MAX_ANSWER_BYTES:
+                    raise http.client.HTTPException(
+                        f"an answer longer than {self.MAX_ANSWER_BYTES} bytes")
+                if not response.isclosed():  # not read to its end: not reusable
+                    self.close()
+                return response.status, raw
             except ConnectionError:
                 self.close()
                 if reused and not replaced:
