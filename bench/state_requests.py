@@ -18,7 +18,6 @@ import argparse
 import http.client
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Dict, List
 
 from esync.launch.supervisor import Supervisor
+from nodes import spread
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = "bench"
@@ -105,11 +105,6 @@ def run_once(workers: int, rounds: int) -> Dict[str, Dict[str, float]]:
     return out
 
 
-def _spread(values: List[float], digits: int = 2) -> str:
-    return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}-" \
-           f"{max(values):.{digits}f}]"
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=16,
@@ -134,8 +129,8 @@ def main(argv=None) -> None:
         # a run too short for /proc's clock ticks (10 ms) may measure no CPU: no ratio
         ratio = [r[kind]["cpu_ms"] / r["refused (baseline)"]["cpu_ms"]
                  if r["refused (baseline)"]["cpu_ms"] else float("nan") for r in runs]
-        print(f"| {kind} | {_spread(cpu)} | {_spread(ratio, 1)} | "
-              f"{_spread([r[kind]['round_ms'] for r in runs], 1)} |")
+        print(f"| {kind} | {spread(cpu, '.2f')} | {spread(ratio, '.1f')} | "
+              f"{spread([r[kind]['round_ms'] for r in runs], '.1f')} |")
 
 
 if __name__ == "__main__":
